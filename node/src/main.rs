@@ -1,0 +1,5 @@
+//! The `iota-p2p` binary.
+
+fn main() -> anyhow::Result<()> {
+    Ok(())
+}

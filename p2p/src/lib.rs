@@ -1,0 +1,1 @@
+//! The libp2p layer of an iota-p2p node.

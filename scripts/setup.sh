@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs PyTorch 2.11.0 (the version tch 0.24 is built against) into an ignored `.venv`,
+# once: a second run finds it and does nothing. Then links `.venv/torch-lib` to torch's
+# shared libraries, which the binaries find through their rpath (see .cargo/config.toml).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCH_VERSION=2.11.0
+PYTHON="${PYTHON:-python3}"
+
+have_torch() {
+  [ -x .venv/bin/python ] &&
+    .venv/bin/python -W ignore -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null
+}
+
+if ! have_torch; then
+  echo "setup: installing torch==$TORCH_VERSION into .venv (a few minutes, once)" >&2
+  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
+  have_torch || { echo "setup: torch==$TORCH_VERSION did not install into .venv" >&2; exit 1; }
+fi
+
+lib="$(.venv/bin/python -W ignore -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+ln -sfn "$lib" .venv/torch-lib

@@ -1,0 +1,1 @@
+//! Butterfly all-reduce: partition plan, averaging and verification of stage replicas.

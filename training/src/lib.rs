@@ -1,0 +1,3 @@
+//! Model, pipeline stages, activation compression and checkpoints for iota-p2p.
+
+pub mod butterfly;
