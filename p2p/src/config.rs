@@ -1,0 +1,54 @@
+//! Configuration of one node's p2p layer.
+
+use std::time::Duration;
+
+use libp2p::Multiaddr;
+
+/// Settings for [`crate::spawn`]. `Default` listens on `/ip4/127.0.0.1/tcp/0` with no
+/// bootstrap peers and no topics.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Addresses to listen on.
+    pub listen: Vec<Multiaddr>,
+    /// Peers dialled at start and redialled with backoff while unreachable; each must end in
+    /// `/p2p/<peer id>`.
+    pub bootstrap: Vec<Multiaddr>,
+    /// gossipsub topics subscribed at start.
+    pub topics: Vec<String>,
+    /// Largest request or response payload read or written, in bytes (default 64 MiB).
+    pub max_frame_bytes: usize,
+    /// Limit on a whole request-response exchange: opening the stream, writing the request,
+    /// the responder's work and reading the response (default 60 s).
+    pub request_timeout: Duration,
+    /// First interval between discovery rounds; doubles to at most 30 s and resets when a new
+    /// peer appears (default 2 s).
+    pub discovery_interval: Duration,
+    /// How long a connection with no open streams is kept (default 60 s).
+    pub idle_connection_timeout: Duration,
+    /// Capacity of the command channel from [`crate::Client`]s to the event loop.
+    pub command_buffer: usize,
+    /// Capacity of the event channel to the application; see [`crate::Event`] for what
+    /// happens when it is full.
+    pub event_buffer: usize,
+}
+
+/// Default [`Config::max_frame_bytes`].
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 << 20;
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: vec!["/ip4/127.0.0.1/tcp/0"
+                .parse()
+                .expect("a constant, valid multiaddr")],
+            bootstrap: Vec::new(),
+            topics: Vec::new(),
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            request_timeout: Duration::from_secs(60),
+            discovery_interval: Duration::from_secs(2),
+            idle_connection_timeout: Duration::from_secs(60),
+            command_buffer: 64,
+            event_buffer: 256,
+        }
+    }
+}

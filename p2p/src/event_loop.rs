@@ -1,0 +1,428 @@
+//! The event loop: the one task that owns a node's [`Swarm`].
+//!
+//! It runs a single `select!` over swarm events, [`Command`]s from the clients, room in the
+//! event channel, and a timer for bootstrap redials and discovery rounds. It owns the
+//! bookkeeping of everything in flight: outbound requests awaiting a response (by libp2p
+//! request id, each with the client's reply channel) and inbound requests awaiting
+//! [`crate::Client::respond`]. It never awaits the application: events go through
+//! [`EventLoop::deliver`] with the policy documented on [`Event`]. A closed command channel
+//! (every client dropped) or [`Command::Shutdown`] ends the loop, which drops the swarm and
+//! fails everything in flight with an `EventLoopStopped` error.
+//!
+//! Swarm events are routed to `on_<protocol>_event` functions in `event_loop/swarm_events.rs`.
+
+mod swarm_events;
+
+use std::{
+    collections::{HashMap, VecDeque},
+    time::Instant,
+};
+
+use futures::StreamExt;
+use libp2p::{
+    gossipsub::{self, IdentTopic},
+    identity::Keypair,
+    multiaddr::Protocol,
+    request_response::{InboundRequestId, OutboundRequestId, ResponseChannel},
+    swarm::{dial_opts::DialOpts, DialError},
+    Multiaddr, PeerId, Swarm,
+};
+use tokio::sync::{
+    mpsc::{self, error::TrySendError},
+    oneshot,
+};
+use tracing::{debug, info, warn, Instrument};
+
+use crate::{
+    behaviour::Behaviour,
+    client::{Command, Event, RequestId},
+    discovery::{BootstrapSchedule, DiscoverySchedule},
+    envelope::Envelope,
+    metrics::DroppedEvent,
+    swarm, Client, ClientError, Config, Metrics, PublishError, RequestError, SpawnError,
+};
+
+/// Requests and notifications may queue up to this many times `event_buffer` behind a full
+/// event channel; gossip only up to `event_buffer`.
+const OVERFLOW_FACTOR: usize = 4;
+
+/// Starts a node: builds the swarm, listens, subscribes to `config.topics`, dials the bootstrap
+/// peers and spawns the event loop on the current tokio runtime.
+///
+/// Returns the client, the receiver of [`Event`]s and the event loop's task. The loop ends on
+/// [`Client::shutdown`] or when every `Client` is dropped.
+pub fn spawn(
+    keypair: Keypair,
+    config: Config,
+    metrics: Metrics,
+) -> Result<(Client, mpsc::Receiver<Event>, tokio::task::JoinHandle<()>), SpawnError> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| SpawnError::NoRuntime)?;
+    if config.command_buffer == 0 || config.event_buffer == 0 {
+        return Err(SpawnError::InvalidConfig(
+            "channel capacities must be positive",
+        ));
+    }
+    let local = keypair.public().to_peer_id();
+    let mut bootstrap = Vec::new();
+    for addr in &config.bootstrap {
+        let peer = peer_of(addr).ok_or_else(|| SpawnError::BootstrapWithoutPeerId(addr.clone()))?;
+        if peer != local {
+            bootstrap.push((peer, addr.clone()));
+        }
+    }
+
+    let mut swarm = swarm::build(keypair.clone(), &config, &metrics)?;
+    for addr in &config.listen {
+        swarm
+            .listen_on(addr.clone())
+            .map_err(|source| SpawnError::Listen {
+                addr: addr.clone(),
+                source,
+            })?;
+    }
+    for topic in &config.topics {
+        swarm
+            .behaviour_mut()
+            .gossipsub
+            .subscribe(&IdentTopic::new(topic))
+            .map_err(|source| SpawnError::Subscribe {
+                topic: topic.clone(),
+                source,
+            })?;
+    }
+    for (peer, addr) in &bootstrap {
+        swarm
+            .behaviour_mut()
+            .kad
+            .add_address(peer, without_peer_id(addr));
+    }
+
+    let (command_tx, command_rx) = mpsc::channel(config.command_buffer);
+    let (event_tx, event_rx) = mpsc::channel(config.event_buffer);
+    let now = Instant::now();
+    let event_loop = EventLoop {
+        swarm,
+        keypair,
+        commands: command_rx,
+        events: event_tx,
+        outbox: VecDeque::new(),
+        event_buffer: config.event_buffer,
+        max_frame_bytes: config.max_frame_bytes,
+        metrics,
+        outbound: HashMap::new(),
+        inbound: HashMap::new(),
+        bootstrap: BootstrapSchedule::new(bootstrap, now),
+        discovery: DiscoverySchedule::new(config.discovery_interval, now),
+    };
+    let span = tracing::info_span!("p2p", peer = %local);
+    let task = runtime.spawn(event_loop.run().instrument(span));
+    Ok((Client::new(command_tx, local), event_rx, task))
+}
+
+/// The peer id at the end of `addr` (`.../p2p/<peer id>`).
+fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
+    match addr.iter().last() {
+        Some(Protocol::P2p(peer)) => Some(peer),
+        _ => None,
+    }
+}
+
+fn without_peer_id(addr: &Multiaddr) -> Multiaddr {
+    let mut addr = addr.clone();
+    if let Some(Protocol::P2p(_)) = addr.iter().last() {
+        addr.pop();
+    }
+    addr
+}
+
+type ResponseReply = oneshot::Sender<Result<Vec<u8>, RequestError>>;
+
+/// Owner of the swarm; see the module documentation.
+pub(crate) struct EventLoop {
+    swarm: Swarm<Behaviour>,
+    /// Signs our gossip envelopes.
+    keypair: Keypair,
+    commands: mpsc::Receiver<Command>,
+    events: mpsc::Sender<Event>,
+    /// Events waiting for room in `events`, oldest first.
+    outbox: VecDeque<Event>,
+    event_buffer: usize,
+    max_frame_bytes: usize,
+    metrics: Metrics,
+    /// Our requests awaiting a response.
+    outbound: HashMap<OutboundRequestId, ResponseReply>,
+    /// Peers' requests awaiting `Client::respond`.
+    inbound: HashMap<InboundRequestId, ResponseChannel<Vec<u8>>>,
+    bootstrap: BootstrapSchedule,
+    discovery: DiscoverySchedule,
+}
+
+impl EventLoop {
+    pub(crate) async fn run(mut self) {
+        let timer = tokio::time::sleep_until(self.next_deadline());
+        tokio::pin!(timer);
+        loop {
+            tokio::select! {
+                event = self.swarm.select_next_some() => self.on_swarm_event(event),
+                command = self.commands.recv() => match command {
+                    Some(Command::Shutdown) | None => break,
+                    Some(command) => self.on_command(command),
+                },
+                // An owned permit (on a cheap clone of the sender) leaves `self` free to use.
+                permit = self.events.clone().reserve_owned(), if !self.outbox.is_empty() => {
+                    match permit {
+                        Ok(permit) => {
+                            let event = self.outbox.pop_front();
+                            permit.send(event.expect("branch enabled only with a queued event"));
+                        }
+                        Err(_) => self.discard_outbox(),
+                    }
+                }
+                () = &mut timer => self.on_timer(Instant::now()),
+            }
+            let deadline = self.next_deadline();
+            if timer.deadline() != deadline {
+                timer.as_mut().reset(deadline);
+            }
+        }
+        info!(
+            outbound = self.outbound.len(),
+            inbound = self.inbound.len(),
+            "p2p event loop stopped"
+        );
+    }
+
+    fn next_deadline(&self) -> tokio::time::Instant {
+        let next = match self.bootstrap.next_due() {
+            Some(b) => b.min(self.discovery.next_due()),
+            None => self.discovery.next_due(),
+        };
+        tokio::time::Instant::from_std(next)
+    }
+
+    fn on_timer(&mut self, now: Instant) {
+        for addr in self.bootstrap.take_due(now) {
+            self.dial_bootstrap(addr, now);
+        }
+        if self.discovery.poll(now) {
+            self.discover();
+        }
+    }
+
+    fn dial_bootstrap(&mut self, addr: Multiaddr, now: Instant) {
+        let Some(peer) = peer_of(&addr) else {
+            return;
+        };
+        let opts = DialOpts::peer_id(peer)
+            .addresses(vec![addr.clone()])
+            .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
+            .build();
+        match self.swarm.dial(opts) {
+            Ok(()) => debug!(%addr, "dialling bootstrap peer"),
+            // Already connected or being dialled: that dial's outcome is reported as usual.
+            Err(DialError::DialPeerConditionFalse(_)) => {
+                if self.swarm.is_connected(&peer) {
+                    self.bootstrap.on_connected(&peer);
+                }
+            }
+            Err(error) => self.bootstrap_dial_failed(peer, &error, now),
+        }
+    }
+
+    fn bootstrap_dial_failed(&mut self, peer: PeerId, error: &DialError, now: Instant) {
+        if let Some((retry_in, failures)) = self.bootstrap.on_dial_failure(&peer, now) {
+            self.metrics.bootstrap_dial_failed();
+            warn!(%peer, ?retry_in, failures, %error, "bootstrap peer unreachable; will retry");
+        }
+    }
+
+    /// One discovery round: a Kademlia bootstrap (lookup of our own id and bucket refresh),
+    /// whose answers make kad connect to the peers it learns of.
+    fn discover(&mut self) {
+        if let Err(libp2p::kad::NoKnownPeers()) = self.swarm.behaviour_mut().kad.bootstrap() {
+            debug!("discovery round skipped: no known peers yet");
+        }
+        self.update_routing_gauge();
+    }
+
+    fn routing_table_peers(&mut self) -> Vec<PeerId> {
+        let mut peers: Vec<PeerId> = self
+            .swarm
+            .behaviour_mut()
+            .kad
+            .kbuckets()
+            .flat_map(|bucket| {
+                bucket
+                    .iter()
+                    .map(|entry| *entry.node.key.preimage())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        peers.sort();
+        peers
+    }
+
+    fn update_routing_gauge(&mut self) {
+        let n: usize = self
+            .swarm
+            .behaviour_mut()
+            .kad
+            .kbuckets()
+            .map(|b| b.num_entries())
+            .sum();
+        self.metrics.set_routing_table_peers(n);
+    }
+
+    fn on_command(&mut self, command: Command) {
+        match command {
+            Command::ListenAddrs(reply) => {
+                let _ = reply.send(self.swarm.listeners().cloned().collect());
+            }
+            Command::ConnectedPeers(reply) => {
+                let mut peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+                peers.sort();
+                let _ = reply.send(peers);
+            }
+            Command::RoutingTablePeers(reply) => {
+                let _ = reply.send(self.routing_table_peers());
+            }
+            Command::Subscribe { topic, reply } => {
+                let result = self
+                    .swarm
+                    .behaviour_mut()
+                    .gossipsub
+                    .subscribe(&IdentTopic::new(topic))
+                    .map(|_| ())
+                    .map_err(ClientError::Subscribe);
+                let _ = reply.send(result);
+            }
+            Command::Publish {
+                topic,
+                data,
+                raw,
+                reply,
+            } => {
+                let _ = reply.send(self.publish(topic, data, raw));
+            }
+            Command::Request { peer, data, reply } => {
+                if data.len() > self.max_frame_bytes {
+                    let _ = reply.send(Err(RequestError::TooLarge {
+                        len: data.len(),
+                        max: self.max_frame_bytes,
+                    }));
+                    return;
+                }
+                let id = self.swarm.behaviour_mut().rr.send_request(&peer, data);
+                self.outbound.insert(id, reply);
+            }
+            Command::Respond { id, data, reply } => {
+                let _ = reply.send(self.respond(id, data));
+            }
+            Command::Dial { addr, reply } => {
+                let _ = reply.send(self.swarm.dial(addr).map_err(ClientError::Dial));
+            }
+            Command::Shutdown => {}
+        }
+        // Replies are dropped silently when the caller stopped waiting.
+    }
+
+    fn publish(&mut self, topic: String, data: Vec<u8>, raw: bool) -> Result<(), PublishError> {
+        let bytes = if raw {
+            data
+        } else {
+            Envelope::seal(&self.keypair, &topic, data)?.encode()
+        };
+        let len = bytes.len();
+        match self
+            .swarm
+            .behaviour_mut()
+            .gossipsub
+            .publish(IdentTopic::new(topic), bytes)
+        {
+            Ok(_) => Ok(()),
+            Err(gossipsub::PublishError::NoPeersSubscribedToTopic) => Err(PublishError::NoPeers),
+            Err(gossipsub::PublishError::Duplicate) => Err(PublishError::Duplicate),
+            Err(gossipsub::PublishError::MessageTooLarge) => Err(PublishError::TooLarge {
+                len,
+                max: swarm::GOSSIP_MAX_TRANSMIT,
+            }),
+            Err(gossipsub::PublishError::AllQueuesFull(n)) => Err(PublishError::QueuesFull(n)),
+            Err(e) => Err(PublishError::Gossipsub(e)),
+        }
+    }
+
+    fn respond(&mut self, id: RequestId, data: Vec<u8>) -> Result<(), ClientError> {
+        let channel = self
+            .inbound
+            .remove(&id.0)
+            .ok_or(ClientError::UnknownRequest)?;
+        if data.len() > self.max_frame_bytes {
+            // Keep the request answerable with something smaller.
+            self.inbound.insert(id.0, channel);
+            return Err(ClientError::TooLarge {
+                len: data.len(),
+                max: self.max_frame_bytes,
+            });
+        }
+        self.swarm
+            .behaviour_mut()
+            .rr
+            .send_response(channel, data)
+            .map_err(|_| ClientError::UnknownRequest)
+    }
+
+    /// Hands `event` to the application without ever waiting; see [`Event`] for the policy.
+    fn deliver(&mut self, event: Event) {
+        let event = if self.outbox.is_empty() {
+            match self.events.try_send(event) {
+                Ok(()) => return,
+                Err(TrySendError::Full(event)) => event,
+                Err(TrySendError::Closed(event)) => {
+                    self.discard(event);
+                    return;
+                }
+            }
+        } else {
+            event
+        };
+        let limit = match event {
+            Event::Gossip { .. } => self.event_buffer,
+            _ => self.event_buffer.saturating_mul(OVERFLOW_FACTOR),
+        };
+        if self.outbox.len() < limit {
+            self.outbox.push_back(event);
+            return;
+        }
+        let kind = match &event {
+            Event::Gossip { .. } => DroppedEvent::Gossip,
+            Event::Request { .. } => DroppedEvent::Request,
+            _ => DroppedEvent::Notification,
+        };
+        self.metrics.event_dropped(kind);
+        warn!(
+            ?kind,
+            queued = self.outbox.len(),
+            "event channel full; dropping event"
+        );
+        self.discard(event);
+    }
+
+    /// Forgets an undeliverable event; a request's channel is dropped so its requester fails
+    /// now rather than at its timeout.
+    fn discard(&mut self, event: Event) {
+        if let Event::Request { id, .. } = event {
+            self.inbound.remove(&id.0);
+        }
+    }
+
+    /// The application dropped its event receiver.
+    fn discard_outbox(&mut self) {
+        debug!(
+            queued = self.outbox.len(),
+            "event receiver dropped; discarding events"
+        );
+        while let Some(event) = self.outbox.pop_front() {
+            self.discard(event);
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Prometheus metrics of the p2p layer.
+//!
+//! One [`Metrics`] value is created per node and passed in; there are no globals, so several
+//! nodes in one process (tests, benches) keep separate counts. Cloning shares the underlying
+//! atomics. Label sets are bounded: reasons are `&'static str` chosen at compile time, never
+//! strings taken from the network.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+/// Why a gossip message was dropped by this layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// The envelope decoded but its signature does not verify over (domain, topic, payload).
+    BadSignature,
+    /// The bytes are not an envelope: bad version, truncated, oversized, trailing bytes or an
+    /// undecodable public key.
+    Malformed,
+    /// The envelope is validly signed, but by someone other than gossipsub's message source.
+    AuthorMismatch,
+}
+
+impl RejectReason {
+    /// The `reason` label value used in `iota_gossip_rejected_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::BadSignature => "bad_signature",
+            RejectReason::Malformed => "malformed",
+            RejectReason::AuthorMismatch => "author_mismatch",
+        }
+    }
+}
+
+/// What kind of event was dropped because the node's event channel was full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DroppedEvent {
+    /// A verified gossip message.
+    Gossip,
+    /// An inbound request; it is refused (the requester sees a failure).
+    Request,
+    /// A peer connected/disconnected or new-listen-address notification.
+    Notification,
+}
+
+impl DroppedEvent {
+    fn as_str(self) -> &'static str {
+        match self {
+            DroppedEvent::Gossip => "gossip",
+            DroppedEvent::Request => "request",
+            DroppedEvent::Notification => "notification",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+/// Metrics of one node's p2p layer.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    /// `iota_connected_peers`: peers with at least one open connection; set on every
+    /// connection established or closed.
+    connected_peers: Gauge,
+    /// `iota_routing_table_peers`: peers in the Kademlia routing table; set whenever the
+    /// routing table changes and on every discovery round.
+    routing_table_peers: Gauge,
+    /// `iota_gossip_messages_received_total`: gossip messages whose envelope verified,
+    /// counted once each whether or not the event channel had room.
+    gossip_received: Counter,
+    /// `iota_gossip_rejected_total{reason}`: gossip messages dropped, by reason; incremented
+    /// by this layer for envelope failures and by other layers through [`Metrics::reject`].
+    gossip_rejected: Family<ReasonLabels, Counter>,
+    /// `iota_rr_bytes_sent_total`: request-response frame bytes (prefix included) written,
+    /// requests and responses, counted when a frame has been fully written.
+    rr_bytes_sent: Counter,
+    /// `iota_rr_bytes_received_total`: request-response frame bytes (prefix included) read,
+    /// counted when a frame has been fully read and accepted.
+    rr_bytes_received: Counter,
+    /// `iota_p2p_events_dropped_total{kind}`: events not delivered because the event channel
+    /// and its overflow queue were full.
+    events_dropped: Family<KindLabels, Counter>,
+    /// `iota_bootstrap_dial_failures_total`: failed dials to a configured bootstrap peer; each
+    /// is followed by a retry after a backoff.
+    bootstrap_dial_failures: Counter,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "iota_connected_peers",
+            "Peers with at least one open connection",
+            m.connected_peers.clone(),
+        );
+        registry.register(
+            "iota_routing_table_peers",
+            "Peers in the Kademlia routing table",
+            m.routing_table_peers.clone(),
+        );
+        // prometheus-client appends `_total` to counter names.
+        registry.register(
+            "iota_gossip_messages_received",
+            "Gossip messages whose signed envelope verified",
+            m.gossip_received.clone(),
+        );
+        registry.register(
+            "iota_gossip_rejected",
+            "Gossip messages dropped, by reason",
+            m.gossip_rejected.clone(),
+        );
+        registry.register(
+            "iota_rr_bytes_sent",
+            "Request-response frame bytes written",
+            m.rr_bytes_sent.clone(),
+        );
+        registry.register(
+            "iota_rr_bytes_received",
+            "Request-response frame bytes read",
+            m.rr_bytes_received.clone(),
+        );
+        registry.register(
+            "iota_p2p_events_dropped",
+            "Events not delivered because the event channel was full, by kind",
+            m.events_dropped.clone(),
+        );
+        registry.register(
+            "iota_bootstrap_dial_failures",
+            "Failed dials to configured bootstrap peers",
+            m.bootstrap_dial_failures.clone(),
+        );
+        m
+    }
+
+    /// Creates metrics that are not registered anywhere (tests, benches); same as `default()`.
+    pub fn unregistered() -> Self {
+        Self::default()
+    }
+
+    /// Counts one gossip message dropped for `reason` in `iota_gossip_rejected_total`.
+    ///
+    /// For other layers' own reasons (e.g. `"unelected_signer"`); the `&'static str` keeps the
+    /// label set bounded.
+    pub fn reject(&self, reason: &'static str) {
+        self.gossip_rejected
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Current value of `iota_gossip_rejected_total{reason}`.
+    pub fn gossip_rejected(&self, reason: &'static str) -> u64 {
+        self.gossip_rejected
+            .get_or_create(&ReasonLabels { reason })
+            .get()
+    }
+
+    /// Current value of `iota_gossip_messages_received_total`.
+    pub fn gossip_received(&self) -> u64 {
+        self.gossip_received.get()
+    }
+
+    /// Current value of `iota_bootstrap_dial_failures_total`.
+    pub fn bootstrap_dial_failures(&self) -> u64 {
+        self.bootstrap_dial_failures.get()
+    }
+
+    /// Current values of (`iota_rr_bytes_sent_total`, `iota_rr_bytes_received_total`).
+    pub fn rr_bytes(&self) -> (u64, u64) {
+        (self.rr_bytes_sent.get(), self.rr_bytes_received.get())
+    }
+
+    /// Current value of `iota_p2p_events_dropped_total{kind}`.
+    pub fn events_dropped(&self, kind: DroppedEvent) -> u64 {
+        self.events_dropped
+            .get_or_create(&KindLabels {
+                kind: kind.as_str(),
+            })
+            .get()
+    }
+
+    pub(crate) fn reject_gossip(&self, reason: RejectReason) {
+        self.reject(reason.as_str());
+    }
+
+    pub(crate) fn gossip_accepted(&self) {
+        self.gossip_received.inc();
+    }
+
+    pub(crate) fn event_dropped(&self, kind: DroppedEvent) {
+        self.events_dropped
+            .get_or_create(&KindLabels {
+                kind: kind.as_str(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn bootstrap_dial_failed(&self) {
+        self.bootstrap_dial_failures.inc();
+    }
+
+    pub(crate) fn rr_sent(&self, bytes: u64) {
+        self.rr_bytes_sent.inc_by(bytes);
+    }
+
+    pub(crate) fn rr_received(&self, bytes: u64) {
+        self.rr_bytes_received.inc_by(bytes);
+    }
+
+    pub(crate) fn set_connected_peers(&self, n: usize) {
+        self.connected_peers
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub(crate) fn set_routing_table_peers(&self, n: usize) {
+        self.routing_table_peers
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::text::encode;
+
+    #[test]
+    fn encoded_text_has_expected_names_and_labels() {
+        let mut registry = Registry::default();
+        let m = Metrics::new(&mut registry);
+        m.set_connected_peers(3);
+        m.set_routing_table_peers(4);
+        m.gossip_accepted();
+        m.gossip_accepted();
+        m.reject_gossip(RejectReason::BadSignature);
+        m.reject("unelected_signer");
+        m.rr_sent(10);
+        m.rr_received(20);
+        m.event_dropped(DroppedEvent::Gossip);
+        m.bootstrap_dial_failed();
+
+        let mut text = String::new();
+        encode(&mut text, &registry).expect("encoding into a String cannot fail");
+        for line in [
+            "iota_connected_peers 3",
+            "iota_routing_table_peers 4",
+            "iota_gossip_messages_received_total 2",
+            "iota_gossip_rejected_total{reason=\"bad_signature\"} 1",
+            "iota_gossip_rejected_total{reason=\"unelected_signer\"} 1",
+            "iota_rr_bytes_sent_total 10",
+            "iota_rr_bytes_received_total 20",
+            "iota_p2p_events_dropped_total{kind=\"gossip\"} 1",
+            "iota_bootstrap_dial_failures_total 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in:\n{text}"
+            );
+        }
+        assert!(!text.contains("_total_total"), "double suffix in:\n{text}");
+    }
+
+    #[test]
+    fn clones_share_counts() {
+        let m = Metrics::unregistered();
+        let c = m.clone();
+        c.reject_gossip(RejectReason::Malformed);
+        assert_eq!(m.gossip_rejected("malformed"), 1);
+        assert_eq!(m.gossip_rejected("bad_signature"), 0);
+    }
+}

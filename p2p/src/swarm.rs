@@ -1,0 +1,122 @@
+//! Builds the swarm: TCP + Noise + Yamux transport and the configured [`Behaviour`].
+//!
+//! Protocol parameters live here as documented constants so that every node of a run agrees
+//! on them.
+
+use std::time::Duration;
+
+use libp2p::{
+    gossipsub, identify, identity::Keypair, kad, noise, ping, request_response, tcp, yamux,
+    StreamProtocol, Swarm, SwarmBuilder,
+};
+
+use crate::{behaviour::Behaviour, codec, Config, Metrics, SpawnError};
+
+/// Kademlia protocol name; nodes of other networks do not join our routing tables.
+pub(crate) const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/iota/kad/1.0.0");
+
+/// Identify protocol version string.
+const IDENTIFY_PROTOCOL: &str = "/iota/id/1.0.0";
+
+/// gossipsub transmit limit: gossip stays small; tensors go by request-response.
+pub(crate) const GOSSIP_MAX_TRANSMIT: usize = 64 * 1024;
+
+/// gossipsub mesh degree; with `MESH_N_LOW` and `MESH_N_HIGH` this works from 3 to hundreds of
+/// peers (flood publishing covers the small networks).
+const MESH_N: usize = 4;
+const MESH_N_LOW: usize = 2;
+const MESH_N_HIGH: usize = 8;
+const MESH_OUTBOUND_MIN: usize = 1;
+
+/// Kademlia query timeout: our networks are small and local enough that 10 s is generous.
+const KAD_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn gossipsub_config() -> Result<gossipsub::Config, SpawnError> {
+    gossipsub::ConfigBuilder::default()
+        .validation_mode(gossipsub::ValidationMode::Strict)
+        // Messages are forwarded only after our envelope check accepts them.
+        .validate_messages()
+        .message_id_fn(|m: &gossipsub::Message| {
+            gossipsub::MessageId::from(blake3::hash(&m.data).as_bytes().to_vec())
+        })
+        .mesh_n(MESH_N)
+        .mesh_n_low(MESH_N_LOW)
+        .mesh_n_high(MESH_N_HIGH)
+        .mesh_outbound_min(MESH_OUTBOUND_MIN)
+        .flood_publish(true)
+        .max_transmit_size(GOSSIP_MAX_TRANSMIT)
+        .heartbeat_interval(Duration::from_secs(1))
+        .build()
+        .map_err(|e| SpawnError::Gossipsub(e.to_string()))
+}
+
+fn behaviour(key: &Keypair, config: &Config, metrics: &Metrics) -> Result<Behaviour, SpawnError> {
+    let peer_id = key.public().to_peer_id();
+
+    let mut kad_config = kad::Config::new(KAD_PROTOCOL);
+    kad_config.set_query_timeout(KAD_QUERY_TIMEOUT);
+    // The event loop runs its own discovery rounds.
+    kad_config.set_periodic_bootstrap_interval(None);
+    let mut kad =
+        kad::Behaviour::with_config(peer_id, kad::store::MemoryStore::new(peer_id), kad_config);
+    // Without a confirmed external address kad would stay a client and never answer queries.
+    kad.set_mode(Some(kad::Mode::Server));
+
+    let identify = identify::Behaviour::new(
+        identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), key.public())
+            .with_agent_version(format!("iota-p2p/{}", env!("CARGO_PKG_VERSION"))),
+    );
+
+    let gossipsub = gossipsub::Behaviour::new(
+        gossipsub::MessageAuthenticity::Signed(key.clone()),
+        gossipsub_config()?,
+    )
+    .map_err(|e| SpawnError::Gossipsub(e.to_owned()))?;
+
+    let rr = request_response::Behaviour::with_codec(
+        codec::Codec::new(config.max_frame_bytes, metrics.clone()),
+        [(codec::PROTOCOL, request_response::ProtocolSupport::Full)],
+        request_response::Config::default().with_request_timeout(config.request_timeout),
+    );
+
+    Ok(Behaviour {
+        kad,
+        identify,
+        ping: ping::Behaviour::new(ping::Config::new()),
+        gossipsub,
+        rr,
+    })
+}
+
+/// The transport and behaviour of one node.
+pub(crate) fn build(
+    keypair: Keypair,
+    config: &Config,
+    metrics: &Metrics,
+) -> Result<Swarm<Behaviour>, SpawnError> {
+    let mut behaviour_error = None;
+    let swarm = SwarmBuilder::with_existing_identity(keypair)
+        .with_tokio()
+        .with_tcp(
+            tcp::Config::default().nodelay(true),
+            noise::Config::new,
+            yamux::Config::default,
+        )
+        .map_err(|e| SpawnError::Transport(e.to_string()))?
+        .with_behaviour(|key| match behaviour(key, config, metrics) {
+            Ok(b) => Ok(b),
+            Err(e) => {
+                let message = e.to_string();
+                behaviour_error = Some(e);
+                Err(message.into())
+            }
+        });
+    let swarm = match (swarm, behaviour_error) {
+        (_, Some(e)) => return Err(e),
+        (Ok(builder), None) => builder,
+        (Err(e), None) => return Err(SpawnError::Transport(e.to_string())),
+    };
+    Ok(swarm
+        .with_swarm_config(|c| c.with_idle_connection_timeout(config.idle_connection_timeout))
+        .build())
+}
