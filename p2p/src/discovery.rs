@@ -70,7 +70,7 @@ impl BootstrapSchedule {
                 (*p, b.addr.clone())
             })
             .collect();
-        due.sort_by(|a, b| a.0.cmp(&b.0));
+        due.sort_by_key(|d| d.0);
         due.into_iter().map(|(_, a)| a).collect()
     }
 

@@ -86,12 +86,10 @@ pub enum OpenError {
     #[error("bad signature")]
     BadSignature,
     /// Validly signed, but not by the peer gossipsub names as the source.
-    #[error("envelope signed by {signer}, message source is {source_peer:?}")]
+    #[error("envelope signed by {signer}, not by the message source")]
     AuthorMismatch {
         /// Peer id of the envelope's key.
         signer: PeerId,
-        /// gossipsub's source of the message.
-        source_peer: Option<PeerId>,
     },
 }
 
@@ -229,10 +227,7 @@ impl Envelope {
         }
         let signer = key.to_peer_id();
         if source != Some(signer) {
-            return Err(OpenError::AuthorMismatch {
-                signer,
-                source_peer: source,
-            });
+            return Err(OpenError::AuthorMismatch { signer });
         }
         Ok(Opened {
             author: signer,

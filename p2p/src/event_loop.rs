@@ -24,7 +24,10 @@ use libp2p::{
     identity::Keypair,
     multiaddr::Protocol,
     request_response::{InboundRequestId, OutboundRequestId, ResponseChannel},
-    swarm::{dial_opts::DialOpts, DialError},
+    swarm::{
+        dial_opts::{DialOpts, PeerCondition},
+        ConnectionId, DialError,
+    },
     Multiaddr, PeerId, Swarm,
 };
 use tokio::sync::{
@@ -112,6 +115,7 @@ pub fn spawn(
         outbound: HashMap::new(),
         inbound: HashMap::new(),
         bootstrap: BootstrapSchedule::new(bootstrap, now),
+        bootstrap_dials: HashMap::new(),
         discovery: DiscoverySchedule::new(config.discovery_interval, now),
     };
     let span = tracing::info_span!("p2p", peer = %local);
@@ -154,6 +158,9 @@ pub(crate) struct EventLoop {
     /// Peers' requests awaiting `Client::respond`.
     inbound: HashMap<InboundRequestId, ResponseChannel<Vec<u8>>>,
     bootstrap: BootstrapSchedule,
+    /// Our dials to bootstrap peers in flight; failures of other dials (kad's) to the same
+    /// peers do not count against the backoff.
+    bootstrap_dials: HashMap<ConnectionId, PeerId>,
     discovery: DiscoverySchedule,
 }
 
@@ -215,16 +222,17 @@ impl EventLoop {
         };
         let opts = DialOpts::peer_id(peer)
             .addresses(vec![addr.clone()])
-            .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
+            // Even while kad dials it too: only the outcome of our own dial drives the backoff.
+            .condition(PeerCondition::Disconnected)
             .build();
+        let connection = opts.connection_id();
         match self.swarm.dial(opts) {
-            Ok(()) => debug!(%addr, "dialling bootstrap peer"),
-            // Already connected or being dialled: that dial's outcome is reported as usual.
-            Err(DialError::DialPeerConditionFalse(_)) => {
-                if self.swarm.is_connected(&peer) {
-                    self.bootstrap.on_connected(&peer);
-                }
+            Ok(()) => {
+                debug!(%addr, "dialling bootstrap peer");
+                self.bootstrap_dials.insert(connection, peer);
             }
+            // Already connected.
+            Err(DialError::DialPeerConditionFalse(_)) => self.bootstrap.on_connected(&peer),
             Err(error) => self.bootstrap_dial_failed(peer, &error, now),
         }
     }

@@ -148,7 +148,7 @@ impl LiveView {
             .filter(|(_, e)| self.fresh(e, now))
             .map(|(p, e)| (*p, &e.heartbeat))
             .collect();
-        live.sort_by(|a, b| a.0.cmp(&b.0));
+        live.sort_by_key(|l| l.0);
         live
     }
 

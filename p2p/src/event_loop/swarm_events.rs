@@ -36,10 +36,12 @@ impl EventLoop {
             }
             SwarmEvent::ConnectionEstablished {
                 peer_id,
+                connection_id,
                 num_established,
                 endpoint,
                 ..
             } => {
+                self.bootstrap_dials.remove(&connection_id);
                 self.bootstrap.on_connected(&peer_id);
                 self.metrics
                     .set_connected_peers(self.swarm.connected_peers().count());
@@ -63,26 +65,24 @@ impl EventLoop {
                 }
             }
             SwarmEvent::OutgoingConnectionError {
-                peer_id: Some(peer),
+                connection_id,
+                peer_id,
                 error,
-                ..
-            } => self.on_dial_failure(peer, &error, now),
+            } => {
+                debug!(peer = ?peer_id, %error, "dial failed");
+                if let Some(peer) = self.bootstrap_dials.remove(&connection_id) {
+                    // Reached through another connection meanwhile: not unreachable.
+                    if !self.swarm.is_connected(&peer) {
+                        self.bootstrap_dial_failed(peer, &error, now);
+                    }
+                }
+            }
             SwarmEvent::ListenerError { error, .. } => warn!(%error, "listener error"),
             SwarmEvent::ListenerClosed {
                 addresses, reason, ..
             } => warn!(?addresses, ?reason, "listener closed"),
             _ => {}
         }
-    }
-
-    fn on_dial_failure(&mut self, peer: PeerId, error: &DialError, now: Instant) {
-        // A dial that was not started, or a peer reached through another connection, is not
-        // a failure to reach it.
-        if matches!(error, DialError::DialPeerConditionFalse(_)) || self.swarm.is_connected(&peer) {
-            return;
-        }
-        debug!(%peer, %error, "dial failed");
-        self.bootstrap_dial_failed(peer, error, now);
     }
 
     /// Routing table changes: dial every newly known peer so that gossip reaches it.

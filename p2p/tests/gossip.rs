@@ -1,0 +1,160 @@
+//! The receive path of gossip: only verified envelopes are delivered; the rest are counted.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{config, init_tracing, spawn_node, wait_for, TestNode};
+use p2p::{identity::Keypair, Config, Envelope, Event, PublishError};
+
+const TOPIC: &str = "plans";
+
+async fn two_subscribed_nodes() -> (TestNode, TestNode) {
+    let topics = vec![TOPIC.to_owned()];
+    let a = spawn_node(Config {
+        topics: topics.clone(),
+        ..config()
+    })
+    .await;
+    let b = spawn_node(Config {
+        topics,
+        bootstrap: vec![a.addr.clone()],
+        ..config()
+    })
+    .await;
+    (a, b)
+}
+
+/// Publishes raw bytes, retrying while no subscriber is known yet.
+async fn publish_raw_when_ready(node: &TestNode, data: Vec<u8>) {
+    wait_for("a subscribed peer", Duration::from_secs(15), || {
+        let data = data.clone();
+        async move {
+            match node.client.publish_raw(TOPIC, data).await {
+                Ok(()) => Ok(()),
+                Err(e) if e.is_soft() => Err(e.to_string()),
+                Err(e) => panic!("publish_raw failed: {e}"),
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tampered_envelope_is_dropped_and_counted_while_a_good_one_is_delivered() {
+    init_tracing();
+    let (mut a, mut b) = two_subscribed_nodes().await;
+    let a_id = a.peer_id();
+
+    // Tampered: a valid envelope by `a` with one payload bit flipped.
+    let mut tampered = Envelope::seal(&a.keypair, TOPIC, b"stage 3 to peer x".to_vec())
+        .unwrap()
+        .encode();
+    let last = tampered.len() - 1;
+    tampered[last] ^= 1;
+    publish_raw_when_ready(&a, tampered).await;
+    // Validly signed, but by a key that is not the gossip source.
+    let stranger = Keypair::generate_ed25519();
+    let foreign = Envelope::seal(&stranger, TOPIC, b"forged".to_vec())
+        .unwrap()
+        .encode();
+    a.client.publish_raw(TOPIC, foreign).await.unwrap();
+    // Not an envelope at all.
+    a.client
+        .publish_raw(TOPIC, b"garbage".to_vec())
+        .await
+        .unwrap();
+    // And a good one.
+    a.client.publish(TOPIC, b"good".to_vec()).await.unwrap();
+
+    let delivered = b
+        .next_event(Duration::from_secs(10), |e| match e {
+            Event::Gossip {
+                author,
+                topic,
+                data,
+            } => Some((author, topic, data)),
+            _ => None,
+        })
+        .await
+        .expect("the good message was not delivered");
+    // The first gossip event is the good one: none of the bad ones got through.
+    assert_eq!(delivered, (a_id, TOPIC.to_owned(), b"good".to_vec()));
+    wait_for("all rejections counted", Duration::from_secs(5), || async {
+        let counts = [
+            b.metrics.gossip_rejected("bad_signature"),
+            b.metrics.gossip_rejected("author_mismatch"),
+            b.metrics.gossip_rejected("malformed"),
+        ];
+        if counts == [1, 1, 1] {
+            Ok(())
+        } else {
+            Err(format!(
+                "[bad_signature, author_mismatch, malformed] = {counts:?}"
+            ))
+        }
+    })
+    .await;
+    assert_eq!(b.metrics.gossip_received(), 1);
+    // The publisher does not receive its own messages.
+    assert_eq!(a.metrics.gossip_received(), 0);
+    let _ = &mut a;
+}
+
+#[tokio::test]
+async fn publish_without_peers_is_a_soft_error_and_the_node_goes_on() {
+    init_tracing();
+    let node = spawn_node(Config {
+        topics: vec![TOPIC.to_owned()],
+        ..config()
+    })
+    .await;
+    node.client.subscribe("another").await.unwrap();
+    let err = node.client.publish(TOPIC, b"x".to_vec()).await.unwrap_err();
+    assert!(
+        matches!(err, PublishError::NoPeers) && err.is_soft(),
+        "{err:?}"
+    );
+    let err = node
+        .client
+        .publish(TOPIC, vec![0; p2p::MAX_ENVELOPE_BYTES])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, PublishError::TooLarge { .. }) && !err.is_soft(),
+        "{err:?}"
+    );
+    assert!(!node.client.listen_addrs().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn shutdown_stops_the_event_loop_and_later_calls_fail() {
+    init_tracing();
+    let node = spawn_node(config()).await;
+    let client = node.client.clone();
+    node.client.shutdown().await;
+    tokio::time::timeout(Duration::from_secs(5), node.task)
+        .await
+        .expect("event loop did not stop")
+        .expect("event loop panicked");
+    assert!(matches!(
+        client.connected_peers().await,
+        Err(p2p::ClientError::EventLoopStopped)
+    ));
+    assert!(matches!(
+        client.publish(TOPIC, vec![1]).await,
+        Err(PublishError::EventLoopStopped)
+    ));
+}
+
+#[tokio::test]
+async fn dropping_every_client_stops_the_event_loop() {
+    init_tracing();
+    let node = spawn_node(config()).await;
+    let TestNode { client, task, .. } = node;
+    drop(client);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("event loop did not stop")
+        .expect("event loop panicked");
+}
