@@ -1,5 +1,5 @@
-//! The `iota-p2p` binary.
+//! The `iota-p2p` binary; everything lives in the library so tests can reach the launcher.
 
-fn main() -> anyhow::Result<()> {
-    Ok(())
+fn main() -> std::process::ExitCode {
+    iota_p2p::main_entry()
 }

@@ -1,1 +1,91 @@
-//! Multi-node tests of iota-p2p: nodes on 127.0.0.1 ports, driven through the binary.
+//! Multi-node tests of iota-p2p: real node processes on 127.0.0.1 ports.
+//!
+//! This library is the harness: it builds the `iota-p2p` binary once (same profile and target
+//! directory as the tests), starts nodes through the node's own launcher and waits on
+//! conditions with deadlines. The tests live in `tests/`.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub use iota_p2p::launcher::{wait_for, NodeProcess, NodeSpec};
+
+/// How long a node gets to print its addresses.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Path of an `iota-p2p` binary built from this checkout, building it on first use.
+///
+/// Panics with cargo's output if the build fails: no test can run without the binary.
+pub fn binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test binary has a path");
+        // target/<profile>/deps/<test> -> target/<profile>
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test binaries live in target/<profile>/deps");
+        let target_dir = profile_dir.parent().expect("target/<profile> has a parent");
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("tests/ sits in the workspace root");
+        let mut build = std::process::Command::new(env!("CARGO"));
+        build
+            .current_dir(workspace)
+            .env("CARGO_TARGET_DIR", target_dir)
+            .args(["build", "-p", "iota-p2p", "--bin", "iota-p2p"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            build.arg("--release");
+        }
+        let output = build.output().expect("cargo runs");
+        assert!(
+            output.status.success(),
+            "building iota-p2p failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        profile_dir.join("iota-p2p")
+    })
+}
+
+/// A fresh directory for one test's nodes, under the target directory's tmp.
+pub fn scratch_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir()
+        .join("iota-tests")
+        .join(format!("{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir is writable");
+    dir
+}
+
+/// Starts a node named `name` with its data dir and log under `dir`, plus `extra` flags.
+pub async fn start_node(dir: &Path, name: &str, extra: &[&str]) -> anyhow::Result<NodeProcess> {
+    let mut args = vec![
+        "--data-dir".to_string(),
+        dir.join(name).display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let spec = NodeSpec {
+        name: name.to_string(),
+        args,
+        log: dir.join(format!("{name}.log")),
+    };
+    NodeProcess::spawn(binary(), spec, READY_TIMEOUT).await
+}
+
+/// The peer id at the end of a `/p2p/<id>` multiaddr.
+pub fn peer_id_of(addr: &str) -> String {
+    addr.rsplit('/').next().unwrap_or_default().to_string()
+}
+
+/// The strings of a JSON array field of a status.
+pub fn strings(status: &serde_json::Value, field: &str) -> Vec<String> {
+    status
+        .get(field)
+        .and_then(serde_json::Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,69 @@
+//! What `/status` reports: a JSON snapshot of the node, built on demand.
+//!
+//! Peer counts come from the network event loop at the moment of the request; the rest is a
+//! small shared view that the node's loop keeps up to date.
+
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+/// The parts of the status that the node loop writes and the HTTP handler reads.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct NodeView {
+    /// Addresses the node listens on, each ending in `/p2p/<peer id>`.
+    pub(crate) listen_addrs: Vec<String>,
+    /// Peers whose heartbeats are fresh, sorted.
+    pub(crate) live_peers: Vec<String>,
+    /// Heartbeats this node has published.
+    pub(crate) heartbeats_sent: u64,
+}
+
+/// JSON body of `GET /status`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Status {
+    pub(crate) peer_id: String,
+    pub(crate) role: &'static str,
+    pub(crate) listen_addrs: Vec<String>,
+    pub(crate) connected_peers: usize,
+    pub(crate) routing_table_peers: usize,
+    pub(crate) routing_table: Vec<String>,
+    pub(crate) live_peers: Vec<String>,
+    pub(crate) heartbeats_sent: u64,
+}
+
+/// Builds [`Status`] snapshots from the network client and the shared [`NodeView`].
+#[derive(Clone)]
+pub(crate) struct StatusSource {
+    pub(crate) client: p2p::Client,
+    pub(crate) role: &'static str,
+    pub(crate) view: Arc<Mutex<NodeView>>,
+}
+
+impl StatusSource {
+    /// Asks the network loop for its peers and combines them with the node's view.
+    pub(crate) async fn snapshot(&self) -> Result<Status, p2p::ClientError> {
+        let connected = self.client.connected_peers().await?;
+        let mut routing: Vec<String> = self
+            .client
+            .routing_table_peers()
+            .await?
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        routing.sort();
+        let view = match self.view.lock() {
+            Ok(view) => view.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        Ok(Status {
+            peer_id: self.client.local_peer_id().to_string(),
+            role: self.role,
+            listen_addrs: view.listen_addrs,
+            connected_peers: connected.len(),
+            routing_table_peers: routing.len(),
+            routing_table: routing,
+            live_peers: view.live_peers,
+            heartbeats_sent: view.heartbeats_sent,
+        })
+    }
+}

@@ -1,0 +1,107 @@
+//! Bad input gets a clear error and the node keeps what it has.
+
+use std::time::Duration;
+
+use iota_tests::{binary, scratch_dir, start_node, wait_for};
+
+#[test]
+fn malformed_bootstrap_exits_nonzero_naming_the_flag() {
+    for bad in [
+        "not-a-multiaddr",
+        // a well-formed address that does not say which peer it reaches
+        "/ip4/127.0.0.1/tcp/4001",
+    ] {
+        let output = std::process::Command::new(binary())
+            .args(["--bootstrap", bad])
+            .output()
+            .unwrap();
+        assert!(
+            !output.status.success(),
+            "{bad}: exit status {}",
+            output.status
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("--bootstrap"),
+            "{bad}: message names the flag: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn bad_metrics_address_exits_nonzero_naming_the_flag() {
+    let output = std::process::Command::new(binary())
+        .args(["--metrics", "localhost"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--metrics"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_bootstrap_is_retried_and_the_node_keeps_running() {
+    let dir = scratch_dir("unreachable");
+    // A port that was just free: nothing listens there.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let nobody = "12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN";
+    let addr = format!("/ip4/127.0.0.1/tcp/{port}/p2p/{nobody}");
+    let node = start_node(&dir, "lonely", &["--bootstrap", &addr])
+        .await
+        .unwrap();
+
+    let log = node.log_path().to_path_buf();
+    wait_for(
+        "two logged retries of the bootstrap peer",
+        Duration::from_secs(20),
+        Duration::from_millis(250),
+        || {
+            let log = log.clone();
+            async move {
+                let text = std::fs::read_to_string(&log)?;
+                let failures = text
+                    .lines()
+                    .filter(|l| l.contains("WARN") && l.contains(nobody))
+                    .count();
+                Ok((
+                    failures >= 2,
+                    format!("{failures} warnings naming the peer"),
+                ))
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    let status = node.status().await.unwrap();
+    assert_eq!(status["connected_peers"], 0);
+    assert_eq!(status["role"], "miner");
+    let exit = node.stop(Duration::from_secs(10)).await.unwrap();
+    assert!(exit.success(), "clean exit on SIGTERM: {exit}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn restarted_node_keeps_its_peer_id() {
+    let dir = scratch_dir("keygen");
+    let data = dir.join("node");
+    let run = || {
+        let output = std::process::Command::new(binary())
+            .args(["keygen", "--data-dir"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let first = run();
+    assert!(first.starts_with("12D3Koo"), "an ed25519 peer id: {first}");
+    assert_eq!(first, run());
+    let _ = std::fs::remove_dir_all(&dir);
+}
