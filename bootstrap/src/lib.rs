@@ -1,3 +1,28 @@
-//! What a node needs to join a run: run configuration, stake snapshot, orchestrator election.
+//! What a node needs to join an iota-p2p run, as pure functions and state machines.
 //!
-//! Pure and deterministic: no networking, no clocks, no randomness of its own.
+//! * [`RunConfig`]: the settings every node of a run shares, from TOML or defaults, and the
+//!   [`RunHash`] by which nodes recognise the same run.
+//! * [`Metagraph`]: the snapshot of stake (which hotkey, peer id, stake and validator permit
+//!   each uid has), parsed and validated from JSON.
+//! * [`election`]: who holds the orchestrator duty: a deterministic [`Ranking`] of validators
+//!   and the [`OrchestratorTracker`] that follows heartbeats, failover and handover at epoch
+//!   boundaries, and accepts or rejects plans.
+//! * [`assignment`]: which stage each live miner holds.
+//! * [`EpochPlan`]: what the orchestrator publishes to open an epoch, and [`next_plan`].
+//!
+//! Nothing here does IO, reads a clock or draws randomness: callers pass file contents, the
+//! time (`now`, a [`std::time::Duration`] since any fixed origin) and seeds. Peer ids are
+//! validated text ([`PeerIdStr`]), so this crate does not link libp2p.
+
+#![deny(missing_docs)]
+
+pub mod metagraph;
+mod peer_id;
+#[cfg(test)]
+mod test_support;
+
+pub use metagraph::{
+    FieldProblem, Hotkey, HotkeyError, LocalNeuron, Metagraph, MetagraphError, Neuron,
+    LOCAL_NETUID, MAX_METAGRAPH_BYTES, RAO_PER_TAO,
+};
+pub use peer_id::{PeerIdError, PeerIdStr};
