@@ -18,6 +18,7 @@
 
 pub mod metagraph;
 mod peer_id;
+mod run_config;
 #[cfg(test)]
 mod test_support;
 
@@ -26,3 +27,7 @@ pub use metagraph::{
     LOCAL_NETUID, MAX_METAGRAPH_BYTES, RAO_PER_TAO,
 };
 pub use peer_id::{PeerIdError, PeerIdStr};
+pub use run_config::{
+    ModelPreset, RunConfig, RunConfigError, RunHash, RunHashError, WireFormat,
+    MAX_RUN_CONFIG_BYTES, MAX_RUN_NAME_LEN, MAX_STAGES,
+};

@@ -1,0 +1,391 @@
+//! The run configuration: everything that must be equal on every node of one training run.
+//!
+//! Nodes compare [`RunConfig::hash`] (carried in every [`EpochPlan`](crate::EpochPlan)) to check
+//! that they are in the same run; the hash covers every field, through a canonical encoding
+//! that does not depend on TOML layout, key order or comments.
+//!
+//! A config comes from [`RunConfig::default`] (tuned for the `tiny` preset on a CPU) or from
+//! TOML with [`RunConfig::from_toml_str`]: fields left out keep their default, unknown fields
+//! are rejected, and every error names its field. Both paths give a config that passed
+//! [`RunConfig::validate`].
+//!
+//! **Epoch length.** An epoch is `epoch_samples` samples drawn by each head-stage miner: the
+//! amount of work per epoch is then fixed by the plan, not by wall-clock luck, so runs are
+//! reproducible. `epoch_timeout_secs` caps the epoch in time: the orchestrator closes it then
+//! even if samples are missing (a lost hop, a slow miner), so one peer cannot stall the run.
+
+mod canonical;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+/// Largest TOML text read, in bytes.
+pub const MAX_RUN_CONFIG_BYTES: usize = 64 << 10;
+/// Longest run name, in bytes.
+pub const MAX_RUN_NAME_LEN: usize = 64;
+/// Most pipeline stages a run may have.
+pub const MAX_STAGES: u32 = 256;
+
+/// Model size, by the name the training crate gives its presets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelPreset {
+    /// Tests and quick local runs on a CPU.
+    Tiny,
+    /// The CPU demo.
+    Small,
+    /// One GPU.
+    Base,
+    /// Several GPUs.
+    Large,
+}
+
+impl ModelPreset {
+    /// The lower-case name (`"tiny"`, …), as written in TOML.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelPreset::Tiny => "tiny",
+            ModelPreset::Small => "small",
+            ModelPreset::Base => "base",
+            ModelPreset::Large => "large",
+        }
+    }
+}
+
+/// How activations and gradients are quantised on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireFormat {
+    /// Uncompressed 32-bit floats.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// 8-bit integers with a per-token scale.
+    Int8,
+}
+
+impl WireFormat {
+    /// The lower-case name (`"f32"`, …), as written in TOML.
+    pub fn name(self) -> &'static str {
+        match self {
+            WireFormat::F32 => "f32",
+            WireFormat::Bf16 => "bf16",
+            WireFormat::Int8 => "int8",
+        }
+    }
+}
+
+/// The settings every node of a run shares.
+///
+/// Serialises to the TOML that [`RunConfig::from_toml_str`] reads (see
+/// [`RunConfig::to_toml_string`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunConfig {
+    /// Name of the run: 1 to 64 of `A-Z a-z 0-9 . _ -`.
+    pub run_name: String,
+    /// Model size.
+    pub preset: ModelPreset,
+    /// Number of pipeline stages (1 to [`MAX_STAGES`]); default 3.
+    pub stages: u32,
+    /// Channels at each stage boundary's bottleneck; 0 sends the full hidden state.
+    pub bottleneck: u32,
+    /// Quantisation of activations and gradients on the wire.
+    pub wire_format: WireFormat,
+    /// Samples each head-stage miner draws per epoch (at least 1).
+    pub epoch_samples: u64,
+    /// Longest an epoch may run, in seconds (at least 1).
+    pub epoch_timeout_secs: u64,
+    /// Samples a miner processes between two inner (AdamW) optimizer steps (at least 1).
+    pub inner_steps: u32,
+    /// Inner optimizer learning rate (finite, above 0).
+    pub lr: f64,
+    /// Sequences per sample batch (at least 1).
+    pub batch_size: u32,
+    /// Tokens per sequence (at least 1).
+    pub seq_len: u32,
+    /// Seed of the run; each epoch's seed derives from it.
+    pub seed: u64,
+    /// Least stake, in rao, for a validator to be elected orchestrator.
+    pub min_validator_stake: u64,
+    /// Silence after which the orchestrator is considered gone, in milliseconds (at least 1).
+    pub heartbeat_timeout_ms: u64,
+    /// Partitions of each stage's parameters in the butterfly all-reduce (at least 1).
+    pub butterfly_partitions: u32,
+    /// Fraction of miner work validators recompute, in `[0, 1]`.
+    pub audit_rate: f64,
+}
+
+/// The blake3 hash of a [`RunConfig`]'s canonical encoding. Prints and serialises as 64
+/// lower-case hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct RunHash([u8; 32]);
+
+/// Why a run configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunConfigError {
+    /// The text is larger than [`MAX_RUN_CONFIG_BYTES`]; it was not parsed.
+    #[error("run config is {len} bytes; at most {max} are accepted")]
+    TooLarge {
+        /// Size of the text.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The text is not TOML.
+    #[error("run config is not valid TOML: {0}")]
+    Syntax(#[source] toml::de::Error),
+    /// A key that is not a field of [`RunConfig`].
+    #[error("run config: unknown field `{field}`")]
+    UnknownField {
+        /// The key as written.
+        field: String,
+    },
+    /// A field whose value has the wrong type.
+    #[error("run config field `{field}`: {}", source.message())]
+    FieldType {
+        /// The field.
+        field: &'static str,
+        /// The type error.
+        source: toml::de::Error,
+    },
+    /// A field whose value is outside its allowed range.
+    #[error("run config field `{field}`: {reason}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// The rule it breaks.
+        reason: String,
+    },
+    /// The config could not be written as TOML.
+    #[error("run config could not be written as TOML: {0}")]
+    Encode(#[source] toml::ser::Error),
+}
+
+/// Why a string is not a [`RunHash`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a run hash is 64 hex digits: {0}")]
+pub struct RunHashError(String);
+
+impl Default for RunConfig {
+    /// Settings for a quick run of the `tiny` preset on a CPU; the numbers for larger presets
+    /// are chosen per run.
+    fn default() -> Self {
+        Self {
+            run_name: "local".to_owned(),
+            preset: ModelPreset::Tiny,
+            stages: 3,
+            bottleneck: 32,
+            wire_format: WireFormat::Bf16,
+            epoch_samples: 64,
+            epoch_timeout_secs: 120,
+            inner_steps: 4,
+            lr: 3e-3,
+            batch_size: 4,
+            seq_len: 64,
+            seed: 0,
+            min_validator_stake: 0,
+            heartbeat_timeout_ms: 5_000,
+            butterfly_partitions: 4,
+            audit_rate: 0.05,
+        }
+    }
+}
+
+impl RunConfig {
+    /// Parses TOML over the defaults, rejects unknown fields, and validates.
+    pub fn from_toml_str(text: &str) -> Result<Self, RunConfigError> {
+        if text.len() > MAX_RUN_CONFIG_BYTES {
+            return Err(RunConfigError::TooLarge {
+                len: text.len(),
+                max: MAX_RUN_CONFIG_BYTES,
+            });
+        }
+        let table: toml::Table = text.parse().map_err(RunConfigError::Syntax)?;
+        let mut config = Self::default();
+        for (key, value) in table {
+            config.set(&key, value)?;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Sets the field named `key` from a TOML value.
+    fn set(&mut self, key: &str, value: toml::Value) -> Result<(), RunConfigError> {
+        match key {
+            "run_name" => self.run_name = field("run_name", value)?,
+            "preset" => self.preset = field("preset", value)?,
+            "stages" => self.stages = field("stages", value)?,
+            "bottleneck" => self.bottleneck = field("bottleneck", value)?,
+            "wire_format" => self.wire_format = field("wire_format", value)?,
+            "epoch_samples" => self.epoch_samples = field("epoch_samples", value)?,
+            "epoch_timeout_secs" => self.epoch_timeout_secs = field("epoch_timeout_secs", value)?,
+            "inner_steps" => self.inner_steps = field("inner_steps", value)?,
+            "lr" => self.lr = field("lr", value)?,
+            "batch_size" => self.batch_size = field("batch_size", value)?,
+            "seq_len" => self.seq_len = field("seq_len", value)?,
+            "seed" => self.seed = field("seed", value)?,
+            "min_validator_stake" => {
+                self.min_validator_stake = field("min_validator_stake", value)?
+            }
+            "heartbeat_timeout_ms" => {
+                self.heartbeat_timeout_ms = field("heartbeat_timeout_ms", value)?
+            }
+            "butterfly_partitions" => {
+                self.butterfly_partitions = field("butterfly_partitions", value)?
+            }
+            "audit_rate" => self.audit_rate = field("audit_rate", value)?,
+            _ => {
+                return Err(RunConfigError::UnknownField {
+                    field: key.to_owned(),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks every field against its documented range.
+    ///
+    /// Integers must also fit a TOML integer (at most `i64::MAX`), so that every valid config
+    /// can be written out and read back.
+    pub fn validate(&self) -> Result<(), RunConfigError> {
+        let invalid = |field: &'static str, reason: &str| {
+            Err(RunConfigError::Invalid {
+                field,
+                reason: reason.to_owned(),
+            })
+        };
+        let name = &self.run_name;
+        if name.is_empty() || name.len() > MAX_RUN_NAME_LEN {
+            return invalid("run_name", "must be 1 to 64 characters long");
+        }
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return invalid("run_name", "may only hold A-Z a-z 0-9 . _ -");
+        }
+        if !(1..=MAX_STAGES).contains(&self.stages) {
+            return invalid("stages", "must be between 1 and 256");
+        }
+        let at_least_one: [(&'static str, u64); 7] = [
+            ("epoch_samples", self.epoch_samples),
+            ("epoch_timeout_secs", self.epoch_timeout_secs),
+            ("inner_steps", self.inner_steps.into()),
+            ("batch_size", self.batch_size.into()),
+            ("seq_len", self.seq_len.into()),
+            ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
+            ("butterfly_partitions", self.butterfly_partitions.into()),
+        ];
+        if let Some((field, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
+            return invalid(field, "must be at least 1");
+        }
+        let integers: [(&'static str, u64); 5] = [
+            ("epoch_samples", self.epoch_samples),
+            ("epoch_timeout_secs", self.epoch_timeout_secs),
+            ("seed", self.seed),
+            ("min_validator_stake", self.min_validator_stake),
+            ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
+        ];
+        if let Some((field, _)) = integers.iter().find(|(_, v)| i64::try_from(*v).is_err()) {
+            return invalid(field, "must be at most i64::MAX (the largest TOML integer)");
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return invalid("lr", "must be a finite number above 0");
+        }
+        if !(0.0..=1.0).contains(&self.audit_rate) {
+            return invalid("audit_rate", "must be between 0 and 1");
+        }
+        Ok(())
+    }
+
+    /// The run's identity: blake3 of the canonical encoding of every field.
+    pub fn hash(&self) -> RunHash {
+        RunHash(*blake3::hash(&canonical::encode(self)).as_bytes())
+    }
+
+    /// The config as TOML that [`RunConfig::from_toml_str`] reads back to an equal config.
+    pub fn to_toml_string(&self) -> Result<String, RunConfigError> {
+        self.validate()?;
+        toml::to_string(self).map_err(RunConfigError::Encode)
+    }
+
+    /// [`RunConfig::heartbeat_timeout_ms`] as a duration.
+    pub fn heartbeat_timeout(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_timeout_ms)
+    }
+
+    /// [`RunConfig::epoch_timeout_secs`] as a duration.
+    pub fn epoch_timeout(&self) -> Duration {
+        Duration::from_secs(self.epoch_timeout_secs)
+    }
+}
+
+/// Deserialises one field's value, naming the field in the error.
+fn field<T: DeserializeOwned>(name: &'static str, value: toml::Value) -> Result<T, RunConfigError> {
+    value
+        .try_into()
+        .map_err(|source| RunConfigError::FieldType {
+            field: name,
+            source,
+        })
+}
+
+impl RunHash {
+    /// The hash as 64 lower-case hex digits.
+    pub fn to_hex(&self) -> String {
+        blake3::Hash::from_bytes(self.0).to_hex().to_string()
+    }
+
+    /// The 32 hash bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl FromStr for RunHash {
+    type Err = RunHashError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        // blake3 also accepts upper-case digits; only the canonical lower-case form is a run
+        // hash, so that equal hashes are equal strings.
+        if s.bytes().any(|b| b.is_ascii_uppercase()) {
+            return Err(RunHashError("upper-case digits".to_owned()));
+        }
+        blake3::Hash::from_hex(s)
+            .map(|h| Self(*h.as_bytes()))
+            .map_err(|e| RunHashError(e.to_string()))
+    }
+}
+
+impl TryFrom<String> for RunHash {
+    type Error = RunHashError;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<RunHash> for String {
+    fn from(hash: RunHash) -> Self {
+        hash.to_hex()
+    }
+}
+
+impl fmt::Display for RunHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for RunHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RunHash({})", self.to_hex())
+    }
+}

@@ -1,0 +1,269 @@
+use std::collections::BTreeSet;
+
+use super::*;
+
+const EVERY_FIELD: &str = r#"
+run_name = "sn9-pretrain.v2"
+preset = "base"
+stages = 5
+bottleneck = 0
+wire_format = "int8"
+epoch_samples = 1000
+epoch_timeout_secs = 600
+inner_steps = 16
+lr = 0.0006
+batch_size = 8
+seq_len = 1024
+seed = 1234
+min_validator_stake = 1000000000000
+heartbeat_timeout_ms = 3000
+butterfly_partitions = 32
+audit_rate = 0.25
+"#;
+
+fn every_field() -> RunConfig {
+    RunConfig {
+        run_name: "sn9-pretrain.v2".to_owned(),
+        preset: ModelPreset::Base,
+        stages: 5,
+        bottleneck: 0,
+        wire_format: WireFormat::Int8,
+        epoch_samples: 1000,
+        epoch_timeout_secs: 600,
+        inner_steps: 16,
+        lr: 0.0006,
+        batch_size: 8,
+        seq_len: 1024,
+        seed: 1234,
+        min_validator_stake: 1_000 * crate::RAO_PER_TAO,
+        heartbeat_timeout_ms: 3000,
+        butterfly_partitions: 32,
+        audit_rate: 0.25,
+    }
+}
+
+#[test]
+fn defaults_are_valid_and_have_three_stages_and_a_five_second_heartbeat() {
+    let config = RunConfig::default();
+    config.validate().unwrap();
+    assert_eq!(config.stages, 3);
+    assert_eq!(config.heartbeat_timeout(), Duration::from_secs(5));
+    assert_eq!(RunConfig::from_toml_str("").unwrap(), config);
+}
+
+#[test]
+fn every_field_is_read_from_toml() {
+    let parsed = RunConfig::from_toml_str(EVERY_FIELD).unwrap();
+    assert_eq!(parsed, every_field());
+    // Each value differs from its default, so a field the parser skipped would show above.
+    let defaults = RunConfig::default();
+    let toml_default: toml::Table = defaults.to_toml_string().unwrap().parse().unwrap();
+    let toml_every: toml::Table = EVERY_FIELD.parse().unwrap();
+    for (key, value) in &toml_every {
+        assert_ne!(
+            toml_default.get(key),
+            Some(value),
+            "{key} equals its default"
+        );
+    }
+    assert_eq!(
+        toml_default.len(),
+        toml_every.len(),
+        "the sample sets every field"
+    );
+}
+
+#[test]
+fn fields_left_out_keep_their_default() {
+    let parsed = RunConfig::from_toml_str("stages = 4\nlr = 1e-3\n").unwrap();
+    let expected = RunConfig {
+        stages: 4,
+        lr: 1e-3,
+        ..RunConfig::default()
+    };
+    assert_eq!(parsed, expected);
+}
+
+#[test]
+fn configs_round_trip_through_toml() {
+    for config in [RunConfig::default(), every_field()] {
+        let text = config.to_toml_string().unwrap();
+        assert_eq!(RunConfig::from_toml_str(&text).unwrap(), config, "{text}");
+    }
+}
+
+#[test]
+fn unknown_fields_are_rejected_by_name() {
+    for (text, field) in [
+        ("stage = 3", "stage"),
+        ("learning_rate = 0.1", "learning_rate"),
+        ("[training]\nlr = 0.1", "training"),
+    ] {
+        match RunConfig::from_toml_str(text) {
+            Err(RunConfigError::UnknownField { field: got }) => assert_eq!(got, field),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn wrong_types_name_the_field() {
+    for (text, field) in [
+        ("stages = \"three\"", "stages"),
+        ("stages = -1", "stages"),
+        ("stages = 5000000000", "stages"),
+        ("preset = \"huge\"", "preset"),
+        ("wire_format = \"fp8\"", "wire_format"),
+        ("lr = \"fast\"", "lr"),
+        ("run_name = 7", "run_name"),
+        ("seed = -3", "seed"),
+        ("audit_rate = true", "audit_rate"),
+    ] {
+        match RunConfig::from_toml_str(text) {
+            Err(RunConfigError::FieldType { field: got, .. }) => assert_eq!(got, field, "{text}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn out_of_range_values_name_the_field() {
+    for (text, field) in [
+        ("run_name = \"\"", "run_name"),
+        ("run_name = \"has space\"", "run_name"),
+        (&format!("run_name = \"{}\"", "a".repeat(65)), "run_name"),
+        ("stages = 0", "stages"),
+        ("stages = 257", "stages"),
+        ("epoch_samples = 0", "epoch_samples"),
+        ("epoch_timeout_secs = 0", "epoch_timeout_secs"),
+        ("inner_steps = 0", "inner_steps"),
+        ("batch_size = 0", "batch_size"),
+        ("seq_len = 0", "seq_len"),
+        ("heartbeat_timeout_ms = 0", "heartbeat_timeout_ms"),
+        ("butterfly_partitions = 0", "butterfly_partitions"),
+        ("lr = 0.0", "lr"),
+        ("lr = -0.1", "lr"),
+        ("lr = nan", "lr"),
+        ("lr = inf", "lr"),
+        ("audit_rate = 1.5", "audit_rate"),
+        ("audit_rate = -0.1", "audit_rate"),
+    ] {
+        match RunConfig::from_toml_str(text) {
+            Err(RunConfigError::Invalid { field: got, .. }) => assert_eq!(got, field, "{text}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn integers_past_toml_range_are_invalid_so_every_valid_config_can_be_written() {
+    let config = RunConfig {
+        seed: u64::MAX,
+        ..RunConfig::default()
+    };
+    assert!(matches!(
+        config.to_toml_string(),
+        Err(RunConfigError::Invalid { field: "seed", .. })
+    ));
+}
+
+#[test]
+fn bad_text_is_refused() {
+    assert!(matches!(
+        RunConfig::from_toml_str("stages = = 3"),
+        Err(RunConfigError::Syntax(_))
+    ));
+    let big = format!("# {}\n", "x".repeat(MAX_RUN_CONFIG_BYTES));
+    assert!(matches!(
+        RunConfig::from_toml_str(&big),
+        Err(RunConfigError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn hash_does_not_depend_on_toml_layout() {
+    let reordered = r#"
+        # same run, written differently
+        audit_rate = 0.250
+        butterfly_partitions = 32
+        heartbeat_timeout_ms = 3_000
+        min_validator_stake = 1_000_000_000_000
+        seed = 1234
+        seq_len = 1024
+        batch_size = 8
+        lr = 6e-4
+        inner_steps = 16
+        epoch_timeout_secs = 600
+        epoch_samples = 1000
+        wire_format = "int8"
+        bottleneck = 0
+        stages = 5
+        preset = "base"
+        run_name = "sn9-pretrain.v2"
+    "#;
+    let a = RunConfig::from_toml_str(EVERY_FIELD).unwrap();
+    let b = RunConfig::from_toml_str(reordered).unwrap();
+    assert_eq!(a.hash(), b.hash());
+}
+
+#[test]
+fn hash_changes_with_every_field() {
+    let changes: [fn(&mut RunConfig); 16] = [
+        |c| c.run_name.push('x'),
+        |c| c.preset = ModelPreset::Small,
+        |c| c.stages += 1,
+        |c| c.bottleneck += 1,
+        |c| c.wire_format = WireFormat::F32,
+        |c| c.epoch_samples += 1,
+        |c| c.epoch_timeout_secs += 1,
+        |c| c.inner_steps += 1,
+        |c| c.lr *= 2.0,
+        |c| c.batch_size += 1,
+        |c| c.seq_len += 1,
+        |c| c.seed += 1,
+        |c| c.min_validator_stake += 1,
+        |c| c.heartbeat_timeout_ms += 1,
+        |c| c.butterfly_partitions += 1,
+        |c| c.audit_rate /= 2.0,
+    ];
+    let base = RunConfig::default();
+    let mut hashes = BTreeSet::from([base.hash()]);
+    for (i, change) in changes.iter().enumerate() {
+        let mut config = base.clone();
+        change(&mut config);
+        assert!(
+            hashes.insert(config.hash()),
+            "change #{i} did not change the hash"
+        );
+    }
+}
+
+#[test]
+fn negative_zero_hashes_like_zero() {
+    let zero = RunConfig {
+        audit_rate: 0.0,
+        ..RunConfig::default()
+    };
+    let negative = RunConfig {
+        audit_rate: -0.0,
+        ..RunConfig::default()
+    };
+    assert_eq!(zero.hash(), negative.hash());
+}
+
+#[test]
+fn run_hash_prints_and_parses_as_lower_case_hex() {
+    let hash = RunConfig::default().hash();
+    let hex = hash.to_string();
+    assert_eq!(hex.len(), 64);
+    assert!(hex
+        .bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+    assert_eq!(hex.parse::<RunHash>().unwrap(), hash);
+    assert_eq!(
+        serde_json::from_str::<RunHash>(&serde_json::to_string(&hash).unwrap()).unwrap(),
+        hash
+    );
+    assert!(hex.to_uppercase().parse::<RunHash>().is_err());
+    assert!(hex[..63].parse::<RunHash>().is_err());
+}
