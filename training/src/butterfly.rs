@@ -96,7 +96,7 @@ mod tests;
 /// A member's id: its libp2p peer id as a string.
 pub type MemberId = String;
 
-pub use audit::{audit, sampled, AuditConfig, AuditReport};
+pub use audit::{audit, sampled, AuditConfig, AuditError, AuditReport};
 pub use average::{weighted_average, AverageError, Contribution, Hash, ParseHashError};
 pub use codec::{DecodeError, WIRE_VERSION};
 pub use message::{

@@ -21,6 +21,7 @@ use super::fetch::{specs_for, Fetcher, Traffic};
 use super::ledger::{Check, Ledger, Observed};
 use super::{
     Evidence, Gossip, MemberId, Misbehaviour, MisbehaviourKind, Plan, Received, Timing, Transport,
+    VerifyError,
 };
 
 const AUDIT_CONTEXT: &str = "iota-p2p butterfly audit v1";
@@ -64,6 +65,15 @@ pub struct AuditReport {
     pub bytes_received: u64,
 }
 
+/// Why an audit cannot start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuditError {
+    /// The plan is not the one its own seed, members, partition count and length give.
+    #[error("invalid plan: {0}")]
+    Plan(#[from] VerifyError),
+}
+
 /// For each of `partitions` partitions, whether it is in the audit sample of
 /// `(seed, epoch, stage)` at `rate`.
 pub fn sampled(seed: u64, epoch: u64, stage: u32, partitions: usize, rate: f64) -> Vec<bool> {
@@ -78,15 +88,20 @@ pub fn sampled(seed: u64, epoch: u64, stage: u32, partitions: usize, rate: f64) 
 }
 
 /// Listens to the merge's gossip until the claims deadline, then recomputes the sampled
-/// partitions and publishes a report for every claim that does not reproduce.
-pub async fn audit<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditReport {
+/// partitions and publishes a report for every claim that does not reproduce. Ends by
+/// `timing.done_by` plus one fetch timeout per sampled partition at the latest.
+pub async fn audit<T: Transport>(
+    transport: Arc<T>,
+    config: AuditConfig,
+) -> Result<AuditReport, AuditError> {
+    super::verify(&config.plan)?;
     let span = tracing::info_span!(
         "butterfly_audit",
         auditor = %config.auditor,
         epoch = config.epoch,
         stage = config.stage
     );
-    run(transport, config).instrument(span).await
+    Ok(run(transport, config).instrument(span).await)
 }
 
 async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditReport {
@@ -185,9 +200,8 @@ async fn gather<T: Transport>(
     traffic: &mut Traffic,
 ) {
     let deadline = config.timing.claims_by;
-    let partitions = config.plan.partitions();
     loop {
-        if ledger.all_committed() && (0..partitions).all(|p| ledger.settled(p)) {
+        if ledger.all_committed() && ledger.all_settled() {
             return;
         }
         tokio::select! {

@@ -4,6 +4,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::butterfly::message::MAX_GOSSIP_JSON_BYTES;
+use crate::butterfly::plan::MAX_MEMBER_ID_BYTES;
 
 fn h(i: u8) -> Hash {
     Hash([i; 32])
@@ -199,6 +200,40 @@ fn claimed_counts_beyond_the_input_are_refused_before_allocating() {
             ..
         })
     ));
+}
+
+#[test]
+fn the_largest_valid_messages_fit_the_limits() {
+    let long_id = |i: usize| format!("{i:0>width$}", width = MAX_MEMBER_ID_BYTES);
+    let commitment = Gossip::Commitment(Commitment {
+        epoch: u64::MAX,
+        stage: u32::MAX,
+        member: long_id(0),
+        samples: u64::MAX,
+        partition_hashes: vec![h(1); MAX_PARTITIONS],
+    });
+    let claim = Gossip::SliceHash(SliceHash {
+        epoch: u64::MAX,
+        stage: u32::MAX,
+        partition: u32::MAX,
+        round: u32::MAX,
+        holder: long_id(0),
+        included: (0..MAX_MEMBERS).map(long_id).collect(),
+        input_hashes: vec![h(2); MAX_MEMBERS],
+        result: h(3),
+    });
+    for message in [commitment, claim] {
+        let bytes = message.encode();
+        assert!(bytes.len() <= MAX_GOSSIP_BYTES, "{} bytes", bytes.len());
+        assert_eq!(Gossip::decode(&bytes), Ok(message.clone()));
+        let json = message.to_json();
+        assert!(
+            json.len() <= MAX_GOSSIP_JSON_BYTES,
+            "{} JSON bytes",
+            json.len()
+        );
+        assert_eq!(Gossip::from_json(&json), Ok(message));
+    }
 }
 
 #[test]

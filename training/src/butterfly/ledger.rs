@@ -251,10 +251,19 @@ impl Ledger {
         })
     }
 
+    /// Whether every partition is [settled](Ledger::settled).
+    pub(crate) fn all_settled(&self) -> bool {
+        let on_time = self.on_time();
+        (0..self.plan.partitions()).all(|p| self.settled_given(p, &on_time))
+    }
+
     /// Whether nothing more is expected for partition `p`: every holder that committed on
     /// time has a claim, and all claims agree on the result.
     pub(crate) fn settled(&self, p: usize) -> bool {
-        let on_time = self.on_time();
+        self.settled_given(p, &self.on_time())
+    }
+
+    fn settled_given(&self, p: usize, on_time: &BTreeSet<usize>) -> bool {
         let holders = self.plan.holders(p);
         let expected_present =
             (0..2).all(|slot| !on_time.contains(&holders[slot]) || self.slices[p][slot].is_some());

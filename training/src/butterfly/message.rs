@@ -13,11 +13,13 @@ use serde::{Deserialize, Serialize};
 use super::plan::{MAX_MEMBERS, MAX_MEMBER_ID_BYTES, MAX_PARTITIONS};
 use super::{DecodeError, Hash, MemberId};
 
-/// Largest binary gossip message accepted (a commitment for [`MAX_PARTITIONS`] partitions
-/// is about 128 KiB; a slice hash for [`MAX_MEMBERS`] members about 166 KiB).
-pub const MAX_GOSSIP_BYTES: usize = 512 * 1024;
+/// Largest binary gossip message accepted: fits, with the signature, in the p2p layer's
+/// 63 KiB gossip envelope. The largest valid messages (a commitment for [`MAX_PARTITIONS`]
+/// partitions, about 33 KiB; a claim for [`MAX_MEMBERS`] members with the longest ids,
+/// about 42 KiB) stay below it.
+pub const MAX_GOSSIP_BYTES: usize = 60 * 1024;
 /// Largest JSON gossip message accepted (hashes double in size as hex).
-pub const MAX_GOSSIP_JSON_BYTES: usize = 1024 * 1024;
+pub const MAX_GOSSIP_JSON_BYTES: usize = 256 * 1024;
 /// Largest binary request accepted.
 pub const MAX_REQUEST_BYTES: usize = 64;
 /// Most values one response may carry (256 MiB of `f32`): pick `P` so partitions fit.

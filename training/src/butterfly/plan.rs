@@ -24,10 +24,11 @@ use serde::{Deserialize, Serialize};
 
 use super::MemberId;
 
-/// Most members a stage merge accepts (bounds message sizes).
-pub const MAX_MEMBERS: usize = 1024;
-/// Most partitions a plan may cut the vector into (bounds commitment sizes).
-pub const MAX_PARTITIONS: usize = 4096;
+/// Most members a stage merge accepts (bounds claim sizes: a claim lists every included
+/// member, and must fit one gossip envelope).
+pub const MAX_MEMBERS: usize = 256;
+/// Most partitions a plan may cut the vector into (bounds commitment sizes the same way).
+pub const MAX_PARTITIONS: usize = 1024;
 /// Longest member id, in bytes (a base58 libp2p peer id is about 52).
 pub const MAX_MEMBER_ID_BYTES: usize = 128;
 

@@ -18,7 +18,7 @@ use super::fetch::{Fetcher, Traffic};
 use super::ledger::{Ledger, Observed};
 use super::{
     Commitment, Gossip, Hash, MemberId, Misbehaviour, MisbehaviourKind, Plan, Received, Server,
-    Transport,
+    Transport, VerifyError,
 };
 
 mod collect;
@@ -91,6 +91,9 @@ pub enum MergeError {
     /// The deadlines are not in order.
     #[error("deadlines must satisfy commit_by < claims_by < done_by")]
     Deadlines,
+    /// The plan is not the one its own seed, members, partition count and length give.
+    #[error("invalid plan: {0}")]
+    Plan(#[from] VerifyError),
 }
 
 /// Counters and findings of one merge, for logs and the node's metrics.
@@ -144,8 +147,10 @@ pub struct Merge {
 }
 
 impl Merge {
-    /// Checks `config` against `values` and prepares the member's server.
+    /// Checks `config` (the plan with [`verify`](super::verify)) against `values` and
+    /// prepares the member's server.
     pub fn new(config: MergeConfig, values: Vec<f32>) -> Result<Merge, MergeError> {
+        super::verify(&config.plan)?;
         let me = config
             .plan
             .index_of(&config.me)

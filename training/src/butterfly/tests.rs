@@ -132,7 +132,8 @@ impl Swarm {
                 tokio::time::timeout_at(limit, handle)
                     .await
                     .expect("audit finished by its deadline")
-                    .expect("audit task"),
+                    .expect("audit task")
+                    .expect("valid plan"),
             ),
             None => None,
         };
@@ -513,5 +514,17 @@ fn merge_config_is_checked() {
         Merge::new(backwards, vec![0.0; 4]).unwrap_err(),
         MergeError::Deadlines
     );
-    assert!(Merge::new(config, vec![0.0; 4]).is_ok());
+    assert!(Merge::new(config.clone(), vec![0.0; 4]).is_ok());
+    // A plan whose holders were tampered with in transit is refused.
+    let mut json = serde_json::to_value(&*config.plan).unwrap();
+    json["holders"][0] = serde_json::json!([0, 0]);
+    let tampered: Plan = serde_json::from_value(json).unwrap();
+    let tampered = MergeConfig {
+        plan: Arc::new(tampered),
+        ..config
+    };
+    assert!(matches!(
+        Merge::new(tampered, vec![0.0; 4]),
+        Err(MergeError::Plan(VerifyError::Holders { partition: 0 }))
+    ));
 }

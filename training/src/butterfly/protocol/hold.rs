@@ -35,8 +35,7 @@ impl<T: Transport> Runner<T> {
             self.reconcile(p).await;
         }
         loop {
-            let settled = (0..self.plan().partitions()).all(|p| self.ledger.settled(p));
-            if tasks.is_empty() && settled {
+            if tasks.is_empty() && self.ledger.all_settled() {
                 break;
             }
             tokio::select! {
