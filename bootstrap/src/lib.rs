@@ -16,17 +16,29 @@
 
 #![deny(missing_docs)]
 
+pub mod assignment;
+pub mod election;
 pub mod metagraph;
 mod peer_id;
+pub mod plan;
 mod run_config;
 #[cfg(test)]
 mod test_support;
 
+pub use assignment::{assign, stage_sizes, Assignment, AssignmentError};
+pub use election::{
+    elect, tie_break_hash, Candidate, Decision, OrchestratorTracker, Phase, PlanRejected, Ranking,
+    TrackerConfig, View,
+};
 pub use metagraph::{
     FieldProblem, Hotkey, HotkeyError, LocalNeuron, Metagraph, MetagraphError, Neuron,
     LOCAL_NETUID, MAX_METAGRAPH_BYTES, RAO_PER_TAO,
 };
 pub use peer_id::{PeerIdError, PeerIdStr};
+pub use plan::{
+    next_plan, plan_seed, EpochPlan, InvalidPlan, NextPlanError, PlanDecodeError, PlanEncodeError,
+    MAX_PLAN_BYTES,
+};
 pub use run_config::{
     ModelPreset, RunConfig, RunConfigError, RunHash, RunHashError, WireFormat,
     MAX_RUN_CONFIG_BYTES, MAX_RUN_NAME_LEN, MAX_STAGES,

@@ -1,0 +1,250 @@
+//! The epoch plan: what the orchestrator publishes to open an epoch, and how the next one is
+//! derived.
+//!
+//! A plan says which run and epoch it opens, the epoch's seed, who holds which stage, the merge
+//! plan, and the optimizer settings for the epoch. The network layer signs it in a gossip
+//! envelope (the author's peer id is authenticated there); receivers check it with
+//! [`OrchestratorTracker::accept_plan`](crate::OrchestratorTracker::accept_plan).
+//!
+//! Guarantees:
+//! * Epoch numbers never repeat or go back, even across an orchestrator change:
+//!   [`next_plan`] numbers the epoch one past the highest epoch its author has seen.
+//! * The seed is not chosen by the orchestrator: [`plan_seed`] derives it from the run seed
+//!   and the epoch, and receivers check it.
+//! * Encoded plans are at most [`MAX_PLAN_BYTES`]; larger input is refused before parsing.
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::assignment::{assign, Assignment, AssignmentError};
+use crate::peer_id::PeerIdStr;
+use crate::run_config::{RunConfig, RunHash, MAX_STAGES};
+
+/// Largest encoded plan, in bytes: about 15 000 miners' assignments, with room for the merge
+/// plan.
+pub const MAX_PLAN_BYTES: usize = 1 << 20;
+
+/// What the orchestrator publishes to open an epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EpochPlan {
+    /// The run's name.
+    pub run: String,
+    /// The run's config hash: plans of other runs are rejected.
+    pub run_hash: RunHash,
+    /// The epoch this plan opens.
+    pub epoch: u64,
+    /// The epoch's seed, [`plan_seed`] of the run seed and the epoch.
+    pub seed: u64,
+    /// The plan's author, who holds the orchestrator duty.
+    pub orchestrator: PeerIdStr,
+    /// Number of pipeline stages.
+    pub stages: u32,
+    /// The stage of every miner taking part in the epoch.
+    pub assignment: Assignment,
+    /// The butterfly merge plan, in the training layer's own encoding; `None` when the epoch
+    /// ends without a merge.
+    pub merge: Option<serde_json::Value>,
+    /// Samples between two inner optimizer steps.
+    pub inner_steps: u32,
+    /// Inner optimizer learning rate for the epoch.
+    pub lr: f64,
+    /// Samples each head-stage miner draws in the epoch.
+    pub epoch_samples: u64,
+}
+
+/// A plan whose fields break their rules.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("epoch plan field `{field}`: {reason}")]
+pub struct InvalidPlan {
+    /// The field.
+    pub field: &'static str,
+    /// The rule it breaks.
+    pub reason: String,
+}
+
+/// Why a plan could not be encoded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanEncodeError {
+    /// A field breaks its rules.
+    #[error(transparent)]
+    Invalid(#[from] InvalidPlan),
+    /// The encoding is larger than [`MAX_PLAN_BYTES`].
+    #[error("epoch plan encodes to {len} bytes; at most {max} are allowed")]
+    TooLarge {
+        /// Encoded size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// JSON serialisation failed.
+    #[error("epoch plan could not be encoded: {0}")]
+    Json(#[source] serde_json::Error),
+}
+
+/// Why bytes are not a plan.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanDecodeError {
+    /// The input is larger than [`MAX_PLAN_BYTES`]; it was not parsed.
+    #[error("epoch plan is {len} bytes; at most {max} are accepted")]
+    TooLarge {
+        /// Size of the input.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The input is not the JSON of a plan (syntax, missing or unknown field, bad peer id…).
+    #[error("epoch plan is not valid: {0}")]
+    Json(#[source] serde_json::Error),
+    /// A field breaks its rules.
+    #[error(transparent)]
+    Invalid(#[from] InvalidPlan),
+}
+
+/// Why the next plan could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NextPlanError {
+    /// The last epoch seen is `u64::MAX`: there is no next epoch number.
+    #[error("epoch numbers are exhausted")]
+    EpochsExhausted,
+    /// The previous plan belongs to another run.
+    #[error("the previous plan is for run {got}, not {expected}")]
+    OtherRun {
+        /// This run's hash.
+        expected: RunHash,
+        /// The previous plan's run hash.
+        got: RunHash,
+    },
+    /// The stage count is out of range.
+    #[error(transparent)]
+    Assignment(#[from] AssignmentError),
+}
+
+/// The seed of `epoch` in a run seeded with `run_seed`: the first 8 bytes (little-endian) of
+/// a blake3 key derivation over both.
+pub fn plan_seed(run_seed: u64, epoch: u64) -> u64 {
+    let mut input = [0u8; 16];
+    input[..8].copy_from_slice(&run_seed.to_le_bytes());
+    input[8..].copy_from_slice(&epoch.to_le_bytes());
+    let key = blake3::derive_key("iota-p2p epoch seed v1", &input);
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&key[..8]);
+    u64::from_le_bytes(first)
+}
+
+/// The plan `orchestrator` publishes next.
+///
+/// The epoch is one past the highest of `prev`'s epoch and `last_epoch_seen` (the tracker's
+/// last accepted epoch), or 0 when neither exists, so a new orchestrator never reuses an epoch
+/// number. Miners are assigned from `prev`'s assignment (see [`assign`]); the settings come
+/// from `config`, and `merge` is left `None` for the training layer to fill in.
+pub fn next_plan(
+    config: &RunConfig,
+    orchestrator: &PeerIdStr,
+    prev: Option<&EpochPlan>,
+    last_epoch_seen: Option<u64>,
+    live_miners: &BTreeSet<PeerIdStr>,
+) -> Result<EpochPlan, NextPlanError> {
+    let run_hash = config.hash();
+    if let Some(prev) = prev.filter(|p| p.run_hash != run_hash) {
+        return Err(NextPlanError::OtherRun {
+            expected: run_hash,
+            got: prev.run_hash,
+        });
+    }
+    let epoch = match prev.map(|p| p.epoch).max(last_epoch_seen) {
+        None => 0,
+        Some(last) => last.checked_add(1).ok_or(NextPlanError::EpochsExhausted)?,
+    };
+    let empty = Assignment::new();
+    let previous = prev.map_or(&empty, |p| &p.assignment);
+    Ok(EpochPlan {
+        run: config.run_name.clone(),
+        run_hash,
+        epoch,
+        seed: plan_seed(config.seed, epoch),
+        orchestrator: orchestrator.clone(),
+        stages: config.stages,
+        assignment: assign(previous, live_miners, config.stages)?,
+        merge: None,
+        inner_steps: config.inner_steps,
+        lr: config.lr,
+        epoch_samples: config.epoch_samples,
+    })
+}
+
+impl EpochPlan {
+    /// Checks the fields' rules: 1 to [`MAX_STAGES`] stages, every assigned stage below
+    /// `stages`, `inner_steps` and `epoch_samples` at least 1, `lr` finite and above 0.
+    pub fn validate(&self) -> Result<(), InvalidPlan> {
+        let invalid = |field, reason: String| Err(InvalidPlan { field, reason });
+        if !(1..=MAX_STAGES).contains(&self.stages) {
+            return invalid("stages", format!("must be between 1 and {MAX_STAGES}"));
+        }
+        if let Some((miner, stage)) = self.assignment.iter().find(|(_, &s)| s >= self.stages) {
+            return invalid(
+                "assignment",
+                format!(
+                    "{miner} is on stage {stage}, past the plan's {} stages",
+                    self.stages
+                ),
+            );
+        }
+        if self.inner_steps == 0 {
+            return invalid("inner_steps", "must be at least 1".to_owned());
+        }
+        if self.epoch_samples == 0 {
+            return invalid("epoch_samples", "must be at least 1".to_owned());
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return invalid("lr", "must be a finite number above 0".to_owned());
+        }
+        Ok(())
+    }
+
+    /// The plan as JSON, after [`EpochPlan::validate`], refused past [`MAX_PLAN_BYTES`].
+    pub fn to_json(&self) -> Result<Vec<u8>, PlanEncodeError> {
+        self.validate()?;
+        let bytes = serde_json::to_vec(self).map_err(PlanEncodeError::Json)?;
+        if bytes.len() > MAX_PLAN_BYTES {
+            return Err(PlanEncodeError::TooLarge {
+                len: bytes.len(),
+                max: MAX_PLAN_BYTES,
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Parses and validates a plan; input past [`MAX_PLAN_BYTES`] is refused unread.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, PlanDecodeError> {
+        if bytes.len() > MAX_PLAN_BYTES {
+            return Err(PlanDecodeError::TooLarge {
+                len: bytes.len(),
+                max: MAX_PLAN_BYTES,
+            });
+        }
+        let plan: Self = serde_json::from_slice(bytes).map_err(PlanDecodeError::Json)?;
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    /// The stage of `miner`, if it takes part.
+    pub fn stage_of(&self, miner: &PeerIdStr) -> Option<u32> {
+        self.assignment.get(miner).copied()
+    }
+
+    /// The miners of `stage`, in peer id order.
+    pub fn miners_of(&self, stage: u32) -> impl Iterator<Item = &PeerIdStr> {
+        self.assignment
+            .iter()
+            .filter(move |(_, &s)| s == stage)
+            .map(|(miner, _)| miner)
+    }
+}

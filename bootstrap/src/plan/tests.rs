@@ -1,0 +1,249 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::election::{OrchestratorTracker, TrackerConfig, View};
+use crate::metagraph::RAO_PER_TAO;
+use crate::test_support::{metagraph, peer};
+use std::time::Duration;
+
+fn miners(numbers: impl IntoIterator<Item = u64>) -> BTreeSet<PeerIdStr> {
+    numbers.into_iter().map(peer).collect()
+}
+
+#[test]
+fn first_plan_opens_epoch_zero_with_every_live_miner() {
+    let config = RunConfig::default();
+    let plan = next_plan(&config, &peer(100), None, None, &miners(0..6)).unwrap();
+    assert_eq!(plan.epoch, 0);
+    assert_eq!(plan.run, config.run_name);
+    assert_eq!(plan.run_hash, config.hash());
+    assert_eq!(plan.seed, plan_seed(config.seed, 0));
+    assert_eq!(plan.orchestrator, peer(100));
+    assert_eq!(plan.assignment.len(), 6);
+    assert_eq!(
+        (plan.inner_steps, plan.lr, plan.epoch_samples),
+        (config.inner_steps, config.lr, config.epoch_samples)
+    );
+    for stage in 0..3 {
+        assert_eq!(plan.miners_of(stage).count(), 2);
+    }
+    assert_eq!(plan.stage_of(&peer(0)), Some(plan.assignment[&peer(0)]));
+    assert_eq!(plan.stage_of(&peer(99)), None);
+}
+
+#[test]
+fn epoch_numbers_never_repeat_across_an_orchestrator_change() {
+    let config = RunConfig::default();
+    let live = miners(0..6);
+    let first = next_plan(&config, &peer(100), None, None, &live).unwrap();
+    let second = next_plan(&config, &peer(100), Some(&first), Some(0), &live).unwrap();
+    assert_eq!(second.epoch, 1);
+    // The new orchestrator only holds the first plan but has seen epoch 1 accepted.
+    let third = next_plan(&config, &peer(101), Some(&first), Some(second.epoch), &live).unwrap();
+    assert_eq!(third.epoch, 2);
+    // A node that has seen later epochs than its stored plan numbers past them.
+    let resumed = next_plan(&config, &peer(101), Some(&first), Some(7), &live).unwrap();
+    assert_eq!(resumed.epoch, 8);
+    let no_plan = next_plan(&config, &peer(101), None, Some(3), &live).unwrap();
+    assert_eq!(no_plan.epoch, 4);
+    assert!(matches!(
+        next_plan(&config, &peer(101), None, Some(u64::MAX), &live),
+        Err(NextPlanError::EpochsExhausted)
+    ));
+}
+
+#[test]
+fn plans_follow_each_other_through_the_tracker_across_a_failover() {
+    let config = RunConfig::default();
+    let validators = metagraph(&[(100, 2 * RAO_PER_TAO, true), (101, RAO_PER_TAO, true)]);
+    let mut tracker = OrchestratorTracker::new(&validators, TrackerConfig::from_run(&config));
+    let mut view = View::new();
+    let live = miners(0..6);
+    let at = Duration::from_secs;
+    view.heard(&peer(100), at(0));
+    view.heard(&peer(101), at(0));
+    assert!(tracker.tick(at(0), &view).is_orchestrator(&peer(100)));
+    let first = next_plan(
+        &config,
+        &peer(100),
+        None,
+        tracker.last_accepted_epoch(),
+        &live,
+    )
+    .unwrap();
+    tracker.accept_plan(&peer(100), &first, at(0)).unwrap();
+    // 100 goes silent; 101 resumes from the last accepted epoch with the plan it holds.
+    view.heard(&peer(101), at(4));
+    assert!(tracker.tick(at(5), &view).is_orchestrator(&peer(101)));
+    let next = next_plan(
+        &config,
+        &peer(101),
+        Some(&first),
+        tracker.last_accepted_epoch(),
+        &live,
+    )
+    .unwrap();
+    tracker.accept_plan(&peer(101), &next, at(5)).unwrap();
+    assert_eq!(tracker.last_accepted_epoch(), Some(1));
+    assert_eq!(
+        next.assignment, first.assignment,
+        "same miners, same stages"
+    );
+}
+
+#[test]
+fn previous_plan_of_another_run_is_refused() {
+    let config = RunConfig::default();
+    let other = RunConfig {
+        run_name: "other".to_owned(),
+        ..RunConfig::default()
+    };
+    let prev = next_plan(&other, &peer(100), None, None, &miners(0..3)).unwrap();
+    assert!(matches!(
+        next_plan(&config, &peer(100), Some(&prev), None, &miners(0..3)),
+        Err(NextPlanError::OtherRun { .. })
+    ));
+}
+
+#[test]
+fn plans_round_trip_through_json() {
+    let mut plan = next_plan(&RunConfig::default(), &peer(100), None, None, &miners(0..6)).unwrap();
+    plan.merge = Some(serde_json::json!({"partitions": 4, "holders": [[0, 1], [2, 3]]}));
+    let bytes = plan.to_json().unwrap();
+    assert_eq!(EpochPlan::from_json(&bytes).unwrap(), plan);
+}
+
+#[test]
+fn malformed_plans_are_refused() {
+    let plan = next_plan(&RunConfig::default(), &peer(100), None, None, &miners(0..6)).unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&plan.to_json().unwrap()).unwrap();
+    let edit = |f: fn(&mut serde_json::Value)| {
+        let mut v = json.clone();
+        f(&mut v);
+        serde_json::to_vec(&v).unwrap()
+    };
+    type Case = (&'static str, Vec<u8>, fn(&PlanDecodeError) -> bool);
+    let cases: Vec<Case> = vec![
+        ("unknown field", edit(|v| v["extra"] = 1.into()), |e| {
+            matches!(e, PlanDecodeError::Json(_))
+        }),
+        (
+            "missing field",
+            edit(|v| {
+                v.as_object_mut().unwrap().remove("seed");
+            }),
+            |e| matches!(e, PlanDecodeError::Json(_)),
+        ),
+        (
+            "bad peer id",
+            edit(|v| v["orchestrator"] = "QmNope".into()),
+            |e| matches!(e, PlanDecodeError::Json(_)),
+        ),
+        (
+            "bad run hash",
+            edit(|v| v["run_hash"] = "abc".into()),
+            |e| matches!(e, PlanDecodeError::Json(_)),
+        ),
+        (
+            "stage past the last",
+            edit(|v| v["stages"] = 2.into()),
+            |e| {
+                matches!(
+                    e,
+                    PlanDecodeError::Invalid(InvalidPlan {
+                        field: "assignment",
+                        ..
+                    })
+                )
+            },
+        ),
+        ("no stages", edit(|v| v["stages"] = 0.into()), |e| {
+            matches!(
+                e,
+                PlanDecodeError::Invalid(InvalidPlan {
+                    field: "stages",
+                    ..
+                })
+            )
+        }),
+        ("zero lr", edit(|v| v["lr"] = 0.0.into()), |e| {
+            matches!(e, PlanDecodeError::Invalid(InvalidPlan { field: "lr", .. }))
+        }),
+        (
+            "zero inner steps",
+            edit(|v| v["inner_steps"] = 0.into()),
+            |e| {
+                matches!(
+                    e,
+                    PlanDecodeError::Invalid(InvalidPlan {
+                        field: "inner_steps",
+                        ..
+                    })
+                )
+            },
+        ),
+        (
+            "zero samples",
+            edit(|v| v["epoch_samples"] = 0.into()),
+            |e| {
+                matches!(
+                    e,
+                    PlanDecodeError::Invalid(InvalidPlan {
+                        field: "epoch_samples",
+                        ..
+                    })
+                )
+            },
+        ),
+        ("oversized", vec![b' '; MAX_PLAN_BYTES + 1], |e| {
+            matches!(e, PlanDecodeError::TooLarge { .. })
+        }),
+    ];
+    for (name, bytes, expected) in cases {
+        let err = EpochPlan::from_json(&bytes).unwrap_err();
+        assert!(expected(&err), "{name}: got {err:?}");
+    }
+}
+
+#[test]
+fn invalid_or_oversized_plans_are_not_encoded() {
+    let plan = next_plan(&RunConfig::default(), &peer(100), None, None, &miners(0..6)).unwrap();
+    let nan = EpochPlan {
+        lr: f64::NAN,
+        ..plan.clone()
+    };
+    assert!(matches!(nan.to_json(), Err(PlanEncodeError::Invalid(_))));
+    let huge = EpochPlan {
+        merge: Some(serde_json::Value::String("x".repeat(MAX_PLAN_BYTES))),
+        ..plan
+    };
+    assert!(matches!(
+        huge.to_json(),
+        Err(PlanEncodeError::TooLarge { .. })
+    ));
+}
+
+proptest! {
+    #[test]
+    fn plan_seeds_differ_by_epoch_and_by_run_seed(run_seed in any::<u64>(), epoch in 0u64..u64::MAX) {
+        let seed = plan_seed(run_seed, epoch);
+        prop_assert_eq!(seed, plan_seed(run_seed, epoch));
+        prop_assert_ne!(seed, plan_seed(run_seed, epoch + 1));
+        prop_assert_ne!(seed, plan_seed(run_seed.wrapping_add(1), epoch));
+    }
+
+    #[test]
+    fn next_epoch_is_past_everything_seen(prev_epoch in proptest::option::of(0u64..1000), seen in proptest::option::of(0u64..1000)) {
+        let config = RunConfig::default();
+        let live = miners(0..3);
+        let prev = prev_epoch.map(|e| EpochPlan {
+            epoch: e,
+            ..next_plan(&config, &peer(100), None, None, &live).unwrap()
+        });
+        let plan = next_plan(&config, &peer(101), prev.as_ref(), seen, &live).unwrap();
+        for last in prev_epoch.into_iter().chain(seen) {
+            prop_assert!(plan.epoch > last);
+        }
+        prop_assert_eq!(plan.epoch, prev_epoch.max(seen).map_or(0, |e| e + 1));
+    }
+}
