@@ -25,7 +25,9 @@
 //!    ([`weighted_average`]: sorted member id, `f32`, weighted by samples), makes the result
 //!    servable under its hash and gossips a [`SliceHash`] claim `{ included, input_hashes,
 //!    result, round }`. Everybody records claims until every partition is *settled* (each
-//!    holder that committed on time has a claim and they agree) or `claims_by` passes.
+//!    holder that committed on time has a claim, and the claims agree on the result or,
+//!    disagreeing, on the included set, so that no further round can change them) or
+//!    `claims_by` passes.
 //! 3. **Collect.** For each partition, each member takes the agreed result from either
 //!    holder ([`Request::Averaged`] names the result hash) and checks the bytes against it.
 //!    The merged vector and a [`MergeReport`] come back by `done_by`.
@@ -46,7 +48,8 @@
 //!   provable, so it is recorded in [`MergeReport::unreachable`], not gossiped.
 //! - *Dead holder*: no claim from it, so the partition settles on the other holder's
 //!   claim alone and members fetch from that holder (and fall back to the other holder
-//!   whenever their preferred one does not answer).
+//!   whenever their preferred one does not answer). A lone claim is taken on its holder's
+//!   word; the audit is what checks it.
 //! - *Both holders dead*: no claim at all; every member keeps its own values for that
 //!   partition (listed in [`MergeReport::partitions_kept_local`]) and the merge still
 //!   finishes.

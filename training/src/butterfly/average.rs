@@ -51,7 +51,7 @@ impl fmt::Debug for Hash {
     }
 }
 
-/// Why a string is not a [`Hash`].
+/// Why a string is not a [`struct@Hash`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ParseHashError {

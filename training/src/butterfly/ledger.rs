@@ -258,7 +258,8 @@ impl Ledger {
     }
 
     /// Whether nothing more is expected for partition `p`: every holder that committed on
-    /// time has a claim, and all claims agree on the result.
+    /// time has a claim, and the claims agree on the result or, disagreeing, agree on the
+    /// included set (a dispute that no further round will resolve).
     pub(crate) fn settled(&self, p: usize) -> bool {
         self.settled_given(p, &self.on_time())
     }
@@ -267,9 +268,12 @@ impl Ledger {
         let holders = self.plan.holders(p);
         let expected_present =
             (0..2).all(|slot| !on_time.contains(&holders[slot]) || self.slices[p][slot].is_some());
-        let mut results = self.claims(p).map(|s| s.result);
-        let first = results.next();
-        expected_present && results.all(|r| Some(r) == first)
+        let claims: Vec<&SliceHash> = self.claims(p).collect();
+        let agree = claims.windows(2).all(|w| w[0].result == w[1].result);
+        // Same included set, different results: no honest holder narrows further, so the
+        // dispute can be settled now rather than at the deadline.
+        let stuck = claims.len() == 2 && claims[0].included == claims[1].included;
+        expected_present && (agree || stuck)
     }
 
     /// What member `me` (none for an auditor) does about partition `p`.
