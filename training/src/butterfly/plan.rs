@@ -35,8 +35,9 @@ pub const MAX_MEMBER_ID_BYTES: usize = 128;
 /// Key-derivation context for the holder shuffle; changing it changes every plan.
 const PLAN_CONTEXT: &str = "iota-p2p butterfly plan v1";
 
-/// Who holds what in one merge of one stage. Build it with [`plan`]; check a received one
-/// with [`verify`].
+/// Who holds what in one merge of one stage. Build it with [`plan`]; check a received
+/// (deserialised) one with [`verify`] before use: the accessors index by partition and
+/// member like slices do, and panic out of range.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     seed: u64,
