@@ -68,9 +68,31 @@ pub(crate) struct NodeArgs {
     #[arg(long, env = "IOTA_METRICS", value_name = "IP:PORT")]
     pub(crate) metrics: Option<SocketAddr>,
 
+    /// Stake snapshot of the run (JSON: netuid, block, neurons with uid, hotkey, peer_id,
+    /// stake in rao, validator_permit); the same file on every node. Without it no
+    /// orchestrator can be elected.
+    #[arg(long, env = "IOTA_METAGRAPH", value_name = "FILE")]
+    pub(crate) metagraph: Option<PathBuf>,
+
+    /// Run configuration (TOML); built-in defaults without it. Every node of a run must use
+    /// the same one: its hash travels in heartbeats and a node of another run is refused.
+    #[arg(long = "run", env = "IOTA_RUN_CONFIG", value_name = "FILE")]
+    pub(crate) run: Option<PathBuf>,
+
+    /// Misbehave on purpose, to test that the other nodes cope.
+    #[arg(long, env = "IOTA_FAULT", value_enum, hide = true)]
+    pub(crate) fault: Option<Fault>,
+
     /// Seconds between heartbeats.
     #[arg(long, env = "IOTA_HEARTBEAT_SECS", default_value_t = 1.0, value_parser = parse_positive_secs)]
     pub(crate) heartbeat_secs: f64,
+}
+
+/// Faults a node can be told to commit, for tests of the others' defences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Fault {
+    /// Publish an epoch plan every heartbeat, naming itself orchestrator.
+    ForgePlans,
 }
 
 /// Options of `keygen`.

@@ -8,7 +8,9 @@ mod cli;
 mod http;
 mod identity;
 pub mod launcher;
+mod metrics;
 mod node;
+mod orchestration;
 mod status;
 mod swarm;
 

@@ -1,54 +1,130 @@
-//! One running node: the network client, heartbeats, the live-peer view and the HTTP face.
+//! One running node: the network client, heartbeats, the live-peer view, orchestration and
+//! the HTTP face.
 //!
 //! Owns nothing that blocks: tensor work lives on compute threads, the swarm in the p2p event
 //! loop. This task reacts to network events and timers, and stops on SIGINT or SIGTERM.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
-use p2p::{identity::Keypair, Event, Heartbeat, LiveView, Multiaddr, Role};
+use anyhow::{bail, Context};
+use bootstrap::{Metagraph, PeerIdStr, RunConfig};
+use p2p::{identity::Keypair, Event, Heartbeat, LiveView, Multiaddr, PeerId, Role};
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use crate::cli::NodeArgs;
+use crate::cli::{Fault, NodeArgs};
+use crate::metrics::NodeMetrics;
+use crate::orchestration::{HeartbeatRejected, Orchestration, PlanOutcome};
 use crate::status::{NodeView, StatusSource};
 
-/// How long a peer stays live without a fresh heartbeat.
-const LIVENESS_EXPIRY: Duration = Duration::from_secs(5);
+/// How often the election is ticked.
+const TICK: Duration = Duration::from_millis(250);
 
 /// The gossip topic that carries heartbeats of a run.
 pub(crate) fn heartbeat_topic(run: &str) -> String {
     format!("iota/{run}/heartbeat/1")
 }
 
+/// The gossip topic that carries epoch plans of a run.
+pub(crate) fn plan_topic(run: &str) -> String {
+    format!("iota/{run}/plan/1")
+}
+
+/// Loads `--run` (or the built-in defaults).
+fn load_run_config(args: &NodeArgs) -> anyhow::Result<RunConfig> {
+    let Some(path) = &args.run else {
+        return Ok(RunConfig::default());
+    };
+    let text = read_limited(path, bootstrap::MAX_RUN_CONFIG_BYTES as u64)
+        .with_context(|| format!("--run {}", path.display()))?;
+    RunConfig::from_toml_str(&text).with_context(|| format!("--run {}", path.display()))
+}
+
+/// Loads `--metagraph`, if given.
+fn load_metagraph(args: &NodeArgs) -> anyhow::Result<Option<Metagraph>> {
+    let Some(path) = &args.metagraph else {
+        return Ok(None);
+    };
+    let text = read_limited(path, bootstrap::metagraph::MAX_METAGRAPH_BYTES as u64)
+        .with_context(|| format!("--metagraph {}", path.display()))?;
+    Ok(Some(Metagraph::from_json_str(&text).with_context(
+        || format!("--metagraph {}", path.display()),
+    )?))
+}
+
+/// Reads a text file, refusing one larger than `limit` before reading it.
+fn read_limited(path: &std::path::Path, limit: u64) -> anyhow::Result<String> {
+    let len = std::fs::metadata(path)?.len();
+    if len > limit {
+        bail!("file of {len} bytes is larger than the limit of {limit}");
+    }
+    Ok(std::fs::read_to_string(path)?)
+}
+
+/// Converts a libp2p peer id into the validated text form `bootstrap` uses.
+fn peer_str(peer: &PeerId) -> Option<PeerIdStr> {
+    PeerIdStr::parse(&peer.to_string()).ok()
+}
+
 /// Runs a node until a shutdown signal. Returns once everything it started has stopped.
 pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
+    let run_config = load_run_config(&args)?;
+    let metagraph = load_metagraph(&args)?;
     let keypair = match &args.data_dir {
         Some(dir) => crate::identity::load_or_create(dir)?,
         None => Keypair::generate_ed25519(),
     };
     let local_peer_id = keypair.public().to_peer_id();
+    let me = peer_str(&local_peer_id).context("own peer id is not a valid peer id")?;
     let role = if args.validator {
         Role::Validator
     } else {
         Role::Miner
     };
-    let run_name = "iota-local".to_string();
-    let topic = heartbeat_topic(&run_name);
+    if role == Role::Validator {
+        match metagraph.as_ref().and_then(|m| m.by_peer_id(&me)) {
+            Some(n) if n.validator_permit => {}
+            Some(_) => tracing::warn!(
+                "this validator has no permit in the metagraph; it will never be elected"
+            ),
+            None => {
+                tracing::warn!("this validator is not in the metagraph; it will never be elected")
+            }
+        }
+    }
+    let heartbeat_topic = heartbeat_topic(&run_config.run_name);
+    let plan_topic = plan_topic(&run_config.run_name);
+    let bootstrap_peers: BTreeSet<PeerId> = args
+        .bootstrap
+        .iter()
+        .filter_map(|a| match a.iter().last() {
+            Some(p2p::multiaddr::Protocol::P2p(peer)) => Some(peer),
+            _ => None,
+        })
+        .collect();
 
     let mut registry = Registry::default();
     let p2p_metrics = p2p::Metrics::new(&mut registry);
+    let node_metrics = NodeMetrics::new(&mut registry);
     let config = p2p::Config {
         listen: args.listen.clone(),
         bootstrap: args.bootstrap.clone(),
-        topics: vec![topic.clone()],
+        topics: vec![heartbeat_topic.clone(), plan_topic.clone()],
         ..p2p::Config::default()
     };
     let (client, mut events, event_loop) =
-        p2p::spawn(keypair, config, p2p_metrics).context("starting the network")?;
-    tracing::info!(peer = %local_peer_id, ?role, "node started");
+        p2p::spawn(keypair, config, p2p_metrics.clone()).context("starting the network")?;
+    let mut orchestration = Orchestration::new(
+        me.clone(),
+        role,
+        run_config.clone(),
+        metagraph,
+        args.data_dir.as_deref(),
+    );
+    tracing::info!(peer = %local_peer_id, ?role, run = %run_config.run_name, run_hash = %orchestration.run_hash(), "node started");
 
     let view = Arc::new(Mutex::new(NodeView::default()));
     let status = StatusSource {
@@ -71,17 +147,21 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         None => None,
     };
 
-    let mut live = LiveView::new(LIVENESS_EXPIRY);
+    let started = Instant::now();
+    let mut live = LiveView::new(run_config.heartbeat_timeout());
     let mut heartbeat = tokio::time::interval(Duration::from_secs_f64(args.heartbeat_secs));
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut counter = 0u64;
+    let mut same_run_seen = false;
     let mut shutdown = std::pin::pin!(shutdown_signal());
 
-    loop {
+    let outcome: anyhow::Result<()> = loop {
         tokio::select! {
             _ = &mut shutdown => {
                 tracing::info!("shutting down");
-                break;
+                break Ok(());
             }
             _ = heartbeat.tick() => {
                 counter += 1;
@@ -89,12 +169,15 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                     peer_id: local_peer_id.to_string(),
                     role,
                     counter,
-                    run_hash: String::new(),
-                    epoch: None,
-                    stage: None,
+                    run_hash: orchestration.run_hash().to_hex(),
+                    epoch: orchestration.epoch(),
+                    stage: orchestration.stage(),
                 };
-                if let Err(error) = client.publish(&topic, beat.to_bytes()).await {
+                if let Err(error) = client.publish(&heartbeat_topic, beat.to_bytes()).await {
                     tracing::debug!(%error, "heartbeat not published");
+                }
+                if args.fault == Some(Fault::ForgePlans) {
+                    forge_plan(&client, &plan_topic, &run_config, &me, counter).await;
                 }
                 let now = Instant::now().into_std();
                 update_view(&view, |v| {
@@ -102,10 +185,34 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                     v.live_peers = sorted_live(&live, now);
                 });
             }
+            _ = tick.tick() => {
+                if let Some(plan) = orchestration.tick(started.elapsed()) {
+                    if let Err(error) = client.publish(&plan_topic, plan).await {
+                        tracing::warn!(%error, "plan not published");
+                    }
+                }
+                let orchestrator = orchestration.orchestrator().map(|p| p.to_string());
+                let is_orchestrator = orchestration.is_orchestrator();
+                let epoch = orchestration.epoch();
+                let stage = orchestration.stage();
+                let stage_sizes = orchestration
+                    .current()
+                    .map(|p| bootstrap::stage_sizes(&p.assignment, p.stages))
+                    .unwrap_or_default();
+                node_metrics.epoch.set(epoch.map_or(-1, |e| i64::try_from(e).unwrap_or(i64::MAX)));
+                node_metrics.is_orchestrator.set(i64::from(is_orchestrator));
+                update_view(&view, |v| {
+                    v.orchestrator = orchestrator;
+                    v.is_orchestrator = is_orchestrator;
+                    v.epoch = epoch;
+                    v.stage = stage;
+                    v.stage_sizes = stage_sizes;
+                });
+            }
             event = events.recv() => {
                 let Some(event) = event else {
                     tracing::warn!("network event loop stopped");
-                    break;
+                    break Ok(());
                 };
                 match event {
                     Event::NewListenAddr(addr) => {
@@ -114,13 +221,43 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                         let _ = std::io::stdout().flush();
                         update_view(&view, |v| v.listen_addrs.push(full.to_string()));
                     }
-                    Event::Gossip { author, topic: t, data } if t == topic => {
-                        match Heartbeat::from_bytes(&data) {
-                            Ok(beat) if beat.peer_id == author.to_string() => {
+                    Event::Gossip { author, topic, data } if topic == heartbeat_topic => {
+                        let Some(author_str) = peer_str(&author) else { continue };
+                        let beat = match Heartbeat::from_bytes(&data) {
+                            Ok(beat) => beat,
+                            Err(error) => {
+                                tracing::debug!(peer = %author, %error, "malformed heartbeat");
+                                p2p_metrics.reject("malformed_heartbeat");
+                                continue;
+                            }
+                        };
+                        match orchestration.on_heartbeat(&author_str, &beat, started.elapsed()) {
+                            Ok(()) => {
+                                same_run_seen = true;
                                 live.observe(author, beat, Instant::now().into_std());
                             }
-                            Ok(_) => tracing::debug!(peer = %author, "heartbeat names another peer"),
-                            Err(error) => tracing::debug!(peer = %author, %error, "malformed heartbeat"),
+                            Err(HeartbeatRejected::WrongRun { theirs }) => {
+                                p2p_metrics.reject("wrong_run");
+                                if bootstrap_peers.contains(&author) && !same_run_seen {
+                                    break Err(anyhow::anyhow!(
+                                        "refusing to join: the run at bootstrap peer {author} has configuration hash {theirs}, ours is {} — start with the same --run file as the rest of the run",
+                                        orchestration.run_hash()
+                                    ));
+                                }
+                                tracing::debug!(peer = %author, "heartbeat of another run ignored");
+                            }
+                            Err(HeartbeatRejected::NotAuthor) => {
+                                p2p_metrics.reject("heartbeat_not_author");
+                            }
+                        }
+                    }
+                    Event::Gossip { author, topic, data } if topic == plan_topic => {
+                        let Some(author_str) = peer_str(&author) else { continue };
+                        match orchestration.on_plan(&author_str, &data, started.elapsed()) {
+                            PlanOutcome::Accepted => {
+                                tracing::info!(epoch = ?orchestration.epoch(), stage = ?orchestration.stage(), "epoch plan accepted");
+                            }
+                            PlanOutcome::Rejected(reason) => p2p_metrics.reject(reason),
                         }
                     }
                     Event::Request { peer, id, .. } => {
@@ -131,7 +268,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 }
             }
         }
-    }
+    };
 
     client.shutdown().await;
     if let Err(error) = event_loop.await {
@@ -141,7 +278,28 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     if let Some(task) = http {
         let _ = task.await;
     }
-    Ok(())
+    outcome
+}
+
+/// Fault injection for tests: a node that is not the orchestrator publishes a plan naming
+/// itself, which every honest node must drop.
+async fn forge_plan(
+    client: &p2p::Client,
+    topic: &str,
+    run: &RunConfig,
+    me: &PeerIdStr,
+    counter: u64,
+) {
+    let miners = BTreeSet::from([me.clone()]);
+    let plan = bootstrap::next_plan(run, me, None, Some(counter + 1_000_000), &miners);
+    match plan.map(|p| p.to_json()) {
+        Ok(Ok(bytes)) => {
+            if let Err(error) = client.publish(topic, bytes).await {
+                tracing::debug!(%error, "forged plan not published");
+            }
+        }
+        _ => tracing::debug!("forged plan not built"),
+    }
 }
 
 fn role_name(role: Role) -> &'static str {
@@ -169,7 +327,7 @@ fn update_view(view: &Mutex<NodeView>, f: impl FnOnce(&mut NodeView)) {
 }
 
 /// `addr` with `/p2p/<peer>` appended unless it already names a peer.
-fn with_peer_id(addr: Multiaddr, peer: p2p::PeerId) -> Multiaddr {
+fn with_peer_id(addr: Multiaddr, peer: PeerId) -> Multiaddr {
     match addr.iter().last() {
         Some(p2p::multiaddr::Protocol::P2p(_)) => addr,
         _ => addr.with(p2p::multiaddr::Protocol::P2p(peer)),

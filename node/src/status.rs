@@ -16,6 +16,16 @@ pub(crate) struct NodeView {
     pub(crate) live_peers: Vec<String>,
     /// Heartbeats this node has published.
     pub(crate) heartbeats_sent: u64,
+    /// The elected orchestrator.
+    pub(crate) orchestrator: Option<String>,
+    /// Whether this node is the orchestrator.
+    pub(crate) is_orchestrator: bool,
+    /// Epoch of the plan in force.
+    pub(crate) epoch: Option<u64>,
+    /// This node's stage in the plan in force.
+    pub(crate) stage: Option<u32>,
+    /// Miners per stage in the plan in force.
+    pub(crate) stage_sizes: Vec<usize>,
 }
 
 /// JSON body of `GET /status`.
@@ -29,6 +39,11 @@ pub(crate) struct Status {
     pub(crate) routing_table: Vec<String>,
     pub(crate) live_peers: Vec<String>,
     pub(crate) heartbeats_sent: u64,
+    pub(crate) orchestrator: Option<String>,
+    pub(crate) is_orchestrator: bool,
+    pub(crate) epoch: Option<u64>,
+    pub(crate) stage: Option<u32>,
+    pub(crate) stage_sizes: Vec<usize>,
 }
 
 /// Builds [`Status`] snapshots from the network client and the shared [`NodeView`].
@@ -64,6 +79,11 @@ impl StatusSource {
             routing_table: routing,
             live_peers: view.live_peers,
             heartbeats_sent: view.heartbeats_sent,
+            orchestrator: view.orchestrator,
+            is_orchestrator: view.is_orchestrator,
+            epoch: view.epoch,
+            stage: view.stage,
+            stage_sizes: view.stage_sizes,
         })
     }
 }

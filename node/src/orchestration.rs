@@ -1,0 +1,443 @@
+//! Who orchestrates, which epoch it is, and which stage this node holds.
+//!
+//! A thin, clock-driven shell around `bootstrap`'s pure election and planning: heartbeats of
+//! the run feed a [`bootstrap::View`] (validators of the metagraph) and a table of live miners;
+//! each tick asks the [`bootstrap::OrchestratorTracker`] who holds the duty, and when that is
+//! this node it publishes the next [`bootstrap::EpochPlan`] once per epoch (at once when it has
+//! just taken over, so epochs keep moving after a failover). Plans from anyone else are
+//! accepted only through the tracker, and every accepted plan is written to the data dir so a
+//! restarted node — or a new orchestrator — continues after the last epoch, never before it.
+//!
+//! Time is passed in as a [`Duration`] since the node started, so tests drive it by hand.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bootstrap::{
+    next_plan, EpochPlan, Metagraph, OrchestratorTracker, PeerIdStr, PlanRejected, RunConfig,
+    RunHash, TrackerConfig, View,
+};
+use p2p::{Heartbeat, Role};
+
+/// How long a node waits after start before its first plan, so that the miners' heartbeats
+/// are in when it assigns stages.
+const FIRST_PLAN_DELAY: Duration = Duration::from_secs(3);
+
+/// Why a heartbeat was not taken into account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HeartbeatRejected {
+    /// The heartbeat names another run configuration.
+    WrongRun { theirs: String },
+    /// The heartbeat's own peer id field does not match its signed author.
+    NotAuthor,
+}
+
+/// What happened to a plan received over gossip.
+#[derive(Debug)]
+pub(crate) enum PlanOutcome {
+    /// Accepted: it is now the current plan.
+    Accepted,
+    /// Dropped, with the metric label saying why.
+    Rejected(&'static str),
+}
+
+/// The orchestration state of one node.
+pub(crate) struct Orchestration {
+    me: PeerIdStr,
+    role: Role,
+    run: RunConfig,
+    run_hash: RunHash,
+    tracker: Option<OrchestratorTracker>,
+    metagraph: Option<Metagraph>,
+    validators: View,
+    miners: BTreeMap<PeerIdStr, Duration>,
+    current: Option<EpochPlan>,
+    /// When this node last published a plan (as orchestrator).
+    published_at: Option<Duration>,
+    was_orchestrator: bool,
+    store: Option<PlanStore>,
+}
+
+impl Orchestration {
+    /// Sets up for `me`; without a metagraph nobody can be elected and the node only gossips.
+    pub(crate) fn new(
+        me: PeerIdStr,
+        role: Role,
+        run: RunConfig,
+        metagraph: Option<Metagraph>,
+        data_dir: Option<&Path>,
+    ) -> Self {
+        let run_hash = run.hash();
+        let tracker = metagraph
+            .as_ref()
+            .map(|m| OrchestratorTracker::new(m, TrackerConfig::from_run(&run)));
+        let store = data_dir.map(PlanStore::new);
+        let current = store.as_ref().and_then(|s| match s.load() {
+            Ok(plan) => plan.filter(|p| p.run_hash == run_hash),
+            Err(error) => {
+                tracing::warn!(%error, "ignoring the stored plan");
+                None
+            }
+        });
+        if let Some(plan) = &current {
+            tracing::info!(epoch = plan.epoch, "resuming after the stored plan");
+        }
+        Orchestration {
+            me,
+            role,
+            run,
+            run_hash,
+            tracker,
+            metagraph,
+            validators: View::new(),
+            miners: BTreeMap::new(),
+            current,
+            published_at: None,
+            was_orchestrator: false,
+            store,
+        }
+    }
+
+    /// The run configuration's hash, as carried in heartbeats.
+    pub(crate) fn run_hash(&self) -> &RunHash {
+        &self.run_hash
+    }
+
+    /// Records a heartbeat signed by `author`.
+    pub(crate) fn on_heartbeat(
+        &mut self,
+        author: &PeerIdStr,
+        beat: &Heartbeat,
+        now: Duration,
+    ) -> Result<(), HeartbeatRejected> {
+        if beat.peer_id != author.as_str() {
+            return Err(HeartbeatRejected::NotAuthor);
+        }
+        if beat.run_hash != self.run_hash.to_hex() {
+            return Err(HeartbeatRejected::WrongRun {
+                theirs: beat.run_hash.clone(),
+            });
+        }
+        match beat.role {
+            Role::Validator => {
+                if self
+                    .metagraph
+                    .as_ref()
+                    .is_some_and(|m| m.by_peer_id(author).is_some())
+                {
+                    self.validators.heard(author, now);
+                }
+            }
+            Role::Miner => {
+                self.miners.insert(author.clone(), now);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes a plan received over gossip from `author`.
+    pub(crate) fn on_plan(
+        &mut self,
+        author: &PeerIdStr,
+        bytes: &[u8],
+        now: Duration,
+    ) -> PlanOutcome {
+        let plan = match EpochPlan::from_json(bytes) {
+            Ok(plan) => plan,
+            Err(error) => {
+                tracing::debug!(%author, %error, "undecodable plan");
+                return PlanOutcome::Rejected("malformed_plan");
+            }
+        };
+        if self.current.as_ref().is_some_and(|c| plan.epoch <= c.epoch) {
+            return PlanOutcome::Rejected("stale_epoch");
+        }
+        let Some(tracker) = self.tracker.as_mut() else {
+            return PlanOutcome::Rejected("no_metagraph");
+        };
+        match tracker.accept_plan(author, &plan, now) {
+            Ok(()) => {
+                self.adopt(plan);
+                PlanOutcome::Accepted
+            }
+            Err(rejected) => {
+                if matches!(rejected, PlanRejected::NotOrchestrator { .. }) {
+                    tracing::warn!(%author, epoch = plan.epoch, "plan from a peer that is not the orchestrator dropped");
+                } else {
+                    tracing::debug!(%author, epoch = plan.epoch, reason = rejected.reason(), "plan dropped");
+                }
+                PlanOutcome::Rejected(rejected.reason())
+            }
+        }
+    }
+
+    /// Advances the election; returns the encoded plan to publish when this node is the
+    /// orchestrator and an epoch is due.
+    pub(crate) fn tick(&mut self, now: Duration) -> Option<Vec<u8>> {
+        if self.role == Role::Validator {
+            let me = self.me.clone();
+            self.validators.heard(&me, now);
+        }
+        let tracker = self.tracker.as_mut()?;
+        let decision = tracker.tick(now, &self.validators);
+        if decision.changed {
+            tracing::info!(orchestrator = ?decision.orchestrator().map(PeerIdStr::as_str), "orchestrator changed");
+        }
+        let mine = decision.is_orchestrator(&self.me);
+        let took_over = mine && !self.was_orchestrator;
+        self.was_orchestrator = mine;
+        if !mine || now < FIRST_PLAN_DELAY {
+            return None;
+        }
+        let due = took_over
+            || self
+                .published_at
+                .is_none_or(|at| now.saturating_sub(at) >= self.run.epoch_timeout());
+        if !due {
+            return None;
+        }
+        let timeout = self.run.heartbeat_timeout();
+        let live_miners: BTreeSet<PeerIdStr> = self
+            .miners
+            .iter()
+            .filter(|(_, at)| now.saturating_sub(**at) < timeout)
+            .map(|(peer, _)| peer.clone())
+            .collect();
+        let last_seen = tracker.last_accepted_epoch();
+        let plan = match next_plan(
+            &self.run,
+            &self.me,
+            self.current.as_ref(),
+            last_seen,
+            &live_miners,
+        ) {
+            Ok(plan) => plan,
+            Err(error) => {
+                tracing::warn!(%error, "cannot plan the next epoch");
+                return None;
+            }
+        };
+        if let Err(rejected) = tracker.accept_plan(&self.me, &plan, now) {
+            tracing::warn!(reason = rejected.reason(), "own plan not accepted");
+            return None;
+        }
+        let bytes = match plan.to_json() {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                tracing::warn!(%error, "cannot encode the plan");
+                return None;
+            }
+        };
+        tracing::info!(
+            epoch = plan.epoch,
+            miners = plan.assignment.len(),
+            "publishing epoch plan"
+        );
+        self.published_at = Some(now);
+        self.adopt(plan);
+        Some(bytes)
+    }
+
+    fn adopt(&mut self, plan: EpochPlan) {
+        if let Some(store) = &self.store {
+            if let Err(error) = store.save(&plan) {
+                tracing::warn!(%error, "plan not persisted");
+            }
+        }
+        self.current = Some(plan);
+    }
+
+    /// The plan in force.
+    pub(crate) fn current(&self) -> Option<&EpochPlan> {
+        self.current.as_ref()
+    }
+
+    /// The elected orchestrator, if any.
+    pub(crate) fn orchestrator(&self) -> Option<&PeerIdStr> {
+        self.tracker
+            .as_ref()
+            .and_then(OrchestratorTracker::orchestrator)
+    }
+
+    /// Whether this node holds the duty.
+    pub(crate) fn is_orchestrator(&self) -> bool {
+        self.orchestrator() == Some(&self.me)
+    }
+
+    /// The epoch in force.
+    pub(crate) fn epoch(&self) -> Option<u64> {
+        self.current.as_ref().map(|p| p.epoch)
+    }
+
+    /// This node's stage in the plan in force.
+    pub(crate) fn stage(&self) -> Option<u32> {
+        self.current.as_ref().and_then(|p| p.stage_of(&self.me))
+    }
+}
+
+/// The last accepted plan, kept as one JSON file written atomically.
+struct PlanStore {
+    path: PathBuf,
+}
+
+impl PlanStore {
+    fn new(data_dir: &Path) -> Self {
+        PlanStore {
+            path: data_dir.join("last-plan.json"),
+        }
+    }
+
+    fn load(&self) -> anyhow::Result<Option<EpochPlan>> {
+        match std::fs::read(&self.path) {
+            Ok(bytes) => Ok(Some(EpochPlan::from_json(&bytes)?)),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    fn save(&self, plan: &EpochPlan) -> anyhow::Result<()> {
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(&tmp, plan.to_json()?)?;
+        std::fs::rename(&tmp, &self.path)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bootstrap::{LocalNeuron, RAO_PER_TAO};
+
+    fn peer(i: u8) -> PeerIdStr {
+        PeerIdStr::from_ed25519_public_key(&[i; 32])
+    }
+
+    fn beat(p: &PeerIdStr, role: Role, counter: u64, run: &RunHash) -> Heartbeat {
+        Heartbeat {
+            peer_id: p.to_string(),
+            role,
+            counter,
+            run_hash: run.to_hex(),
+            epoch: None,
+            stage: None,
+        }
+    }
+
+    fn setup() -> (Vec<Orchestration>, RunConfig, Vec<PeerIdStr>) {
+        let run = RunConfig {
+            epoch_timeout_secs: 2,
+            ..RunConfig::default()
+        };
+        let validators = [peer(1), peer(2)];
+        let metagraph =
+            Metagraph::for_local_run(validators.iter().zip([100u64, 50]).map(|(p, tao)| {
+                LocalNeuron {
+                    peer_id: p.clone(),
+                    stake: tao * RAO_PER_TAO,
+                    validator_permit: true,
+                }
+            }))
+            .unwrap();
+        let nodes = validators
+            .iter()
+            .map(|p| {
+                Orchestration::new(
+                    p.clone(),
+                    Role::Validator,
+                    run.clone(),
+                    Some(metagraph.clone()),
+                    None,
+                )
+            })
+            .collect();
+        (nodes, run, validators.to_vec())
+    }
+
+    #[test]
+    fn highest_stake_validator_plans_and_the_other_follows() {
+        let (mut nodes, run, ids) = setup();
+        let hash = run.hash();
+        let miners: Vec<PeerIdStr> = (10..16).map(peer).collect();
+        let mut published = Vec::new();
+        for s in 0..8u64 {
+            let now = Duration::from_secs(s);
+            for node in nodes.iter_mut() {
+                for (i, v) in ids.iter().enumerate() {
+                    node.on_heartbeat(v, &beat(v, Role::Validator, s, &hash), now)
+                        .unwrap();
+                    let _ = i;
+                }
+                for m in &miners {
+                    node.on_heartbeat(m, &beat(m, Role::Miner, s, &hash), now)
+                        .unwrap();
+                }
+            }
+            for i in 0..nodes.len() {
+                if let Some(bytes) = nodes[i].tick(now) {
+                    published.push((i, bytes.clone()));
+                    for (j, other) in nodes.iter_mut().enumerate() {
+                        if j != i {
+                            assert!(matches!(
+                                other.on_plan(&ids[i], &bytes, now),
+                                PlanOutcome::Accepted
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            published.iter().all(|(i, _)| *i == 0),
+            "only the stake-100 validator plans"
+        );
+        assert!(published.len() >= 2, "epochs advance: {}", published.len());
+        let plan = nodes[1].current().unwrap();
+        let sizes = bootstrap::stage_sizes(&plan.assignment, run.stages);
+        assert_eq!(sizes, vec![2, 2, 2]);
+        assert_eq!(nodes[1].orchestrator(), Some(&ids[0]));
+        assert!(nodes[0].is_orchestrator() && !nodes[1].is_orchestrator());
+    }
+
+    #[test]
+    fn plans_from_a_miner_and_heartbeats_of_another_run_are_refused() {
+        let (mut nodes, run, ids) = setup();
+        let hash = run.hash();
+        let now = Duration::from_secs(1);
+        nodes[1]
+            .on_heartbeat(&ids[0], &beat(&ids[0], Role::Validator, 1, &hash), now)
+            .unwrap();
+        let _ = nodes[1].tick(now);
+        let miner = peer(10);
+        let forged = next_plan(&run, &miner, None, None, &BTreeSet::from([miner.clone()]))
+            .unwrap()
+            .to_json()
+            .unwrap();
+        assert!(matches!(
+            nodes[1].on_plan(&miner, &forged, now),
+            PlanOutcome::Rejected("not_orchestrator")
+        ));
+        assert!(nodes[1].current().is_none());
+        let other = RunConfig {
+            seed: 7,
+            ..run.clone()
+        }
+        .hash();
+        assert!(matches!(
+            nodes[1].on_heartbeat(&miner, &beat(&miner, Role::Miner, 1, &other), now),
+            Err(HeartbeatRejected::WrongRun { .. })
+        ));
+    }
+
+    #[test]
+    fn stored_plan_carries_epochs_across_a_restart() {
+        let dir = std::env::temp_dir().join(format!("iota-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (_, run, ids) = setup();
+        let plan = next_plan(&run, &ids[0], None, Some(41), &BTreeSet::new()).unwrap();
+        PlanStore::new(&dir).save(&plan).unwrap();
+        let node = Orchestration::new(ids[1].clone(), Role::Validator, run, None, Some(&dir));
+        assert_eq!(node.epoch(), Some(42));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

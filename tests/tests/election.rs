@@ -1,0 +1,272 @@
+//! The orchestrator is elected by stake, fails over when it dies, and cannot be impersonated.
+
+use std::path::Path;
+use std::time::Duration;
+
+use bootstrap::{LocalNeuron, Metagraph, PeerIdStr, RunConfig, RAO_PER_TAO};
+use iota_tests::{binary, scratch_dir, start_node, wait_for, NodeProcess};
+
+const POLL: Duration = Duration::from_millis(250);
+
+/// Creates the identity of node `name` under `dir` and returns its peer id.
+fn keygen(dir: &Path, name: &str) -> String {
+    let output = std::process::Command::new(binary())
+        .args(["keygen", "--data-dir"])
+        .arg(dir.join(name))
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .to_string()
+}
+
+/// Waits until every node reports `orchestrator == expected`, stage sizes 2/2/2, and an
+/// epoch above `after` (when given). Returns the smallest epoch seen.
+async fn wait_for_agreement(
+    what: &str,
+    nodes: &[&NodeProcess],
+    expected: &str,
+    after: Option<u64>,
+    timeout: Duration,
+) -> u64 {
+    let min_epoch = std::cell::Cell::new(0);
+    wait_for(what, timeout, POLL, || {
+        let min_epoch = &min_epoch;
+        async move {
+            let mut problems = Vec::new();
+            let mut lowest = u64::MAX;
+            for node in nodes {
+                let status = node.status().await?;
+                if status["orchestrator"].as_str() != Some(expected) {
+                    problems.push(format!("{} follows {}", node.name, status["orchestrator"]));
+                }
+                let sizes: Vec<u64> = status["stage_sizes"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|v| v.as_u64()).collect())
+                    .unwrap_or_default();
+                if sizes != [2, 2, 2] {
+                    problems.push(format!("{} sees stages {sizes:?}", node.name));
+                }
+                match status["epoch"].as_u64() {
+                    Some(e) if after.is_none_or(|a| e > a) => lowest = lowest.min(e),
+                    other => problems.push(format!("{} at epoch {other:?}", node.name)),
+                }
+            }
+            min_epoch.set(lowest);
+            Ok((problems.is_empty(), problems.join("; ")))
+        }
+    })
+    .await
+    .unwrap();
+    min_epoch.get()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stake_elects_the_orchestrator_and_failover_keeps_epochs_moving() {
+    let dir = scratch_dir("election");
+    let validators = ["v100", "v50", "v10"];
+    let stakes = [100u64, 50, 10];
+    let miners: Vec<String> = (0..6).map(|i| format!("miner-{i}")).collect();
+    let ids: std::collections::BTreeMap<String, String> = validators
+        .iter()
+        .map(|v| v.to_string())
+        .chain(miners.iter().cloned())
+        .chain(["rich-no-permit".to_string(), "unlisted".to_string()])
+        .map(|name| {
+            let id = keygen(&dir, &name);
+            (name, id)
+        })
+        .collect();
+
+    // The stake snapshot: the richest validator has no permit, and one validator is missing.
+    let mut neurons: Vec<LocalNeuron> = validators
+        .iter()
+        .zip(stakes)
+        .map(|(v, tao)| LocalNeuron {
+            peer_id: PeerIdStr::parse(&ids[*v]).unwrap(),
+            stake: tao * RAO_PER_TAO,
+            validator_permit: true,
+        })
+        .collect();
+    neurons.push(LocalNeuron {
+        peer_id: PeerIdStr::parse(&ids["rich-no-permit"]).unwrap(),
+        stake: 1000 * RAO_PER_TAO,
+        validator_permit: false,
+    });
+    let metagraph = Metagraph::for_local_run(neurons).unwrap();
+    let metagraph_path = dir.join("metagraph.json");
+    std::fs::write(&metagraph_path, metagraph.to_json()).unwrap();
+    let run = RunConfig {
+        epoch_timeout_secs: 2,
+        ..RunConfig::default()
+    };
+    let run_path = dir.join("run.toml");
+    std::fs::write(&run_path, run.to_toml_string().unwrap()).unwrap();
+    let common = [
+        "--metagraph",
+        metagraph_path.to_str().unwrap(),
+        "--run",
+        run_path.to_str().unwrap(),
+    ];
+
+    let v100 = start_node(&dir, "v100", &[&common[..], &["--validator"]].concat())
+        .await
+        .unwrap();
+    let boot = v100.listen_addr();
+    let with_boot = |extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = common.iter().map(|s| s.to_string()).collect();
+        args.extend(["--bootstrap".to_string(), boot.clone()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let mut others = Vec::new();
+    for (name, extra) in [
+        ("v50", vec!["--validator"]),
+        ("v10", vec!["--validator"]),
+        ("rich-no-permit", vec!["--validator"]),
+        ("unlisted", vec!["--validator"]),
+    ] {
+        let args = with_boot(&extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        others.push(start_node(&dir, name, &args).await.unwrap());
+    }
+    for (i, name) in miners.iter().enumerate() {
+        // One miner forges plans naming itself orchestrator.
+        let extra: Vec<&str> = if i == 5 {
+            vec!["--fault", "forge-plans"]
+        } else {
+            vec![]
+        };
+        let args = with_boot(&extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        others.push(start_node(&dir, name, &args).await.unwrap());
+    }
+
+    let everyone: Vec<&NodeProcess> = std::iter::once(&v100).chain(others.iter()).collect();
+    let first_epoch = wait_for_agreement(
+        "all nodes follow the stake-100 validator with stages 2/2/2",
+        &everyone,
+        &ids["v100"],
+        None,
+        Duration::from_secs(15),
+    )
+    .await;
+    // Every miner holds a stage, and the forged plans went nowhere.
+    let mut rejected_forgeries = 0.0;
+    for node in &others {
+        let status = node.status().await.unwrap();
+        if node.name.starts_with("miner") {
+            assert!(
+                status["stage"].as_u64().is_some(),
+                "{} holds a stage",
+                node.name
+            );
+        }
+        assert!(
+            status["epoch"].as_u64().unwrap() < 1_000_000,
+            "no forged epoch accepted"
+        );
+        let metrics = node.metrics().await.unwrap();
+        rejected_forgeries += labelled(&metrics, "iota_gossip_rejected_total", "not_orchestrator");
+    }
+    assert!(
+        rejected_forgeries > 0.0,
+        "forged plans were dropped and counted"
+    );
+    let orchestrator_metric = v100.metrics().await.unwrap();
+    assert!(orchestrator_metric.contains("iota_is_orchestrator 1"));
+
+    // Kill the orchestrator: the stake-50 validator (not the richer one without a permit,
+    // not the one outside the metagraph) takes over and epochs keep increasing.
+    v100.kill().await.unwrap();
+    let rest: Vec<&NodeProcess> = others.iter().collect();
+    let after = wait_for_agreement(
+        "all remaining nodes follow the stake-50 validator",
+        &rest,
+        &ids["v50"],
+        Some(first_epoch),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(after > first_epoch);
+    wait_for_agreement(
+        "epochs keep increasing under the stake-50 validator",
+        &rest,
+        &ids["v50"],
+        Some(after),
+        Duration::from_secs(10),
+    )
+    .await;
+
+    // A node with another run configuration is refused, and the run carries on.
+    let other_run = RunConfig {
+        seed: 99,
+        ..run.clone()
+    };
+    let other_path = dir.join("other-run.toml");
+    std::fs::write(&other_path, other_run.to_toml_string().unwrap()).unwrap();
+    let v50_addr = others[0].listen_addr();
+    let mut stranger = start_node(
+        &dir,
+        "stranger",
+        &[
+            "--metagraph",
+            metagraph_path.to_str().unwrap(),
+            "--run",
+            other_path.to_str().unwrap(),
+            "--bootstrap",
+            &v50_addr,
+        ],
+    )
+    .await
+    .unwrap();
+    let exit = wait_for(
+        "the stranger refuses to join",
+        Duration::from_secs(20),
+        POLL,
+        || {
+            let exited = stranger.try_exit_status();
+            async move {
+                match exited? {
+                    Some(status) => Ok((true, status.to_string())),
+                    None => Ok((false, "still running".to_string())),
+                }
+            }
+        },
+    )
+    .await;
+    assert!(exit.is_ok(), "{exit:?}");
+    let status = stranger.try_exit_status().unwrap().unwrap();
+    assert!(!status.success(), "refusal is an error exit");
+    let log = std::fs::read_to_string(stranger.log_path()).unwrap();
+    assert!(
+        log.contains("refusing to join"),
+        "the reason is logged: {log}"
+    );
+    wait_for_agreement(
+        "the run is unaffected",
+        &rest,
+        &ids["v50"],
+        Some(after + 1),
+        Duration::from_secs(10),
+    )
+    .await;
+
+    for node in others {
+        let name = node.name.clone();
+        let status = node.stop(Duration::from_secs(10)).await.unwrap();
+        assert!(status.success(), "{name}: {status}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The value of `name{reason="<reason>"}` in Prometheus text, 0 when absent.
+fn labelled(text: &str, name: &str, reason: &str) -> f64 {
+    let prefix = format!("{name}{{reason=\"{reason}\"}}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
