@@ -1,3 +1,30 @@
 //! Model, pipeline stages, activation compression and checkpoints for iota-p2p.
+//!
+//! - [`data`]: the embedded Shakespeare corpus and a deterministic sample loader.
+//! - [`model`]: the Llama-style decoder and how it is cut into stages (with IOTA bottlenecks).
+//! - [`stage`]: one stage with its optimizer: forward, backward, step, flat weights.
+//! - [`wire`]: the codec for activations and gradients between stages.
+//! - [`local`]: the single-process reference trainer.
+//! - [`worker`]: a stage on its own compute thread behind an async handle.
+//! - [`checkpoint`]: weights and optimizer state on disk, newest verified first.
+//! - [`butterfly`]: partition plan, averaging and verification of stage replicas.
 
 pub mod butterfly;
+pub mod checkpoint;
+pub mod data;
+pub mod local;
+pub mod model;
+pub mod preset;
+pub mod stage;
+pub mod wire;
+pub mod worker;
+
+pub use checkpoint::CheckpointStore;
+pub use data::{Batch, Corpus};
+pub use local::{LocalConfig, LocalReport};
+pub use model::StageLayout;
+pub use preset::{parse_device, DType, ModelConfig, Preset, VOCAB};
+pub use stage::{AdamW, LossOutput, Stage, StageConfig, StageState, StepReport};
+pub use tch::Device;
+pub use wire::WireDtype;
+pub use worker::StageHandle;

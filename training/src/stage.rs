@@ -1,0 +1,691 @@
+//! A pipeline stage: one contiguous slice of the model with its optimizer, run forward on
+//! inputs and backward on gradients received from its neighbours.
+//!
+//! Guarantees:
+//! - Built from `(preset, num_stages, index, bottleneck, seed)`, a stage holds exactly the
+//!   weights the same layers have in the unsplit model built from the same seed (see
+//!   [`crate::model`]), so `S` stages compute what one stage computes.
+//! - [`Stage::forward`] keeps the autograd graph of a sample, keyed by its id, until
+//!   [`Stage::backward`] consumes it or [`Stage::drop_sample`] frees it; at most
+//!   [`StageConfig::max_in_flight`] samples are kept.
+//! - Parameter gradients accumulate over samples; [`Stage::step`] averages them over the samples
+//!   seen since the last step, clips the global norm and applies AdamW.
+//! - Inputs are checked (rank, width, sequence length, token range) before tensor code runs,
+//!   so a malformed input is a typed error, not a panic inside libtorch.
+//! - [`Stage::flat_params`] is the canonical f32 weight vector (parameters in
+//!   [`crate::model`] order, row-major); [`Stage::weights_hash`] is the blake3 of its
+//!   little-endian bytes.
+
+mod optim;
+
+use std::collections::HashMap;
+
+use tch::{Device, Kind, Tensor};
+
+use optim::Param;
+pub use optim::{AdamW, StepReport};
+
+use crate::model::{self, Block, LayoutError, Net, ParamSpec, Projection, StageLayout};
+use crate::preset::{DType, ModelConfig, Preset, VOCAB};
+
+/// Everything that determines a stage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageConfig {
+    /// Model size.
+    pub preset: Preset,
+    /// Stages the model is cut into.
+    pub num_stages: usize,
+    /// This stage's index.
+    pub index: usize,
+    /// Bottleneck width at every boundary; 0 for none.
+    pub bottleneck: usize,
+    /// Initialisation seed.
+    pub seed: u64,
+    /// Where tensors live.
+    pub device: Device,
+    /// Compute dtype.
+    pub dtype: DType,
+    /// Optimizer settings.
+    pub optimizer: AdamW,
+    /// Most samples whose graphs may wait for their backward pass.
+    pub max_in_flight: usize,
+}
+
+impl StageConfig {
+    /// Stage `index` of `num_stages` on the CPU in f32, default AdamW, 64 samples in flight.
+    pub fn new(
+        preset: Preset,
+        num_stages: usize,
+        index: usize,
+        bottleneck: usize,
+        seed: u64,
+    ) -> Self {
+        StageConfig {
+            preset,
+            num_stages,
+            index,
+            bottleneck,
+            seed,
+            device: Device::Cpu,
+            dtype: DType::F32,
+            optimizer: AdamW::default(),
+            max_in_flight: 64,
+        }
+    }
+}
+
+/// Why a stage could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The split is impossible.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// libtorch refused (for example, the device is not available).
+    #[error("creating tensors: {0}")]
+    Tensor(#[from] tch::TchError),
+}
+
+/// Why a forward pass was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// The operation does not apply to this stage (e.g. `forward_loss` on a non-tail stage).
+    #[error("stage {index} cannot {op}")]
+    WrongRole {
+        /// This stage's index.
+        index: usize,
+        /// The refused operation.
+        op: &'static str,
+    },
+    /// The input's shape or kind is not what this stage takes.
+    #[error("bad input: expected {expected}, got shape {got:?} of {kind:?}")]
+    BadInput {
+        /// What the stage takes.
+        expected: String,
+        /// The shape given.
+        got: Vec<i64>,
+        /// The element kind given.
+        kind: Option<Kind>,
+    },
+    /// A sequence is longer than the model's rotary tables.
+    #[error("sequence of {seq} exceeds the maximum {max}")]
+    SeqTooLong {
+        /// Given length.
+        seq: i64,
+        /// The preset's `max_seq`.
+        max: usize,
+    },
+    /// A token or target is outside `0..256`.
+    #[error("token outside 0..256")]
+    TokenOutOfRange,
+    /// The sample id already has a forward pass waiting for its backward.
+    #[error("sample {0} is already in flight")]
+    DuplicateSample(u64),
+    /// [`StageConfig::max_in_flight`] samples are already waiting.
+    #[error("{0} samples already in flight")]
+    TooManyInFlight(usize),
+    /// libtorch failed.
+    #[error("tensor op: {0}")]
+    Tensor(#[from] tch::TchError),
+}
+
+/// Why a backward pass was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BackwardError {
+    /// No forward pass of this sample is waiting (never run, already consumed, or dropped).
+    #[error("sample {0} is not in flight")]
+    UnknownSample(u64),
+    /// The gradient's shape differs from the forward output's.
+    #[error("gradient of shape {got:?} for output of shape {expected:?}")]
+    ShapeMismatch {
+        /// Output shape.
+        expected: Vec<i64>,
+        /// Gradient shape.
+        got: Vec<i64>,
+    },
+    /// libtorch failed.
+    #[error("tensor op: {0}")]
+    Tensor(#[from] tch::TchError),
+}
+
+/// Why an optimizer step was not taken.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum StepError {
+    /// No gradient has been accumulated since the last step.
+    #[error("no samples accumulated since the last step")]
+    NothingAccumulated,
+    /// The gradient norm is NaN or infinite; the gradients were discarded.
+    #[error("non-finite gradient norm {0}")]
+    NonFiniteGradient(f64),
+}
+
+/// Why weights or optimizer state could not be loaded.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ParamsError {
+    /// The vector's length is not this stage's parameter count.
+    #[error("expected {expected} values, got {got}")]
+    LengthMismatch {
+        /// This stage's parameter count.
+        expected: usize,
+        /// Values given.
+        got: usize,
+    },
+    /// A value is NaN or infinite.
+    #[error("non-finite value")]
+    NonFinite,
+}
+
+/// Result of the tail's forward and backward pass on one sample.
+#[derive(Debug)]
+pub struct LossOutput {
+    /// Mean cross-entropy in nats per token.
+    pub loss: f32,
+    /// Gradient of the loss with respect to the stage input; `None` when the tail is also the
+    /// head (its input is tokens).
+    pub grad_input: Option<Tensor>,
+}
+
+/// A stage's weights and optimizer state, as plain vectors (see [`crate::checkpoint`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageState {
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// [`Stage::flat_params`].
+    pub params: Vec<f32>,
+    /// AdamW first moments, same order.
+    pub adam_m: Vec<f32>,
+    /// AdamW second moments, same order.
+    pub adam_v: Vec<f32>,
+}
+
+struct Pending {
+    /// The input leaf whose gradient is sent back (`None` for the head).
+    input: Option<Tensor>,
+    output: Tensor,
+}
+
+/// One stage of the pipeline, owning its tensors. Not `Sync`: keep it on one thread
+/// (see [`crate::worker`]).
+pub struct Stage {
+    config: StageConfig,
+    model: ModelConfig,
+    layout: StageLayout,
+    specs: Vec<ParamSpec>,
+    params: Vec<Param>,
+    net: Net,
+    in_flight: HashMap<u64, Pending>,
+    accumulated: usize,
+    step: u64,
+}
+
+impl Stage {
+    /// Builds and initialises the stage.
+    pub fn new(config: &StageConfig) -> Result<Stage, BuildError> {
+        let model = config.preset.config();
+        let layout = StageLayout::new(&model, config.num_stages, config.index, config.bottleneck)?;
+        let specs = model::param_specs(&model, &layout);
+        let kind = config.dtype.kind();
+        let mut params = Vec::with_capacity(specs.len());
+        for spec in &specs {
+            let shape: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
+            let values = model::init_values(config.seed, spec);
+            let f32_t = Tensor::f_from_slice(&values)?
+                .f_reshape(&shape)?
+                .f_to_device(config.device)?;
+            let tensor = f32_t.f_to_kind(kind)?.set_requires_grad(true);
+            let master = (kind != Kind::Float).then(|| f32_t.shallow_clone());
+            params.push(Param {
+                m: f32_t.f_zeros_like()?,
+                v: f32_t.f_zeros_like()?,
+                tensor,
+                master,
+                decay: spec.decays(),
+            });
+        }
+        let net = build_net(&model, &layout, &specs, &params, config.device, kind);
+        Ok(Stage {
+            config: config.clone(),
+            model,
+            layout,
+            specs,
+            params,
+            net,
+            in_flight: HashMap::new(),
+            accumulated: 0,
+            step: 0,
+        })
+    }
+
+    /// What this stage holds and what crosses its boundaries.
+    pub fn layout(&self) -> &StageLayout {
+        &self.layout
+    }
+
+    /// The configuration it was built from.
+    pub fn config(&self) -> &StageConfig {
+        &self.config
+    }
+
+    /// Number of scalar parameters.
+    pub fn num_params(&self) -> usize {
+        self.specs.iter().map(ParamSpec::numel).sum()
+    }
+
+    /// Names and shapes of the parameters, in flat-vector order.
+    pub fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        self.specs
+            .iter()
+            .map(|s| (s.name.clone(), s.shape.clone()))
+            .collect()
+    }
+
+    /// Optimizer steps taken.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// Current learning rate.
+    pub fn lr(&self) -> f64 {
+        self.config.optimizer.lr
+    }
+
+    /// Sets the learning rate for the next steps (for a schedule).
+    pub fn set_lr(&mut self, lr: f64) {
+        self.config.optimizer.lr = lr;
+    }
+
+    /// Samples whose forward graphs wait for a backward pass.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Samples whose gradients have accumulated since the last step.
+    pub fn accumulated(&self) -> usize {
+        self.accumulated
+    }
+
+    /// Frees the graph kept for `sample_id`; returns whether there was one.
+    pub fn drop_sample(&mut self, sample_id: u64) -> bool {
+        self.in_flight.remove(&sample_id).is_some()
+    }
+
+    fn check_tokens(&self, t: &Tensor, what: &str) -> Result<(), ForwardError> {
+        let size = t.size();
+        if size.len() != 2 || size.contains(&0) || t.kind() != Kind::Int64 {
+            return Err(ForwardError::BadInput {
+                expected: format!("int64 {what} [batch, seq]"),
+                got: size,
+                kind: Some(t.kind()),
+            });
+        }
+        self.check_seq(size[1])?;
+        let lo = t.f_min()?.f_int64_value(&[])?;
+        let hi = t.f_max()?.f_int64_value(&[])?;
+        if lo < 0 || hi >= VOCAB as i64 {
+            return Err(ForwardError::TokenOutOfRange);
+        }
+        Ok(())
+    }
+
+    fn check_seq(&self, seq: i64) -> Result<(), ForwardError> {
+        if seq > self.model.max_seq as i64 {
+            return Err(ForwardError::SeqTooLong {
+                seq,
+                max: self.model.max_seq,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks `input` and moves it to the stage's device and dtype (tokens stay int64).
+    fn prepare_input(&self, input: &Tensor) -> Result<Tensor, ForwardError> {
+        match self.layout.in_width {
+            None => {
+                self.check_tokens(input, "tokens")?;
+                Ok(input.f_to_device(self.config.device)?)
+            }
+            Some(w) => {
+                let size = input.size();
+                let float = matches!(
+                    input.kind(),
+                    Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double
+                );
+                if size.len() != 3 || size.contains(&0) || size[2] != w as i64 || !float {
+                    return Err(ForwardError::BadInput {
+                        expected: format!("float hidden [batch, seq, {w}]"),
+                        got: size,
+                        kind: Some(input.kind()),
+                    });
+                }
+                self.check_seq(size[1])?;
+                Ok(input
+                    .f_to_device(self.config.device)?
+                    .f_to_kind(self.config.dtype.kind())?
+                    .f_detach()?)
+            }
+        }
+    }
+
+    /// Runs a non-tail stage on one sample and keeps its graph for [`Stage::backward`].
+    /// Returns the (detached) output `[batch, seq, out_width]` in the stage dtype.
+    pub fn forward(&mut self, sample_id: u64, input: &Tensor) -> Result<Tensor, ForwardError> {
+        if self.layout.is_tail() {
+            return Err(ForwardError::WrongRole {
+                index: self.layout.index,
+                op: "forward without a loss (it is the tail)",
+            });
+        }
+        if self.in_flight.contains_key(&sample_id) {
+            return Err(ForwardError::DuplicateSample(sample_id));
+        }
+        if self.in_flight.len() >= self.config.max_in_flight {
+            return Err(ForwardError::TooManyInFlight(self.in_flight.len()));
+        }
+        let x = self.prepare_input(input)?;
+        let leaf = (!self.layout.is_head()).then(|| x.set_requires_grad(true));
+        let output = self.net.forward(leaf.as_ref().unwrap_or(&x));
+        let out = output.f_detach()?;
+        self.in_flight.insert(
+            sample_id,
+            Pending {
+                input: leaf,
+                output,
+            },
+        );
+        Ok(out)
+    }
+
+    /// Back-propagates `grad_output` through the graph kept for `sample_id`, accumulating
+    /// parameter gradients; returns the gradient with respect to the input (`None` for the
+    /// head). The graph is freed either way.
+    pub fn backward(
+        &mut self,
+        sample_id: u64,
+        grad_output: &Tensor,
+    ) -> Result<Option<Tensor>, BackwardError> {
+        let pending = self
+            .in_flight
+            .remove(&sample_id)
+            .ok_or(BackwardError::UnknownSample(sample_id))?;
+        let expected = pending.output.size();
+        if grad_output.size() != expected {
+            return Err(BackwardError::ShapeMismatch {
+                expected,
+                got: grad_output.size(),
+            });
+        }
+        let g = grad_output
+            .f_to_device(self.config.device)?
+            .f_to_kind(pending.output.kind())?;
+        // d/d(out) of sum(out * g) is g: the vector-Jacobian product with the given gradient.
+        (pending.output * g).f_sum(Kind::Float)?.f_backward()?;
+        self.accumulated += 1;
+        Ok(pending.input.map(|leaf| leaf.grad().detach()))
+    }
+
+    /// The tail's forward and backward pass on one sample: mean cross-entropy against
+    /// `targets` (`[batch, seq]` int64), parameter gradients accumulated, input gradient out.
+    pub fn forward_loss(
+        &mut self,
+        input: &Tensor,
+        targets: &Tensor,
+    ) -> Result<LossOutput, ForwardError> {
+        if !self.layout.is_tail() {
+            return Err(ForwardError::WrongRole {
+                index: self.layout.index,
+                op: "compute a loss (it is not the tail)",
+            });
+        }
+        let x = self.prepare_input(input)?;
+        self.check_targets(input, targets)?;
+        let leaf = (!self.layout.is_head()).then(|| x.set_requires_grad(true));
+        let logits = self.net.forward(leaf.as_ref().unwrap_or(&x));
+        let loss = model::loss(&logits, &targets.f_to_device(self.config.device)?);
+        loss.f_backward()?;
+        self.accumulated += 1;
+        Ok(LossOutput {
+            loss: loss.f_double_value(&[])? as f32,
+            grad_input: leaf.map(|l| l.grad().detach()),
+        })
+    }
+
+    fn check_targets(&self, input: &Tensor, targets: &Tensor) -> Result<(), ForwardError> {
+        self.check_tokens(targets, "targets")?;
+        if targets.size()[..] != input.size()[..2] {
+            return Err(ForwardError::BadInput {
+                expected: format!("targets of shape {:?}", &input.size()[..2]),
+                got: targets.size(),
+                kind: Some(targets.kind()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Forward pass of a non-tail stage without autograd (evaluation).
+    pub fn eval_forward(&self, input: &Tensor) -> Result<Tensor, ForwardError> {
+        if self.layout.is_tail() {
+            return Err(ForwardError::WrongRole {
+                index: self.layout.index,
+                op: "forward without a loss (it is the tail)",
+            });
+        }
+        let x = self.prepare_input(input)?;
+        Ok(tch::no_grad(|| self.net.forward(&x)))
+    }
+
+    /// Mean cross-entropy of the tail without autograd (evaluation).
+    pub fn eval_loss(&self, input: &Tensor, targets: &Tensor) -> Result<f32, ForwardError> {
+        if !self.layout.is_tail() {
+            return Err(ForwardError::WrongRole {
+                index: self.layout.index,
+                op: "compute a loss (it is not the tail)",
+            });
+        }
+        let x = self.prepare_input(input)?;
+        self.check_targets(input, targets)?;
+        let targets = targets.f_to_device(self.config.device)?;
+        let loss = tch::no_grad(|| model::loss(&self.net.forward(&x), &targets));
+        Ok(loss.f_double_value(&[])? as f32)
+    }
+
+    /// Averages the gradients accumulated since the last step, clips their global norm and
+    /// applies AdamW; gradients are zeroed afterwards.
+    pub fn step(&mut self) -> Result<StepReport, StepError> {
+        let samples = self.accumulated;
+        if samples == 0 {
+            return Err(StepError::NothingAccumulated);
+        }
+        let grads: Vec<Tensor> = tch::no_grad(|| {
+            self.params
+                .iter()
+                .map(|p| p.grad_f32() / samples as f64)
+                .collect()
+        });
+        let grad_norm = tch::no_grad(|| optim::global_norm(&grads));
+        self.zero_grad();
+        if !grad_norm.is_finite() {
+            return Err(StepError::NonFiniteGradient(grad_norm));
+        }
+        let clip = self.config.optimizer.grad_clip;
+        let factor = if clip > 0.0 && grad_norm > clip {
+            clip / (grad_norm + 1e-6)
+        } else {
+            1.0
+        };
+        self.step += 1;
+        optim::adamw_update(
+            &self.config.optimizer,
+            self.step,
+            &self.params,
+            &grads,
+            factor,
+        );
+        Ok(StepReport {
+            step: self.step,
+            grad_norm,
+            samples,
+        })
+    }
+
+    /// Discards accumulated gradients.
+    pub fn zero_grad(&mut self) {
+        for p in &self.params {
+            p.zero_grad();
+        }
+        self.accumulated = 0;
+    }
+
+    fn gather(&self, f: impl Fn(&Param) -> Tensor) -> Vec<f32> {
+        let mut out = vec![0f32; self.num_params()];
+        let mut at = 0;
+        tch::no_grad(|| {
+            for p in &self.params {
+                let t = f(p)
+                    .to_kind(Kind::Float)
+                    .to_device(Device::Cpu)
+                    .contiguous();
+                let n = t.numel();
+                t.copy_data(&mut out[at..at + n], n);
+                at += n;
+            }
+        });
+        out
+    }
+
+    /// The canonical f32 weight vector (f32 masters when computing in bf16).
+    pub fn flat_params(&self) -> Vec<f32> {
+        self.gather(Param::f32_values)
+    }
+
+    /// The gradients accumulated since the last step (summed over samples, not averaged).
+    pub fn flat_grads(&self) -> Vec<f32> {
+        self.gather(Param::grad_f32)
+    }
+
+    /// blake3 of the little-endian bytes of [`Stage::flat_params`].
+    pub fn weights_hash(&self) -> [u8; 32] {
+        hash_f32(&self.flat_params())
+    }
+
+    fn scatter(&self, flat: &[f32], mut f: impl FnMut(&Param, &Tensor)) -> Result<(), ParamsError> {
+        if flat.len() != self.num_params() {
+            return Err(ParamsError::LengthMismatch {
+                expected: self.num_params(),
+                got: flat.len(),
+            });
+        }
+        if flat.iter().any(|v| !v.is_finite()) {
+            return Err(ParamsError::NonFinite);
+        }
+        let mut at = 0;
+        for (p, spec) in self.params.iter().zip(&self.specs) {
+            let n = spec.numel();
+            let shape: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
+            let src = Tensor::from_slice(&flat[at..at + n])
+                .reshape(shape)
+                .to_device(self.config.device);
+            f(p, &src);
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Replaces the weights (e.g. with the butterfly average); optimizer state is kept.
+    pub fn set_flat_params(&mut self, flat: &[f32]) -> Result<(), ParamsError> {
+        self.scatter(flat, |p, src| p.assign(src))
+    }
+
+    /// Weights and optimizer state as plain vectors.
+    pub fn export_state(&self) -> StageState {
+        StageState {
+            step: self.step,
+            params: self.flat_params(),
+            adam_m: self.gather(|p| p.m.shallow_clone()),
+            adam_v: self.gather(|p| p.v.shallow_clone()),
+        }
+    }
+
+    /// Restores weights and optimizer state exported by a stage of the same layout.
+    pub fn import_state(&mut self, state: &StageState) -> Result<(), ParamsError> {
+        let copy = |dst: &Tensor, src: &Tensor| {
+            let _guard = tch::no_grad_guard();
+            dst.shallow_clone().copy_(src);
+        };
+        // Validate everything before changing anything.
+        for v in [&state.params, &state.adam_m, &state.adam_v] {
+            self.scatter(v, |_, _| {})?;
+        }
+        self.scatter(&state.params, |p, src| p.assign(src))?;
+        self.scatter(&state.adam_m, |p, src| copy(&p.m, src))?;
+        self.scatter(&state.adam_v, |p, src| copy(&p.v, src))?;
+        self.step = state.step;
+        Ok(())
+    }
+}
+
+/// blake3 of the little-endian bytes of `values`.
+pub fn hash_f32(values: &[f32]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    for chunk in values.chunks(16 * 1024) {
+        let bytes: Vec<u8> = chunk.iter().flat_map(|v| v.to_le_bytes()).collect();
+        h.update(&bytes);
+    }
+    *h.finalize().as_bytes()
+}
+
+fn build_net(
+    model: &ModelConfig,
+    layout: &StageLayout,
+    specs: &[ParamSpec],
+    params: &[Param],
+    device: Device,
+    kind: Kind,
+) -> Net {
+    let by_name: HashMap<&str, &Param> = specs
+        .iter()
+        .zip(params)
+        .map(|(s, p)| (s.name.as_str(), p))
+        .collect();
+    let get = |name: String| -> Tensor {
+        by_name
+            .get(name.as_str())
+            .expect("param_specs names every tensor the forward pass uses")
+            .tensor
+            .shallow_clone()
+    };
+    let blocks = layout
+        .layers
+        .clone()
+        .map(|l| Block {
+            attn_norm: get(format!("layers.{l}.attn_norm")),
+            wq: get(format!("layers.{l}.wq")),
+            wk: get(format!("layers.{l}.wk")),
+            wv: get(format!("layers.{l}.wv")),
+            wo: get(format!("layers.{l}.wo")),
+            mlp_norm: get(format!("layers.{l}.mlp_norm")),
+            w1: get(format!("layers.{l}.w1")),
+            w3: get(format!("layers.{l}.w3")),
+            w2: get(format!("layers.{l}.w2")),
+        })
+        .collect();
+    let has = |name: &str| by_name.contains_key(name);
+    let proj = |k: usize, half: &str| {
+        let norm = format!("boundary.{k}.{half}_norm");
+        has(&norm).then(|| Projection {
+            norm: get(norm),
+            weight: get(format!("boundary.{k}.{half}")),
+        })
+    };
+    let (cos, sin) = model::rope_tables(model, device, kind);
+    Net {
+        embed: has("embed").then(|| get("embed".into())),
+        up: layout.index.checked_sub(1).and_then(|k| proj(k, "up")),
+        blocks,
+        down: proj(layout.index, "down"),
+        final_norm: has("final_norm").then(|| get("final_norm".into())),
+        lm_head: has("lm_head").then(|| get("lm_head".into())),
+        n_heads: model.n_heads as i64,
+        d_model: model.d_model as i64,
+        cos,
+        sin,
+    }
+}

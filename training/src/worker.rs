@@ -1,0 +1,513 @@
+//! A stage on its own compute thread, driven from async code through a cloneable handle.
+//!
+//! Ownership: the [`Stage`] (and every tensor of it) lives on one OS thread spawned by
+//! [`StageHandle::spawn`]; nothing else touches it. Async callers hold [`StageHandle`]s, each
+//! only a pair of bounded `tokio::mpsc` senders; every method sends one command with a
+//! `oneshot` reply and awaits it, so a network loop never blocks on tensor work and a full
+//! queue pushes back on the caller. Frames are decoded and encoded on the compute thread too.
+//!
+//! Backward passes (and dropping samples) travel on a separate queue that the thread always
+//! drains first: backward work has priority over forward work, which frees graphs sooner.
+//! The thread ends when every handle is dropped.
+
+use std::thread;
+
+use tch::Tensor;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::model::StageLayout;
+use crate::stage::{
+    BackwardError, BuildError, ForwardError, ParamsError, Stage, StageConfig, StageState,
+    StepError, StepReport,
+};
+use crate::wire::{self, Codec, DecodeError, DecodeLimits, EncodeError, FrameKind, FrameMeta};
+
+/// How to start a worker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerConfig {
+    /// The stage to build on the thread.
+    pub stage: StageConfig,
+    /// Codec for the frames this stage sends.
+    pub codec: Codec,
+    /// What this stage accepts from peers.
+    pub limits: DecodeLimits,
+    /// Run id written into, and required of, every frame.
+    pub run: u64,
+    /// libtorch threads of the compute thread.
+    pub threads: usize,
+    /// Capacity of each command queue.
+    pub queue: usize,
+}
+
+impl WorkerConfig {
+    /// One libtorch thread, default codec limits, queues of 32.
+    pub fn new(stage: StageConfig, codec: Codec, run: u64) -> WorkerConfig {
+        WorkerConfig {
+            stage,
+            codec,
+            limits: DecodeLimits::default(),
+            run,
+            threads: 1,
+            queue: 32,
+        }
+    }
+}
+
+/// What a stage is given to run forward on.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StageInput {
+    /// Row-major `[batch, seq]` tokens, for the head stage.
+    Tokens {
+        /// Windows.
+        batch: usize,
+        /// Tokens per window.
+        seq: usize,
+        /// `batch × seq` tokens in `0..256`.
+        tokens: Vec<i64>,
+    },
+    /// An encoded activation frame from the previous stage.
+    Frame(Vec<u8>),
+}
+
+/// What the tail returns for one sample.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TailOutput {
+    /// Mean cross-entropy in nats per token.
+    pub loss: f32,
+    /// Encoded gradient frame for the previous stage (`None` with a single stage).
+    pub grad_frame: Option<Vec<u8>>,
+}
+
+/// What an evaluation returns.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EvalOutput {
+    /// A non-tail stage's encoded activation frame.
+    Activation(Vec<u8>),
+    /// The tail's mean loss.
+    Loss(f32),
+}
+
+/// Counters of a running stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerStatus {
+    /// Samples waiting for their backward pass.
+    pub in_flight: usize,
+    /// Samples accumulated since the last optimizer step.
+    pub accumulated: usize,
+    /// Optimizer steps taken.
+    pub steps: u64,
+}
+
+/// Why a worker command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The compute thread has stopped (it panicked or failed to start).
+    #[error("the compute thread has stopped")]
+    Stopped,
+    /// A frame does not belong here (other run, wrong kind).
+    #[error("unexpected frame: {0}")]
+    WrongFrame(&'static str),
+    /// Tokens and shape disagree.
+    #[error("{tokens} tokens for a [{batch}, {seq}] input")]
+    BadTokens {
+        /// Tokens given.
+        tokens: usize,
+        /// Declared windows.
+        batch: usize,
+        /// Declared window length.
+        seq: usize,
+    },
+    /// The stage refused or failed a forward pass.
+    #[error(transparent)]
+    Forward(#[from] ForwardError),
+    /// The stage refused or failed a backward pass.
+    #[error(transparent)]
+    Backward(#[from] BackwardError),
+    /// The optimizer step was not taken.
+    #[error(transparent)]
+    Step(#[from] StepError),
+    /// Weights or state were refused.
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+    /// A received frame did not decode.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// An output could not be encoded.
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+}
+
+/// Why a worker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// The OS refused a thread.
+    #[error("spawning the compute thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// The stage could not be built.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// The thread ended before reporting.
+    #[error("the compute thread ended during start-up")]
+    Died,
+}
+
+type Reply<T> = oneshot::Sender<Result<T, WorkerError>>;
+
+enum Command {
+    Forward(u64, StageInput, Reply<Vec<u8>>),
+    ForwardLoss(StageInput, Vec<i64>, Reply<TailOutput>),
+    Backward(Vec<u8>, Reply<Option<Vec<u8>>>),
+    DropSample(u64, Reply<bool>),
+    Step(Option<f64>, Reply<StepReport>),
+    Eval(StageInput, Option<Vec<i64>>, Reply<EvalOutput>),
+    FlatParams(Reply<Vec<f32>>),
+    SetFlatParams(Vec<f32>, Reply<()>),
+    WeightsHash(Reply<[u8; 32]>),
+    ExportState(Reply<StageState>),
+    ImportState(Box<StageState>, Reply<()>),
+    Status(Reply<WorkerStatus>),
+}
+
+/// Cloneable async front of a stage's compute thread.
+#[derive(Clone, Debug)]
+pub struct StageHandle {
+    urgent: mpsc::Sender<Command>,
+    normal: mpsc::Sender<Command>,
+    layout: StageLayout,
+    num_params: usize,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Command")
+    }
+}
+
+impl StageHandle {
+    /// Starts the compute thread, builds the stage on it and returns its handle and the
+    /// thread's join handle (the thread ends when every handle is dropped).
+    pub async fn spawn(
+        cfg: WorkerConfig,
+    ) -> Result<(StageHandle, thread::JoinHandle<()>), SpawnError> {
+        let (urgent_tx, urgent_rx) = mpsc::channel(cfg.queue.max(1));
+        let (normal_tx, normal_rx) = mpsc::channel(cfg.queue.max(1));
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let name = format!("stage-{}", cfg.stage.index);
+        let join = thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                tch::set_num_threads(cfg.threads.max(1) as i32);
+                let stage = match Stage::new(&cfg.stage) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                if ready_tx
+                    .send(Ok((stage.layout().clone(), stage.num_params())))
+                    .is_err()
+                {
+                    return;
+                }
+                let mut worker = Worker { stage, cfg };
+                worker.run(urgent_rx, normal_rx);
+            })
+            .map_err(SpawnError::Thread)?;
+        let (layout, num_params) = ready_rx.await.map_err(|_| SpawnError::Died)??;
+        Ok((
+            StageHandle {
+                urgent: urgent_tx,
+                normal: normal_tx,
+                layout,
+                num_params,
+            },
+            join,
+        ))
+    }
+
+    /// What the stage holds and what crosses its boundaries.
+    pub fn layout(&self) -> &StageLayout {
+        &self.layout
+    }
+
+    /// Number of scalar parameters of the stage.
+    pub fn num_params(&self) -> usize {
+        self.num_params
+    }
+
+    async fn call<T>(
+        &self,
+        urgent: bool,
+        make: impl FnOnce(Reply<T>) -> Command,
+    ) -> Result<T, WorkerError> {
+        let (tx, rx) = oneshot::channel();
+        let queue = if urgent { &self.urgent } else { &self.normal };
+        queue
+            .send(make(tx))
+            .await
+            .map_err(|_| WorkerError::Stopped)?;
+        rx.await.map_err(|_| WorkerError::Stopped)?
+    }
+
+    /// Forward pass of a non-tail stage; keeps the graph and returns the activation frame.
+    pub async fn forward(&self, sample_id: u64, input: StageInput) -> Result<Vec<u8>, WorkerError> {
+        self.call(false, |r| Command::Forward(sample_id, input, r))
+            .await
+    }
+
+    /// The tail's loss and backward pass on one sample (`targets` is `[batch, seq]`).
+    pub async fn forward_loss(
+        &self,
+        input: StageInput,
+        targets: Vec<i64>,
+    ) -> Result<TailOutput, WorkerError> {
+        self.call(false, |r| Command::ForwardLoss(input, targets, r))
+            .await
+    }
+
+    /// Backward pass for the sample named in the gradient frame; returns the gradient frame
+    /// for the previous stage (`None` at the head). Runs before any queued forward work.
+    pub async fn backward(&self, grad_frame: Vec<u8>) -> Result<Option<Vec<u8>>, WorkerError> {
+        self.call(true, |r| Command::Backward(grad_frame, r)).await
+    }
+
+    /// Frees a sample's graph (e.g. its backward will never come); returns whether it existed.
+    pub async fn drop_sample(&self, sample_id: u64) -> Result<bool, WorkerError> {
+        self.call(true, |r| Command::DropSample(sample_id, r)).await
+    }
+
+    /// Optimizer step, optionally setting the learning rate first.
+    pub async fn step(&self, lr: Option<f64>) -> Result<StepReport, WorkerError> {
+        self.call(false, |r| Command::Step(lr, r)).await
+    }
+
+    /// Evaluation without autograd: an activation frame, or the loss when `targets` is given
+    /// to the tail.
+    pub async fn eval(
+        &self,
+        input: StageInput,
+        targets: Option<Vec<i64>>,
+    ) -> Result<EvalOutput, WorkerError> {
+        self.call(false, |r| Command::Eval(input, targets, r)).await
+    }
+
+    /// The canonical f32 weight vector.
+    pub async fn flat_params(&self) -> Result<Vec<f32>, WorkerError> {
+        self.call(false, Command::FlatParams).await
+    }
+
+    /// Replaces the weights (optimizer state kept).
+    pub async fn set_flat_params(&self, flat: Vec<f32>) -> Result<(), WorkerError> {
+        self.call(false, |r| Command::SetFlatParams(flat, r)).await
+    }
+
+    /// blake3 of the weight vector's little-endian bytes.
+    pub async fn weights_hash(&self) -> Result<[u8; 32], WorkerError> {
+        self.call(false, Command::WeightsHash).await
+    }
+
+    /// Weights and optimizer state, for a checkpoint.
+    pub async fn export_state(&self) -> Result<StageState, WorkerError> {
+        self.call(false, Command::ExportState).await
+    }
+
+    /// Restores weights and optimizer state.
+    pub async fn import_state(&self, state: StageState) -> Result<(), WorkerError> {
+        self.call(false, |r| Command::ImportState(Box::new(state), r))
+            .await
+    }
+
+    /// In-flight samples, accumulated samples and steps taken.
+    pub async fn status(&self) -> Result<WorkerStatus, WorkerError> {
+        self.call(false, Command::Status).await
+    }
+}
+
+struct Worker {
+    stage: Stage,
+    cfg: WorkerConfig,
+}
+
+impl Worker {
+    fn run(&mut self, mut urgent: mpsc::Receiver<Command>, mut normal: mpsc::Receiver<Command>) {
+        // A current-thread runtime only drives the two queue futures; no task is spawned on
+        // it, and the tensor work below runs inline on this thread.
+        let rt = match tokio::runtime::Builder::new_current_thread().build() {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build the compute thread's queue runtime");
+                return;
+            }
+        };
+        rt.block_on(async {
+            loop {
+                let cmd = tokio::select! {
+                    biased;
+                    Some(c) = urgent.recv() => c,
+                    Some(c) = normal.recv() => c,
+                    else => return,
+                };
+                self.handle(cmd);
+            }
+        });
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Forward(id, input, r) => {
+                let _ = r.send(self.forward(id, input));
+            }
+            Command::ForwardLoss(input, targets, r) => {
+                let _ = r.send(self.forward_loss(input, targets));
+            }
+            Command::Backward(frame, r) => {
+                let _ = r.send(self.backward(&frame));
+            }
+            Command::DropSample(id, r) => {
+                let _ = r.send(Ok(self.stage.drop_sample(id)));
+            }
+            Command::Step(lr, r) => {
+                if let Some(lr) = lr {
+                    self.stage.set_lr(lr);
+                }
+                let _ = r.send(self.stage.step().map_err(Into::into));
+            }
+            Command::Eval(input, targets, r) => {
+                let _ = r.send(self.eval(input, targets));
+            }
+            Command::FlatParams(r) => {
+                let _ = r.send(Ok(self.stage.flat_params()));
+            }
+            Command::SetFlatParams(flat, r) => {
+                let _ = r.send(self.stage.set_flat_params(&flat).map_err(Into::into));
+            }
+            Command::WeightsHash(r) => {
+                let _ = r.send(Ok(self.stage.weights_hash()));
+            }
+            Command::ExportState(r) => {
+                let _ = r.send(Ok(self.stage.export_state()));
+            }
+            Command::ImportState(state, r) => {
+                let _ = r.send(self.stage.import_state(&state).map_err(Into::into));
+            }
+            Command::Status(r) => {
+                let _ = r.send(Ok(WorkerStatus {
+                    in_flight: self.stage.in_flight(),
+                    accumulated: self.stage.accumulated(),
+                    steps: self.stage.steps(),
+                }));
+            }
+        }
+    }
+
+    fn decode(&self, frame: &[u8], kind: FrameKind) -> Result<(FrameMeta, Tensor), WorkerError> {
+        let f = wire::decode(frame, &self.cfg.limits)?;
+        if f.header.meta.run != self.cfg.run {
+            return Err(WorkerError::WrongFrame("frame of another run"));
+        }
+        if f.header.meta.kind != kind {
+            return Err(WorkerError::WrongFrame("activation and gradient swapped"));
+        }
+        Ok((f.header.meta, f.to_tensor()))
+    }
+
+    fn input(&self, input: StageInput) -> Result<Tensor, WorkerError> {
+        match input {
+            StageInput::Tokens { batch, seq, tokens } => {
+                if batch.checked_mul(seq) != Some(tokens.len()) || tokens.is_empty() {
+                    return Err(WorkerError::BadTokens {
+                        tokens: tokens.len(),
+                        batch,
+                        seq,
+                    });
+                }
+                Ok(Tensor::from_slice(&tokens).reshape([batch as i64, seq as i64]))
+            }
+            StageInput::Frame(bytes) => Ok(self.decode(&bytes, FrameKind::Activation)?.1),
+        }
+    }
+
+    fn encode(&self, t: &Tensor, sample: u64, kind: FrameKind) -> Result<Vec<u8>, WorkerError> {
+        let meta = FrameMeta {
+            run: self.cfg.run,
+            sample,
+            stage: self.stage.layout().index as u32,
+            kind,
+        };
+        Ok(wire::encode_tensor(&self.cfg.codec, &meta, t)?)
+    }
+
+    fn targets(&self, x: &Tensor, targets: Vec<i64>) -> Result<Tensor, WorkerError> {
+        let (b, s) = (x.size()[0], x.size().get(1).copied().unwrap_or(0));
+        if targets.len() as i64 != b * s {
+            return Err(WorkerError::BadTokens {
+                tokens: targets.len(),
+                batch: b as usize,
+                seq: s as usize,
+            });
+        }
+        Ok(Tensor::from_slice(&targets).reshape([b, s]))
+    }
+
+    fn forward(&mut self, id: u64, input: StageInput) -> Result<Vec<u8>, WorkerError> {
+        let x = self.input(input)?;
+        let out = self.stage.forward(id, &x)?;
+        self.encode(&out, id, FrameKind::Activation)
+            .inspect_err(|_| {
+                self.stage.drop_sample(id);
+            })
+    }
+
+    fn forward_loss(
+        &mut self,
+        input: StageInput,
+        targets: Vec<i64>,
+    ) -> Result<TailOutput, WorkerError> {
+        let sample = match &input {
+            StageInput::Frame(bytes) => wire::decode_header(bytes, &self.cfg.limits)?.meta.sample,
+            StageInput::Tokens { .. } => 0,
+        };
+        let x = self.input(input)?;
+        let y = self.targets(&x, targets)?;
+        let out = self.stage.forward_loss(&x, &y)?;
+        let grad_frame = match out.grad_input {
+            Some(g) => Some(self.encode(&g, sample, FrameKind::Gradient)?),
+            None => None,
+        };
+        Ok(TailOutput {
+            loss: out.loss,
+            grad_frame,
+        })
+    }
+
+    fn backward(&mut self, frame: &[u8]) -> Result<Option<Vec<u8>>, WorkerError> {
+        let (meta, g) = self.decode(frame, FrameKind::Gradient)?;
+        match self.stage.backward(meta.sample, &g)? {
+            Some(gi) => Ok(Some(self.encode(&gi, meta.sample, FrameKind::Gradient)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn eval(
+        &mut self,
+        input: StageInput,
+        targets: Option<Vec<i64>>,
+    ) -> Result<EvalOutput, WorkerError> {
+        let x = self.input(input)?;
+        match targets {
+            Some(t) => {
+                let y = self.targets(&x, t)?;
+                Ok(EvalOutput::Loss(self.stage.eval_loss(&x, &y)?))
+            }
+            None => {
+                let out = self.stage.eval_forward(&x)?;
+                Ok(EvalOutput::Activation(self.encode(
+                    &out,
+                    u64::MAX,
+                    FrameKind::Activation,
+                )?))
+            }
+        }
+    }
+}

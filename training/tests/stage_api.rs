@@ -1,0 +1,215 @@
+//! The stage's contract: input checks, sample bookkeeping, optimizer, weights in and out.
+
+// Helpers outside #[test] functions unwrap too: in a test, a panic is a failure report.
+#![allow(clippy::unwrap_used)]
+
+use tch::{Kind, Tensor};
+use training::stage::{BackwardError, ForwardError, ParamsError, StepError};
+use training::{Corpus, DType, Preset, Stage, StageConfig};
+
+fn stage(num_stages: usize, index: usize) -> Stage {
+    tch::set_num_threads(1);
+    Stage::new(&StageConfig::new(Preset::Tiny, num_stages, index, 0, 1)).unwrap()
+}
+
+fn tokens(batch: i64, seq: i64) -> Tensor {
+    Tensor::arange(batch * seq, (Kind::Int64, tch::Device::Cpu))
+        .remainder(256)
+        .reshape([batch, seq])
+}
+
+#[test]
+fn malformed_inputs_are_typed_errors() {
+    let mut head = stage(2, 0);
+    let mut tail = stage(2, 1);
+    let bad = tokens(2, 8) + 300;
+    assert!(matches!(
+        head.forward(0, &bad),
+        Err(ForwardError::TokenOutOfRange)
+    ));
+    let too_long = tokens(1, 513);
+    assert!(matches!(
+        head.forward(0, &too_long),
+        Err(ForwardError::SeqTooLong { .. })
+    ));
+    let floats = Tensor::zeros([2, 8], (Kind::Float, tch::Device::Cpu));
+    assert!(matches!(
+        head.forward(0, &floats),
+        Err(ForwardError::BadInput { .. })
+    ));
+    let narrow = Tensor::zeros([2, 8, 64], (Kind::Float, tch::Device::Cpu));
+    let targets = tokens(2, 8);
+    assert!(matches!(
+        tail.forward_loss(&narrow, &targets),
+        Err(ForwardError::BadInput { .. })
+    ));
+    let hidden = Tensor::zeros([2, 8, 128], (Kind::Float, tch::Device::Cpu));
+    assert!(matches!(
+        tail.forward_loss(&hidden, &tokens(2, 7)),
+        Err(ForwardError::BadInput { .. })
+    ));
+    assert!(matches!(
+        tail.forward(0, &hidden),
+        Err(ForwardError::WrongRole { .. })
+    ));
+    assert!(matches!(
+        head.forward_loss(&tokens(2, 8), &targets),
+        Err(ForwardError::WrongRole { .. })
+    ));
+    assert_eq!(head.in_flight(), 0);
+}
+
+#[test]
+fn samples_in_flight_are_tracked_freed_and_bounded() {
+    tch::set_num_threads(1);
+    let mut cfg = StageConfig::new(Preset::Tiny, 2, 0, 0, 1);
+    cfg.max_in_flight = 3;
+    let mut head = Stage::new(&cfg).unwrap();
+    let x = tokens(2, 8);
+    for id in 0..3 {
+        let out = head.forward(id, &x).unwrap();
+        assert_eq!(out.size(), vec![2, 8, 128]);
+    }
+    assert!(matches!(
+        head.forward(1, &x),
+        Err(ForwardError::DuplicateSample(1))
+    ));
+    assert!(matches!(
+        head.forward(9, &x),
+        Err(ForwardError::TooManyInFlight(3))
+    ));
+    assert!(head.drop_sample(1));
+    assert!(!head.drop_sample(1));
+    assert_eq!(head.in_flight(), 2);
+    assert!(matches!(
+        head.backward(
+            1,
+            &Tensor::zeros([2, 8, 128], (Kind::Float, tch::Device::Cpu))
+        ),
+        Err(BackwardError::UnknownSample(1))
+    ));
+    assert!(matches!(
+        head.backward(
+            0,
+            &Tensor::zeros([2, 8, 64], (Kind::Float, tch::Device::Cpu))
+        ),
+        Err(BackwardError::ShapeMismatch { .. })
+    ));
+    // A refused backward still frees the graph; the other sample is consumed normally.
+    assert_eq!(head.in_flight(), 1);
+    let g = Tensor::ones([2, 8, 128], (Kind::Float, tch::Device::Cpu));
+    assert!(
+        head.backward(2, &g).unwrap().is_none(),
+        "the head has no input gradient"
+    );
+    assert_eq!(head.in_flight(), 0);
+    assert_eq!(head.accumulated(), 1);
+    assert!(head.flat_grads().iter().any(|&v| v != 0.0));
+}
+
+#[test]
+fn step_changes_weights_and_clears_gradients() {
+    let mut tail = stage(1, 0);
+    assert_eq!(tail.step(), Err(StepError::NothingAccumulated));
+    let b = Corpus::shakespeare()
+        .unwrap()
+        .train_sample(0, 0, 2, 16)
+        .unwrap();
+    let before = tail.weights_hash();
+    let first = tail
+        .forward_loss(&b.inputs_tensor(), &b.targets_tensor())
+        .unwrap();
+    assert!(first.grad_input.is_none());
+    assert!(
+        (first.loss - 256f32.ln()).abs() < 0.2,
+        "initial loss {}",
+        first.loss
+    );
+    let report = tail.step().unwrap();
+    assert_eq!((report.step, report.samples), (1, 1));
+    assert!(report.grad_norm > 0.0);
+    assert_ne!(tail.weights_hash(), before);
+    assert!(tail.flat_grads().iter().all(|&v| v == 0.0));
+    assert_eq!(tail.accumulated(), 0);
+    let after = tail
+        .eval_loss(&b.inputs_tensor(), &b.targets_tensor())
+        .unwrap();
+    assert!(after < first.loss, "{after} !< {}", first.loss);
+}
+
+#[test]
+fn flat_params_and_state_round_trip() {
+    let mut a = stage(3, 1);
+    let mut b = Stage::new(&StageConfig::new(Preset::Tiny, 3, 1, 0, 2)).unwrap();
+    assert_ne!(a.weights_hash(), b.weights_hash(), "seeds differ");
+    assert_eq!(a.flat_params().len(), a.num_params());
+    b.set_flat_params(&a.flat_params()).unwrap();
+    assert_eq!(a.weights_hash(), b.weights_hash());
+    assert_eq!(
+        b.set_flat_params(&[0.0; 3]),
+        Err(ParamsError::LengthMismatch {
+            expected: a.num_params(),
+            got: 3
+        })
+    );
+    let mut nan = a.flat_params();
+    nan[5] = f32::NAN;
+    assert_eq!(b.set_flat_params(&nan), Err(ParamsError::NonFinite));
+
+    // Train `a` a little so its optimizer state is not trivial, then move it into `b`.
+    let x = Tensor::randn([2, 8, 128], (Kind::Float, tch::Device::Cpu));
+    for id in 0..2 {
+        let _ = a.forward(id, &x).unwrap();
+        a.backward(id, &x).unwrap();
+        a.step().unwrap();
+    }
+    let state = a.export_state();
+    assert_eq!(state.step, 2);
+    assert!(state.adam_v.iter().any(|&v| v > 0.0));
+    b.import_state(&state).unwrap();
+    assert_eq!(b.export_state(), state);
+    // Same state, same next step: bit-identical weights.
+    for s in [&mut a, &mut b] {
+        let _ = s.forward(9, &x).unwrap();
+        s.backward(9, &x).unwrap();
+        s.step().unwrap();
+    }
+    assert_eq!(a.weights_hash(), b.weights_hash());
+}
+
+#[test]
+fn bf16_compute_tracks_f32() {
+    tch::set_num_threads(1);
+    let b = Corpus::shakespeare()
+        .unwrap()
+        .train_sample(0, 0, 2, 32)
+        .unwrap();
+    let mut losses = Vec::new();
+    let mut hashes = Vec::new();
+    for dtype in [DType::F32, DType::Bf16] {
+        let mut cfg = StageConfig::new(Preset::Tiny, 1, 0, 0, 3);
+        cfg.dtype = dtype;
+        let mut s = Stage::new(&cfg).unwrap();
+        hashes.push(s.weights_hash());
+        let mut l = Vec::new();
+        for _ in 0..3 {
+            l.push(
+                s.forward_loss(&b.inputs_tensor(), &b.targets_tensor())
+                    .unwrap()
+                    .loss,
+            );
+            s.step().unwrap();
+        }
+        losses.push(l);
+    }
+    // The f32 masters start from the same values, whatever the compute dtype.
+    assert_eq!(hashes[0], hashes[1]);
+    for (a, b) in losses[0].iter().zip(&losses[1]) {
+        assert!((a - b).abs() < 0.05, "f32 {a} vs bf16 {b}");
+    }
+    assert!(
+        losses[1][2] < losses[1][0],
+        "bf16 training lowers the loss: {:?}",
+        losses[1]
+    );
+}
