@@ -94,6 +94,14 @@ impl BootstrapSchedule {
         Some((delay, b.failures))
     }
 
+    /// Our dial of `peer` was not started because another dial to it is under way: look
+    /// again after the current delay, without counting a failure.
+    pub(crate) fn retry_later(&mut self, peer: &PeerId, now: Instant) {
+        if let Some(b) = self.peers.get_mut(peer) {
+            b.due = Some(now + b.delay);
+        }
+    }
+
     /// Records a connection to `peer`: no redial while connected, backoff reset.
     pub(crate) fn on_connected(&mut self, peer: &PeerId) {
         if let Some(b) = self.peers.get_mut(peer) {
@@ -204,6 +212,23 @@ mod tests {
         assert_eq!(s.next_due(), Some(t0 + RETRY_INITIAL));
         s.take_due(t0 + RETRY_INITIAL);
         assert_eq!(s.on_dial_failure(&p, t0).unwrap(), (RETRY_INITIAL, 1));
+    }
+
+    #[test]
+    fn retry_later_neither_counts_nor_backs_off() {
+        let t0 = Instant::now();
+        let p = PeerId::random();
+        let mut s = BootstrapSchedule::new([(p, addr(1, p))], t0);
+        s.take_due(t0);
+        s.on_dial_failure(&p, t0);
+        s.take_due(t0 + RETRY_INITIAL);
+        s.retry_later(&p, t0);
+        assert_eq!(s.next_due(), Some(t0 + Duration::from_secs(2)));
+        s.take_due(t0 + Duration::from_secs(2));
+        assert_eq!(
+            s.on_dial_failure(&p, t0).unwrap(),
+            (Duration::from_secs(2), 2)
+        );
     }
 
     #[test]

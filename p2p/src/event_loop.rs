@@ -222,8 +222,7 @@ impl EventLoop {
         };
         let opts = DialOpts::peer_id(peer)
             .addresses(vec![addr.clone()])
-            // Even while kad dials it too: only the outcome of our own dial drives the backoff.
-            .condition(PeerCondition::Disconnected)
+            .condition(PeerCondition::DisconnectedAndNotDialing)
             .build();
         let connection = opts.connection_id();
         match self.swarm.dial(opts) {
@@ -231,8 +230,11 @@ impl EventLoop {
                 debug!(%addr, "dialling bootstrap peer");
                 self.bootstrap_dials.insert(connection, peer);
             }
-            // Already connected.
-            Err(DialError::DialPeerConditionFalse(_)) => self.bootstrap.on_connected(&peer),
+            Err(DialError::DialPeerConditionFalse(_)) if self.swarm.is_connected(&peer) => {
+                self.bootstrap.on_connected(&peer)
+            }
+            // Someone else (kad) is dialling it; only our own dials drive the backoff.
+            Err(DialError::DialPeerConditionFalse(_)) => self.bootstrap.retry_later(&peer, now),
             Err(error) => self.bootstrap_dial_failed(peer, &error, now),
         }
     }

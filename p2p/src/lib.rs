@@ -11,6 +11,8 @@
 //!
 //! Also here, pure and IO-free: [`LiveView`], who is alive from gossiped [`Heartbeat`]s.
 
+#![warn(missing_docs)]
+
 mod behaviour;
 mod client;
 mod codec;
