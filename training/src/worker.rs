@@ -153,6 +153,10 @@ pub enum SpawnError {
 
 type Reply<T> = oneshot::Sender<Result<T, WorkerError>>;
 
+/// Longest an optimizer step waits for the samples in flight to finish their backward pass;
+/// after that it is taken anyway and those samples' backward passes fail (and are dropped).
+const STEP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 enum Command {
     Forward(u64, StageInput, Reply<Vec<u8>>),
     ForwardLoss(StageInput, Vec<i64>, Reply<TailOutput>),
@@ -333,7 +337,10 @@ impl Worker {
     fn run(&mut self, mut urgent: mpsc::Receiver<Command>, mut normal: mpsc::Receiver<Command>) {
         // A current-thread runtime only drives the two queue futures; no task is spawned on
         // it, and the tensor work below runs inline on this thread.
-        let rt = match tokio::runtime::Builder::new_current_thread().build() {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        {
             Ok(rt) => rt,
             Err(e) => {
                 tracing::error!(error = %e, "cannot build the compute thread's queue runtime");
@@ -341,16 +348,51 @@ impl Worker {
             }
         };
         rt.block_on(async {
+            // An optimizer step waits until every sample in flight has had its backward
+            // pass: stepping changes the weights in place, and a graph recorded before the
+            // step could no longer be differentiated. While it waits, only the urgent queue
+            // (backward passes, dropped samples) is served, so the wait always ends.
+            let mut deferred: Option<(Option<f64>, Reply<StepReport>, tokio::time::Instant)> =
+                None;
             loop {
+                if let Some((_, _, since)) = &deferred {
+                    let waited = since.elapsed();
+                    if self.stage.in_flight() == 0 || waited >= STEP_WAIT {
+                        if let Some((lr, r, _)) = deferred.take() {
+                            self.step(lr, r);
+                        }
+                        continue;
+                    }
+                    let cmd = tokio::select! {
+                        biased;
+                        Some(c) = urgent.recv() => c,
+                        _ = tokio::time::sleep(STEP_WAIT - waited) => continue,
+                        else => return,
+                    };
+                    self.handle(cmd);
+                    continue;
+                }
                 let cmd = tokio::select! {
                     biased;
                     Some(c) = urgent.recv() => c,
                     Some(c) = normal.recv() => c,
                     else => return,
                 };
-                self.handle(cmd);
+                match cmd {
+                    Command::Step(lr, r) if self.stage.in_flight() > 0 => {
+                        deferred = Some((lr, r, tokio::time::Instant::now()));
+                    }
+                    cmd => self.handle(cmd),
+                }
             }
         });
+    }
+
+    fn step(&mut self, lr: Option<f64>, r: Reply<StepReport>) {
+        if let Some(lr) = lr {
+            self.stage.set_lr(lr);
+        }
+        let _ = r.send(self.stage.step().map_err(Into::into));
     }
 
     fn handle(&mut self, cmd: Command) {
@@ -367,12 +409,7 @@ impl Worker {
             Command::DropSample(id, r) => {
                 let _ = r.send(Ok(self.stage.drop_sample(id)));
             }
-            Command::Step(lr, r) => {
-                if let Some(lr) = lr {
-                    self.stage.set_lr(lr);
-                }
-                let _ = r.send(self.stage.step().map_err(Into::into));
-            }
+            Command::Step(lr, r) => self.step(lr, r),
             Command::Eval(input, targets, r) => {
                 let _ = r.send(self.eval(input, targets));
             }
