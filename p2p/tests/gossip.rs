@@ -101,6 +101,60 @@ async fn tampered_envelope_is_dropped_and_counted_while_a_good_one_is_delivered(
     let _ = &mut a;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gossip_beyond_a_full_event_channel_is_dropped_and_counted() {
+    init_tracing();
+    let a = spawn_node(Config {
+        topics: vec![TOPIC.to_owned()],
+        ..config()
+    })
+    .await;
+    let mut b = spawn_node(Config {
+        topics: vec![TOPIC.to_owned()],
+        bootstrap: vec![a.addr.clone()],
+        event_buffer: 2,
+        ..config()
+    })
+    .await;
+    // Nobody reads b's events while a publishes.
+    publish_raw_when_ready(
+        &a,
+        Envelope::seal(&a.keypair, TOPIC, b"0".to_vec())
+            .unwrap()
+            .encode(),
+    )
+    .await;
+    const SENT: u64 = 10;
+    for i in 1..SENT {
+        a.client
+            .publish(TOPIC, i.to_string().into_bytes())
+            .await
+            .unwrap();
+    }
+    wait_for("all messages verified", Duration::from_secs(10), || async {
+        match b.metrics.gossip_received() {
+            SENT => Ok(()),
+            n => Err(format!("{n} verified")),
+        }
+    })
+    .await;
+    let dropped = b.metrics.events_dropped(p2p::DroppedEvent::Gossip);
+    let mut delivered = 0;
+    while b
+        .next_event(Duration::from_millis(300), |e| match e {
+            Event::Gossip { .. } => Some(()),
+            _ => None,
+        })
+        .await
+        .is_some()
+    {
+        delivered += 1;
+    }
+    assert!(dropped > 0, "nothing dropped with a 2-slot channel");
+    assert!(delivered > 0, "nothing delivered");
+    assert_eq!(delivered + dropped, SENT);
+}
+
 #[tokio::test]
 async fn publish_without_peers_is_a_soft_error_and_the_node_goes_on() {
     init_tracing();
