@@ -8,6 +8,7 @@ mod cli;
 mod http;
 mod identity;
 pub mod launcher;
+pub mod merge;
 mod metrics;
 mod node;
 mod orchestration;
