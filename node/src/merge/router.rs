@@ -172,6 +172,12 @@ impl Router {
         }
     }
 
+    /// Stops serving (stage, epoch) and frees the server's vectors (e.g. when leaving a
+    /// stage, or once a merge's audits are over). Returns whether one was registered.
+    pub fn unregister_server(&self, stage: u32, epoch: u64) -> bool {
+        self.state().servers.remove(&(stage, epoch)).is_some()
+    }
+
     /// Whether a server for (stage, epoch) is registered.
     pub fn serves(&self, stage: u32, epoch: u64) -> bool {
         self.state().servers.contains_key(&(stage, epoch))

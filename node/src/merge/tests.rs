@@ -191,6 +191,11 @@ async fn requests_are_answered_by_the_servers_of_the_last_merges() {
     }
     assert!(!router.serves(0, 1), "the oldest server was dropped");
     assert!((2..=KEPT_SERVERS as u64 + 1).all(|e| router.serves(0, e)));
+    assert!(router.unregister_server(0, 2) && !router.unregister_server(0, 2));
+    assert_eq!(
+        ask(&router, &input(2)),
+        Some(Ok(Response::Unavailable(Unavailable::WrongMerge)))
+    );
     // Other services' tags are left to them; a butterfly frame that does not parse is
     // refused as malformed.
     assert_eq!(router.on_request(&peer(), &rpc::frame(0x02, b"x")), None);
