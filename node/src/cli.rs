@@ -27,8 +27,10 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Create the node identity in a data directory (if absent) and print its peer id.
     Keygen(KeygenArgs),
-    /// Start a small network of nodes on 127.0.0.1 and show them discover each other.
+    /// Train a whole network of nodes on 127.0.0.1: validators, miners, epochs, merges.
     LocalSwarm(LocalSwarmArgs),
+    /// Train in one process: the reference every distributed figure is compared with.
+    TrainLocal(TrainLocalArgs),
 }
 
 /// Options of a node.
@@ -79,6 +81,10 @@ pub(crate) struct NodeArgs {
     #[arg(long = "run", env = "IOTA_RUN_CONFIG", value_name = "FILE")]
     pub(crate) run: Option<PathBuf>,
 
+    /// Device the miner's stage computes on: `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, env = "IOTA_DEVICE", default_value = "cpu", value_parser = parse_device)]
+    pub(crate) device: training::Device,
+
     /// Misbehave on purpose, to test that the other nodes cope.
     #[arg(long, env = "IOTA_FAULT", value_enum, hide = true)]
     pub(crate) fault: Option<Fault>,
@@ -109,15 +115,79 @@ pub(crate) struct LocalSwarmArgs {
     /// Number of miner processes.
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) miners: u32,
-    /// Number of validator processes.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=16))]
+    /// Number of validator processes (at least one: a validator orchestrates).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub(crate) validators: u32,
-    /// Directory for the nodes' data and the report; a temporary one by default.
-    #[arg(long, value_name = "DIR")]
-    pub(crate) out: Option<PathBuf>,
-    /// Seconds to wait for every node to see every other one.
-    #[arg(long, default_value_t = 60)]
+    /// Pipeline stages the model is cut into.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub(crate) stages: u32,
+    /// Epochs to train.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) epochs: u32,
+    /// Samples each head miner draws per epoch.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub(crate) samples_per_epoch: u64,
+    /// Model preset: tiny, small, base or large.
+    #[arg(long, default_value = "tiny")]
+    pub(crate) preset: String,
+    /// Directory for the nodes' data, their logs and the report (emptied first).
+    #[arg(long, value_name = "DIR", default_value = "out/local-swarm")]
+    pub(crate) out: PathBuf,
+    /// Seconds the whole run may take before it is stopped as failed.
+    #[arg(long, default_value_t = 1200)]
     pub(crate) timeout_secs: u64,
+}
+
+/// Options of `train-local`.
+#[derive(Debug, Args)]
+pub(crate) struct TrainLocalArgs {
+    /// Model preset: tiny, small, base or large.
+    #[arg(long, default_value = "tiny", value_parser = parse_preset)]
+    pub(crate) preset: training::Preset,
+    /// Optimizer steps (one sample of `--batch` windows each).
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub(crate) steps: u64,
+    /// Stages the model is split into inside this process (tensors cross the wire codec).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub(crate) stages: u64,
+    /// Bottleneck width at every stage boundary (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) bottleneck: usize,
+    /// Element encoding on the wire: f32, bf16 or int8.
+    #[arg(long, default_value = "f32", value_parser = parse_wire)]
+    pub(crate) wire: training::WireDtype,
+    /// Seed of initialisation and data order.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// libtorch threads.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub(crate) threads: u64,
+    /// Windows per sample.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub(crate) batch: u64,
+    /// Tokens per window.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=8192))]
+    pub(crate) seq_len: u64,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    pub(crate) lr: f64,
+    /// Evaluate every this many steps.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) eval_interval: usize,
+    /// Device: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub(crate) device: training::Device,
+}
+
+/// Parses a model preset.
+fn parse_preset(s: &str) -> Result<training::Preset, String> {
+    s.parse()
+        .map_err(|e: training::preset::ParseNameError| e.to_string())
+}
+
+/// Parses a wire format.
+fn parse_wire(s: &str) -> Result<training::WireDtype, String> {
+    s.parse::<training::WireDtype>().map_err(|e| e.to_string())
 }
 
 /// Parses a `--bootstrap` address: a multiaddr that names the peer it reaches.
@@ -129,6 +199,11 @@ fn parse_bootstrap(s: &str) -> Result<Multiaddr, String> {
         Some(p2p::multiaddr::Protocol::P2p(_)) => Ok(addr),
         _ => Err("must end in /p2p/<peer id> (the LISTEN line a node prints gives it)".into()),
     }
+}
+
+/// Parses a compute device.
+fn parse_device(s: &str) -> Result<training::Device, String> {
+    training::parse_device(s).map_err(|e| e.to_string())
 }
 
 /// Parses a positive number of seconds.

@@ -244,3 +244,11 @@ where
         tokio::time::sleep(every).await;
     }
 }
+
+/// The peer id at the end of a `/p2p/<peer id>` multiaddr (empty when there is none).
+pub fn peer_of(addr: &str) -> String {
+    match addr.rsplit_once("/p2p/") {
+        Some((_, peer)) => peer.to_string(),
+        None => String::new(),
+    }
+}

@@ -9,9 +9,11 @@ mod http;
 mod identity;
 pub mod launcher;
 pub mod merge;
+mod merger;
 mod metrics;
 mod node;
 mod orchestration;
+mod pipeline;
 mod status;
 mod swarm;
 
@@ -37,6 +39,9 @@ pub fn main_entry() -> std::process::ExitCode {
             None => node::run(cli.node).await,
             Some(cli::Command::Keygen(args)) => keygen(&args),
             Some(cli::Command::LocalSwarm(args)) => swarm::run(args).await,
+            Some(cli::Command::TrainLocal(args)) => {
+                tokio::task::spawn_blocking(move || train_local(&args)).await?
+            }
         }
     });
     match result {
@@ -55,6 +60,37 @@ fn keygen(args: &cli::KeygenArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs the single-process reference trainer, printing progress and the `RESULT` line.
+fn train_local(args: &cli::TrainLocalArgs) -> anyhow::Result<()> {
+    let cfg = training::LocalConfig {
+        preset: args.preset,
+        steps: args.steps as usize,
+        stages: args.stages as usize,
+        bottleneck: args.bottleneck,
+        wire: args.wire,
+        seed: args.seed,
+        threads: args.threads as usize,
+        batch: args.batch as usize,
+        seq_len: args.seq_len as usize,
+        lr: args.lr,
+        eval_interval: args.eval_interval,
+        device: args.device,
+        ..training::LocalConfig::default()
+    };
+    let report = training::local::run(&cfg, |p| {
+        println!(
+            "step {:>6}/{}  train loss {}  held-out loss {:.4}  {:.0} tokens/s",
+            p.step,
+            p.steps,
+            p.train_loss.map_or("-".to_string(), |l| format!("{l:.4}")),
+            p.val_loss,
+            p.tokens_per_s
+        );
+    })?;
+    println!("{}", report.result_line());
+    Ok(())
+}
+
 /// Logs to stderr; `RUST_LOG` filters (default `info`).
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -62,5 +98,6 @@ fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }

@@ -2,6 +2,10 @@
 //!
 //! One struct, registered once and passed around; no globals.
 
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
@@ -30,5 +34,98 @@ impl NodeMetrics {
             m.is_orchestrator.clone(),
         );
         m
+    }
+}
+
+/// Labels of `iota_wire_bytes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct WireLabels {
+    direction: &'static str,
+    kind: &'static str,
+}
+
+/// Metrics of the training pipeline.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PipelineMetrics {
+    /// `iota_samples_forward_total`: forward passes this miner ran on training samples.
+    pub(crate) samples_forward: Counter,
+    /// `iota_samples_backward_total`: backward passes this miner completed.
+    pub(crate) samples_backward: Counter,
+    /// `iota_samples_dropped_total`: samples this miner gave up after every retry failed.
+    pub(crate) samples_dropped: Counter,
+    /// `iota_train_loss`: the latest training loss this miner saw.
+    pub(crate) train_loss: Gauge<f64, AtomicU64>,
+    /// `iota_val_loss`: the latest held-out loss this node saw.
+    pub(crate) val_loss: Gauge<f64, AtomicU64>,
+    /// `iota_wire_bytes_total{direction,kind}`: pipeline bytes on the wire; direction is
+    /// `sent` or `received`, kind `activation` or `gradient`.
+    wire_bytes: Family<WireLabels, Counter>,
+}
+
+impl PipelineMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub(crate) fn new(registry: &mut Registry) -> Self {
+        let m = PipelineMetrics::default();
+        registry.register(
+            "iota_samples_forward",
+            "Forward passes on training samples",
+            m.samples_forward.clone(),
+        );
+        registry.register(
+            "iota_samples_backward",
+            "Backward passes completed",
+            m.samples_backward.clone(),
+        );
+        registry.register(
+            "iota_samples_dropped",
+            "Samples dropped after every retry failed",
+            m.samples_dropped.clone(),
+        );
+        registry.register(
+            "iota_train_loss",
+            "Latest training loss seen (nats per byte)",
+            m.train_loss.clone(),
+        );
+        registry.register(
+            "iota_val_loss",
+            "Latest held-out loss seen (nats per byte)",
+            m.val_loss.clone(),
+        );
+        registry.register(
+            "iota_wire_bytes",
+            "Pipeline bytes on the wire",
+            m.wire_bytes.clone(),
+        );
+        m
+    }
+
+    /// Counts `bytes` sent of `kind`.
+    pub(crate) fn wire_sent(&self, kind: &'static str, bytes: usize) {
+        self.wire_bytes
+            .get_or_create(&WireLabels {
+                direction: "sent",
+                kind,
+            })
+            .inc_by(bytes as u64);
+    }
+
+    /// Counts `bytes` received of `kind`.
+    pub(crate) fn wire_received(&self, kind: &'static str, bytes: usize) {
+        self.wire_bytes
+            .get_or_create(&WireLabels {
+                direction: "received",
+                kind,
+            })
+            .inc_by(bytes as u64);
+    }
+
+    /// Activation bytes sent so far.
+    pub(crate) fn wire_bytes_sent(&self) -> u64 {
+        self.wire_bytes
+            .get_or_create(&WireLabels {
+                direction: "sent",
+                kind: "activation",
+            })
+            .get()
     }
 }

@@ -18,7 +18,12 @@ use tokio::time::Instant;
 use crate::cli::{Fault, NodeArgs};
 use crate::metrics::NodeMetrics;
 use crate::orchestration::{HeartbeatRejected, Orchestration, PlanOutcome};
+use crate::pipeline::messages::{PipelineGossip, Service};
+use crate::pipeline::{Miner, MinerConfig, RunStats};
 use crate::status::{NodeView, StatusSource};
+
+/// Samples each head keeps in flight.
+const HEAD_WINDOW: usize = 1;
 
 /// How often the election is ticked.
 const TICK: Duration = Duration::from_millis(250);
@@ -31,6 +36,11 @@ pub(crate) fn heartbeat_topic(run: &str) -> String {
 /// The gossip topic that carries epoch plans of a run.
 pub(crate) fn plan_topic(run: &str) -> String {
     format!("iota/{run}/plan/1")
+}
+
+/// The gossip topic that carries loss records, held-out losses and merge hashes of a run.
+pub(crate) fn pipeline_topic(run: &str) -> String {
+    format!("iota/{run}/pipeline/1")
 }
 
 /// Loads `--run` (or the built-in defaults).
@@ -97,6 +107,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     }
     let heartbeat_topic = heartbeat_topic(&run_config.run_name);
     let plan_topic = plan_topic(&run_config.run_name);
+    let pipeline_topic = pipeline_topic(&run_config.run_name);
     let bootstrap_peers: BTreeSet<PeerId> = args
         .bootstrap
         .iter()
@@ -109,10 +120,15 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let p2p_metrics = p2p::Metrics::new(&mut registry);
     let node_metrics = NodeMetrics::new(&mut registry);
+    let pipeline_metrics = crate::metrics::PipelineMetrics::new(&mut registry);
     let config = p2p::Config {
         listen: args.listen.clone(),
         bootstrap: args.bootstrap.clone(),
-        topics: vec![heartbeat_topic.clone(), plan_topic.clone()],
+        topics: vec![
+            heartbeat_topic.clone(),
+            plan_topic.clone(),
+            pipeline_topic.clone(),
+        ],
         ..p2p::Config::default()
     };
     let (client, mut events, event_loop) =
@@ -125,6 +141,23 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         args.data_dir.as_deref(),
     );
     tracing::info!(peer = %local_peer_id, ?role, run = %run_config.run_name, run_hash = %orchestration.run_hash(), "node started");
+    let merger = crate::merger::NetMerger::new(client.clone(), &run_config, &mut registry);
+    let miner = match role {
+        Role::Miner => Some(Miner::new(
+            local_peer_id.to_string(),
+            client.clone(),
+            MinerConfig {
+                run: run_config.clone(),
+                data_dir: args.data_dir.clone(),
+                device: args.device,
+                head_window: HEAD_WINDOW,
+            },
+            pipeline_metrics.clone(),
+            merger.clone(),
+        )?),
+        Role::Validator => None,
+    };
+    let mut stats = RunStats::default();
 
     let view = Arc::new(Mutex::new(NodeView::default()));
     let status = StatusSource {
@@ -186,9 +219,28 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 });
             }
             _ = tick.tick() => {
-                if let Some(plan) = orchestration.tick(started.elapsed()) {
+                let now = Instant::now().into_std();
+                let live_now: BTreeSet<String> = live
+                    .live(now)
+                    .iter()
+                    .map(|(peer, _)| peer.to_string())
+                    .chain(std::iter::once(local_peer_id.to_string()))
+                    .collect();
+                let complete = orchestration.current().is_some_and(|plan| {
+                    let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
+                    stats.epoch_done(plan.epoch, &heads, &live_now)
+                });
+                if let Some(miner) = &miner {
+                    miner.set_live(live_now.iter().cloned().collect());
+                    miner.flush_losses(&pipeline_topic).await;
+                }
+                let previous = orchestration.current().cloned();
+                if let Some(plan) = orchestration.tick(started.elapsed(), std::time::SystemTime::now(), complete) {
                     if let Err(error) = client.publish(&plan_topic, plan).await {
                         tracing::warn!(%error, "plan not published");
+                    }
+                    if let (Some(previous), Some(current)) = (&previous, orchestration.current()) {
+                        merger.audit(previous, current);
                     }
                 }
                 let orchestrator = orchestration.orchestrator().map(|p| p.to_string());
@@ -201,7 +253,11 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                     .unwrap_or_default();
                 node_metrics.epoch.set(epoch.map_or(-1, |e| i64::try_from(e).unwrap_or(i64::MAX)));
                 node_metrics.is_orchestrator.set(i64::from(is_orchestrator));
+                let miner_status = miner.as_ref().map(Miner::status).unwrap_or_default();
+                let epochs = stats.epochs();
                 update_view(&view, |v| {
+                    v.miner = miner_status;
+                    v.epochs = epochs;
                     v.orchestrator = orchestrator;
                     v.is_orchestrator = is_orchestrator;
                     v.epoch = epoch;
@@ -253,16 +309,61 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                     }
                     Event::Gossip { author, topic, data } if topic == plan_topic => {
                         let Some(author_str) = peer_str(&author) else { continue };
+                        let previous = orchestration.current().cloned();
                         match orchestration.on_plan(&author_str, &data, started.elapsed()) {
                             PlanOutcome::Accepted => {
                                 tracing::info!(epoch = ?orchestration.epoch(), stage = ?orchestration.stage(), "epoch plan accepted");
+                                if role == Role::Validator {
+                                    if let (Some(previous), Some(current)) = (&previous, orchestration.current()) {
+                                        merger.audit(previous, current);
+                                    }
+                                }
+                                if let (Some(miner), Some(plan)) = (&miner, orchestration.current()) {
+                                    miner.on_plan(plan.clone()).await;
+                                }
                             }
                             PlanOutcome::Rejected(reason) => p2p_metrics.reject(reason),
                         }
                     }
-                    Event::Request { peer, id, .. } => {
-                        tracing::debug!(%peer, "request for a protocol this node does not serve yet");
-                        let _ = client.respond(id, Vec::new()).await;
+                    Event::Gossip { author, topic, data } if topic == pipeline_topic => {
+                        match PipelineGossip::from_bytes(&data) {
+                            Some(message) => {
+                                stats.observe(&author.to_string(), &message, started.elapsed());
+                                if let PipelineGossip::ValLoss { loss, .. } = &message {
+                                    pipeline_metrics.val_loss.set(f64::from(*loss));
+                                }
+                                if let Some(miner) = &miner {
+                                    miner.on_gossip(&message);
+                                }
+                            }
+                            None => p2p_metrics.reject("malformed_pipeline"),
+                        }
+                    }
+                    Event::Gossip { author, topic, data } => {
+                        if !merger.on_gossip(author, &topic, &data) {
+                            tracing::debug!(%topic, "gossip on a topic this node does not follow");
+                        }
+                    }
+                    Event::Request { peer, id, data } => {
+                        let client = client.clone();
+                        match (Service::of(&data), &miner) {
+                            (Some(service), Some(miner)) => {
+                                let miner = miner.clone();
+                                tokio::spawn(async move {
+                                    let reply = miner.on_request(service, data).await;
+                                    let _ = client.respond(id, reply).await;
+                                });
+                            }
+                            _ => {
+                                let merger = merger.clone();
+                                tokio::spawn(async move {
+                                    let reply = merger
+                                        .on_request(peer, &data)
+                                        .unwrap_or_else(|| crate::merge::rpc::fallback_response(&data));
+                                    let _ = client.respond(id, reply).await;
+                                });
+                            }
+                        }
                     }
                     _ => {}
                 }

@@ -24,6 +24,9 @@ use p2p::{Heartbeat, Role};
 /// are in when it assigns stages.
 const FIRST_PLAN_DELAY: Duration = Duration::from_secs(3);
 
+/// Shortest epoch, so that a quick epoch still leaves every node time to take its plan in.
+const MIN_EPOCH: Duration = Duration::from_secs(1);
+
 /// Why a heartbeat was not taken into account.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum HeartbeatRejected {
@@ -173,8 +176,18 @@ impl Orchestration {
     }
 
     /// Advances the election; returns the encoded plan to publish when this node is the
-    /// orchestrator and an epoch is due.
-    pub(crate) fn tick(&mut self, now: Duration) -> Option<Vec<u8>> {
+    /// orchestrator and an epoch is due: when it has just taken over, when the epoch in force
+    /// is complete (`epoch_complete`, judged by the caller from the heads' reports), or when
+    /// the epoch timeout has passed.
+    ///
+    /// `wall` is the wall-clock time, written into the plan as the start of the merge that
+    /// closes the previous epoch (every member derives its deadlines from it).
+    pub(crate) fn tick(
+        &mut self,
+        now: Duration,
+        wall: std::time::SystemTime,
+        epoch_complete: bool,
+    ) -> Option<Vec<u8>> {
         if self.role == Role::Validator {
             let me = self.me.clone();
             self.validators.heard(&me, now);
@@ -190,10 +203,11 @@ impl Orchestration {
         if !mine || now < FIRST_PLAN_DELAY {
             return None;
         }
+        let since = self.published_at.map(|at| now.saturating_sub(at));
         let due = took_over
-            || self
-                .published_at
-                .is_none_or(|at| now.saturating_sub(at) >= self.run.epoch_timeout());
+            || since.is_none_or(|since| {
+                since >= self.run.epoch_timeout() || (epoch_complete && since >= MIN_EPOCH)
+            });
         if !due {
             return None;
         }
@@ -205,7 +219,7 @@ impl Orchestration {
             .map(|(peer, _)| peer.clone())
             .collect();
         let last_seen = tracker.last_accepted_epoch();
-        let plan = match next_plan(
+        let mut plan = match next_plan(
             &self.run,
             &self.me,
             self.current.as_ref(),
@@ -218,6 +232,7 @@ impl Orchestration {
                 return None;
             }
         };
+        plan.merge = Some(crate::merger::merge_field(wall));
         if let Err(rejected) = tracker.accept_plan(&self.me, &plan, now) {
             tracing::warn!(reason = rejected.reason(), "own plan not accepted");
             return None;
@@ -374,7 +389,7 @@ mod tests {
                 }
             }
             for i in 0..nodes.len() {
-                if let Some(bytes) = nodes[i].tick(now) {
+                if let Some(bytes) = nodes[i].tick(now, std::time::SystemTime::now(), false) {
                     published.push((i, bytes.clone()));
                     for (j, other) in nodes.iter_mut().enumerate() {
                         if j != i {
@@ -407,7 +422,7 @@ mod tests {
         nodes[1]
             .on_heartbeat(&ids[0], &beat(&ids[0], Role::Validator, 1, &hash), now)
             .unwrap();
-        let _ = nodes[1].tick(now);
+        let _ = nodes[1].tick(now, std::time::SystemTime::now(), false);
         let miner = peer(10);
         let forged = next_plan(&run, &miner, None, None, &BTreeSet::from([miner.clone()]))
             .unwrap()

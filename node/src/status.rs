@@ -26,6 +26,10 @@ pub(crate) struct NodeView {
     pub(crate) stage: Option<u32>,
     /// Miners per stage in the plan in force.
     pub(crate) stage_sizes: Vec<usize>,
+    /// The miner's counters (defaults on a validator).
+    pub(crate) miner: crate::pipeline::MinerStatus,
+    /// What the run did, epoch by epoch, as heard over gossip.
+    pub(crate) epochs: Vec<crate::pipeline::EpochStats>,
 }
 
 /// JSON body of `GET /status`.
@@ -44,6 +48,11 @@ pub(crate) struct Status {
     pub(crate) epoch: Option<u64>,
     pub(crate) stage: Option<u32>,
     pub(crate) stage_sizes: Vec<usize>,
+    pub(crate) samples_processed: u64,
+    pub(crate) train_loss: Option<f32>,
+    pub(crate) weights_hash: Option<String>,
+    pub(crate) merged_epoch: Option<u64>,
+    pub(crate) epochs: Vec<crate::pipeline::EpochStats>,
 }
 
 /// Builds [`Status`] snapshots from the network client and the shared [`NodeView`].
@@ -84,6 +93,11 @@ impl StatusSource {
             epoch: view.epoch,
             stage: view.stage,
             stage_sizes: view.stage_sizes,
+            samples_processed: view.miner.samples_processed,
+            train_loss: view.miner.train_loss,
+            weights_hash: view.miner.weights_hash,
+            merged_epoch: view.miner.merged_epoch,
+            epochs: view.epochs,
         })
     }
 }

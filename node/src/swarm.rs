@@ -1,48 +1,74 @@
-//! `iota-p2p local-swarm`: a whole network on this machine, started with one command.
+//! `iota-p2p local-swarm`: a whole training run on this machine, started with one command.
 //!
-//! Starts the validators and miners as separate processes of this same binary on 127.0.0.1,
-//! each bootstrapping only from the first, shows them discover each other through Kademlia and
-//! hear each other's heartbeats over gossip, then stops every process it started — also on
-//! Ctrl-C or SIGTERM.
+//! Creates an identity per node, a stake snapshot (the validators hold stake and permits) and
+//! a run configuration, starts the validators and miners as separate processes of this same
+//! binary on 127.0.0.1 (each bootstrapping only from the first), follows the run through the
+//! first validator's `/status`, prints a line per epoch, writes a report (Markdown and an SVG
+//! loss curve) into `--out`, and stops every process it started — also on Ctrl-C or SIGTERM.
 
-use std::path::PathBuf;
+mod report;
+
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
+use bootstrap::{LocalNeuron, Metagraph, ModelPreset, PeerIdStr, RunConfig, RAO_PER_TAO};
 use tokio::time::Instant;
 
 use crate::cli::LocalSwarmArgs;
 use crate::launcher::{wait_for, NodeProcess, NodeSpec};
 
 /// How long a node gets to print its addresses.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a node gets to stop after SIGTERM.
-const STOP_GRACE: Duration = Duration::from_secs(10);
+const STOP_GRACE: Duration = Duration::from_secs(15);
+
+/// One epoch as the run reported it.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(crate) struct EpochRow {
+    pub(crate) epoch: u64,
+    pub(crate) samples: u64,
+    pub(crate) tokens: u64,
+    pub(crate) train_loss: Option<f64>,
+    pub(crate) val_loss: Option<f32>,
+    pub(crate) dropped: u64,
+    pub(crate) first_record_s: Option<f64>,
+    pub(crate) last_record_s: Option<f64>,
+    #[serde(default)]
+    pub(crate) merged: std::collections::BTreeMap<u32, std::collections::BTreeMap<String, String>>,
+    #[serde(default)]
+    pub(crate) wire_bytes: std::collections::BTreeMap<String, u64>,
+    #[serde(default)]
+    pub(crate) samples_by_miner: std::collections::BTreeMap<String, u64>,
+}
 
 /// Runs the local swarm to completion.
 pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
-    let out = match &args.out {
-        Some(dir) => dir.clone(),
-        None => std::env::temp_dir().join(format!("iota-local-swarm-{}", std::process::id())),
-    };
+    let out = args.out.clone();
+    if out.exists() {
+        std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
+    }
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let binary = std::env::current_exe().context("locating this binary")?;
-    let total = args.validators + args.miners;
     println!(
-        "local-swarm: {} validator(s) + {} miner(s) on 127.0.0.1, data and logs in {}",
+        "local-swarm: {} validator(s) + {} miner(s), {} stages of the {} model, {} epochs; data, logs and report in {}",
         args.validators,
         args.miners,
+        args.stages,
+        args.preset,
+        args.epochs,
         out.display()
     );
 
     let mut nodes: Vec<NodeProcess> = Vec::new();
     let outcome = tokio::select! {
-        result = drive(&args, &binary, &out, total, &mut nodes) => result,
+        result = drive(&args, &binary, &out, &mut nodes) => result,
         _ = crate::node::shutdown_signal() => {
             println!("local-swarm: interrupted, stopping the nodes");
             Err(anyhow::anyhow!("interrupted"))
         }
     };
+    let total = nodes.len();
     let mut stop_errors = 0;
     for node in nodes {
         let name = node.name.clone();
@@ -60,23 +86,59 @@ pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the nodes (pushing each into `nodes` so the caller can stop them whatever happens)
-/// and waits for full discovery.
+/// Writes the run's files, starts the nodes (pushing each into `nodes` so the caller can stop
+/// them whatever happens) and follows the run to its last epoch.
 async fn drive(
     args: &LocalSwarmArgs,
-    binary: &std::path::Path,
-    out: &std::path::Path,
-    total: u32,
+    binary: &Path,
+    out: &Path,
     nodes: &mut Vec<NodeProcess>,
 ) -> anyhow::Result<()> {
+    let names: Vec<String> = (0..args.validators)
+        .map(|i| format!("validator-{i}"))
+        .chain((0..args.miners).map(|i| format!("miner-{i}")))
+        .collect();
+    let mut neurons = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let keypair = crate::identity::load_or_create(&out.join(name))?;
+        let validator = (i as u32) < args.validators;
+        neurons.push(LocalNeuron {
+            peer_id: PeerIdStr::parse(&keypair.public().to_peer_id().to_string())?,
+            // Validators get decreasing stake: 100, 50, 33, … TAO.
+            stake: if validator {
+                100 * RAO_PER_TAO / (i as u64 + 1)
+            } else {
+                0
+            },
+            validator_permit: validator,
+        });
+    }
+    let metagraph = Metagraph::for_local_run(neurons)?;
+    let metagraph_path = out.join("metagraph.json");
+    std::fs::write(&metagraph_path, metagraph.to_json())?;
+    let run = RunConfig {
+        run_name: "local-swarm".into(),
+        preset: parse_preset(&args.preset)?,
+        stages: args.stages,
+        epoch_samples: args.samples_per_epoch,
+        ..RunConfig::default()
+    };
+    run.validate()?;
+    let run_path = out.join("run.toml");
+    std::fs::write(&run_path, run.to_toml_string()?)?;
+
     let started = Instant::now();
     let mut bootstrap = None::<String>;
-    for i in 0..total {
-        let validator = i < args.validators;
-        let name = format!("{}-{i}", if validator { "validator" } else { "miner" });
-        let data_dir: PathBuf = out.join(&name);
-        let mut node_args = vec!["--data-dir".to_string(), data_dir.display().to_string()];
-        if validator {
+    for (i, name) in names.iter().enumerate() {
+        let mut node_args = vec![
+            "--data-dir".to_string(),
+            out.join(name).display().to_string(),
+            "--metagraph".into(),
+            metagraph_path.display().to_string(),
+            "--run".into(),
+            run_path.display().to_string(),
+        ];
+        if (i as u32) < args.validators {
             node_args.push("--validator".into());
         }
         if let Some(addr) = &bootstrap {
@@ -94,46 +156,57 @@ async fn drive(
         }
         nodes.push(node);
     }
+    let watcher = nodes
+        .first()
+        .context("local-swarm needs at least one node")?;
 
-    let others = total.saturating_sub(1) as usize;
-    let last_print = std::cell::Cell::new(Instant::now());
-    let elapsed = wait_for(
-        "every node sees every other",
+    // Follow the run: one line per finished epoch, until the held-out loss after the last
+    // epoch is known.
+    let printed = std::cell::Cell::new(0u64);
+    let rows = std::cell::RefCell::new(Vec::<EpochRow>::new());
+    let epochs = u64::from(args.epochs);
+    wait_for(
+        "the run to finish its epochs",
         Duration::from_secs(args.timeout_secs),
-        Duration::from_millis(500),
+        Duration::from_secs(1),
         || async {
-            let mut min_routing = usize::MAX;
-            let mut min_live = usize::MAX;
-            for node in nodes.iter() {
-                let status = node.status().await?;
-                min_routing = min_routing.min(count(&status, "routing_table"));
-                min_live = min_live.min(count(&status, "live_peers"));
+            let status = watcher.status().await?;
+            let got: Vec<EpochRow> = serde_json::from_value(status["epochs"].clone())?;
+            for row in &got {
+                // An epoch is reported once the next one's start has been evaluated.
+                let next_val = got
+                    .iter()
+                    .find(|r| r.epoch == row.epoch + 1)
+                    .and_then(|r| r.val_loss);
+                if row.epoch == printed.get() && row.epoch < epochs {
+                    if let Some(val) = next_val {
+                        println!("{}", report::progress_line(row, val));
+                        printed.set(row.epoch + 1);
+                    }
+                }
             }
-            let progress = format!(
-                "fewest peers in a routing table {min_routing}/{others}, fewest live peers heard {min_live}/{others}"
-            );
-            if last_print.get().elapsed() >= Duration::from_secs(1) {
-                println!("  t={:>5.1}s  {progress}", started.elapsed().as_secs_f64());
-                last_print.set(Instant::now());
-            }
-            Ok((min_routing >= others && min_live >= others, progress))
+            let done = got
+                .iter()
+                .any(|r| r.epoch == epochs && r.val_loss.is_some());
+            *rows.borrow_mut() = got;
+            Ok((
+                done,
+                format!("{} of {epochs} epochs reported", printed.get()),
+            ))
         },
     )
     .await?;
-    println!(
-        "local-swarm: all {total} nodes found each other through Kademlia and hear each other's heartbeats"
-    );
-    println!(
-        "RESULT local-swarm nodes={total} discovered_in_s={:.1}",
-        elapsed.as_secs_f64()
-    );
+    let rows = rows.into_inner();
+    let summary = report::Summary::new(&rows, epochs, &run, started.elapsed())?;
+    report::write(out, &rows, &summary, &run, nodes)?;
+    println!("local-swarm: report in {}", out.join("report.md").display());
+    println!("{}", summary.result_line());
     Ok(())
 }
 
-/// Length of a JSON array field of a status, 0 when absent.
-fn count(status: &serde_json::Value, field: &str) -> usize {
-    status
-        .get(field)
-        .and_then(serde_json::Value::as_array)
-        .map_or(0, Vec::len)
+fn parse_preset(name: &str) -> anyhow::Result<ModelPreset> {
+    let text = format!("preset = \"{name}\"");
+    Ok(RunConfig::from_toml_str(&text)
+        .with_context(|| format!("--preset {name}: expected tiny, small, base or large"))?
+        .preset)
 }

@@ -89,3 +89,46 @@ pub fn strings(status: &serde_json::Value, field: &str) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// Creates the identity of node `name` under `dir` through `iota-p2p keygen` and returns its
+/// peer id.
+pub fn keygen(dir: &Path, name: &str) -> String {
+    let output = std::process::Command::new(binary())
+        .args(["keygen", "--data-dir"])
+        .arg(dir.join(name))
+        .output()
+        .expect("keygen runs");
+    assert!(output.status.success(), "keygen failed: {output:?}");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Writes a metagraph giving each `(peer id, TAO, permit)` its stake, and `run` as TOML, under
+/// `dir`; returns the flags every node of the run is started with.
+pub fn run_files(
+    dir: &Path,
+    neurons: &[(String, u64, bool)],
+    run: &bootstrap::RunConfig,
+) -> Vec<String> {
+    let metagraph = bootstrap::Metagraph::for_local_run(neurons.iter().map(|(id, tao, permit)| {
+        bootstrap::LocalNeuron {
+            peer_id: bootstrap::PeerIdStr::parse(id).expect("keygen gives peer ids"),
+            stake: tao * bootstrap::RAO_PER_TAO,
+            validator_permit: *permit,
+        }
+    }))
+    .expect("a valid metagraph");
+    let metagraph_path = dir.join("metagraph.json");
+    std::fs::write(&metagraph_path, metagraph.to_json()).expect("writable");
+    let run_path = dir.join(format!("run-{}.toml", &run.hash().to_hex()[..8]));
+    std::fs::write(&run_path, run.to_toml_string().expect("encodable")).expect("writable");
+    vec![
+        "--metagraph".into(),
+        metagraph_path.display().to_string(),
+        "--run".into(),
+        run_path.display().to_string(),
+    ]
+}

@@ -114,6 +114,11 @@ impl StageLayout {
         })
     }
 
+    /// Number of scalar parameters the stage holds (the length of its flat weight vector).
+    pub fn num_params(&self, cfg: &ModelConfig) -> usize {
+        param_specs(cfg, self).iter().map(ParamSpec::numel).sum()
+    }
+
     /// Holds the embedding and takes tokens.
     pub fn is_head(&self) -> bool {
         self.index == 0

@@ -1,0 +1,539 @@
+//! The miner: one pipeline stage of the model, trained together with the other miners.
+//!
+//! Following each accepted [`EpochPlan`]:
+//! * at the epoch boundary the replicas of the stage that just ended merge their weights with
+//!   the butterfly all-reduce, checkpoint to sled, and gossip the merged hash;
+//! * the miner then (re)builds its stage when the plan moves it: from its own checkpoint of the
+//!   run, else from a live replica (checked against the gossiped merge hash), else from the
+//!   run seed;
+//! * head miners draw samples from (epoch seed, head index, counter) and send activations to a
+//!   miner of the next stage; each hop picks among the live replicas, weighted by measured
+//!   throughput, and retries on another replica when a hop fails. The request's response
+//!   carries the gradient back, so the gradient retraces the sample's pathway;
+//! * the tail computes the loss, gossips [`LossRecord`]s in small batches and returns the
+//!   gradient; every stage steps its AdamW every `inner_steps` backward passes.
+//!
+//! In-flight samples are bounded by a semaphore per miner (a full miner answers "busy" and the
+//! sender tries another replica); a sample whose hop fails everywhere is dropped and its cached
+//! graph freed. Tensor work happens on the stage's compute thread ([`StageHandle`]); this
+//! module only moves bytes and decides.
+
+mod head;
+mod hop;
+pub(crate) mod messages;
+mod stats;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bootstrap::{EpochPlan, RunConfig};
+use training::checkpoint::CheckpointKey;
+use training::worker::{StageInput, WorkerConfig};
+use training::{CheckpointStore, Corpus, StageConfig, StageHandle};
+
+use crate::metrics::PipelineMetrics;
+use messages::{
+    EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, PipelineGossip, Service,
+    WeightsReply, WeightsRequest,
+};
+pub(crate) use stats::{EpochStats, RunStats};
+
+/// How long one hop (and everything after it) may take before the sender gives up.
+const HOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most samples this miner works on at once, all stages of its pathways included.
+const MAX_IN_FLIGHT: usize = 16;
+/// Loss records per gossip message.
+const LOSS_BATCH: usize = 16;
+/// Held-out batches evaluated at the start of each epoch.
+const VAL_BATCHES: usize = 16;
+
+/// Settings of the miner, fixed for the node's life.
+#[derive(Clone, Debug)]
+pub(crate) struct MinerConfig {
+    /// The run.
+    pub(crate) run: RunConfig,
+    /// Where checkpoints live.
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Compute device of the stage.
+    pub(crate) device: training::Device,
+    /// Samples each head keeps in flight.
+    pub(crate) head_window: usize,
+}
+
+/// The part of a miner the request handlers and tasks share.
+pub(crate) struct Shared {
+    me: String,
+    peer: bootstrap::PeerIdStr,
+    client: p2p::Client,
+    cfg: MinerConfig,
+    run_id: u64,
+    corpus: Arc<Corpus>,
+    metrics: PipelineMetrics,
+    state: Mutex<State>,
+    throughput: Mutex<HashMap<String, hop::Throughput>>,
+    permits: Arc<tokio::sync::Semaphore>,
+    losses: Mutex<Vec<(u64, LossRecord)>>,
+    backward_done: AtomicU64,
+    samples_processed: AtomicU64,
+    epoch_processed: AtomicU64,
+    store: Option<CheckpointStore>,
+    live: Mutex<Vec<String>>,
+    merger: Arc<dyn StageMerger>,
+    val: Vec<training::Batch>,
+}
+
+/// Averages the replicas of a stage at an epoch boundary (the butterfly all-reduce over the
+/// network in the node; anything with the same contract in tests).
+pub(crate) trait StageMerger: Send + Sync + 'static {
+    /// Merges `weights` of this replica of `stage` with the other `members` (sorted peer ids,
+    /// this node included) for the merge that closes `epoch`; returns the merged weights.
+    fn merge(
+        &self,
+        request: MergeRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<Vec<f32>>> + Send + '_>>;
+}
+
+/// What a [`StageMerger`] is asked to merge.
+#[derive(Debug, Clone)]
+pub(crate) struct MergeRequest {
+    /// Epoch the merge closes.
+    pub(crate) epoch: u64,
+    /// Stage merged.
+    pub(crate) stage: u32,
+    /// The epoch's seed (it draws the butterfly partners).
+    pub(crate) seed: u64,
+    /// The stage's replicas in the epoch's plan, sorted.
+    pub(crate) members: Vec<String>,
+    /// This replica's weights.
+    pub(crate) weights: Vec<f32>,
+    /// Samples this replica processed in the epoch (its weight in the average).
+    pub(crate) samples: u64,
+    /// Wall-clock start of the merge (the same on every member).
+    pub(crate) start: std::time::SystemTime,
+}
+
+/// The miner's current stage and plan.
+#[derive(Default)]
+struct State {
+    plan: Option<EpochPlan>,
+    stage: Option<u32>,
+    worker: Option<StageHandle>,
+    merged_epoch: Option<u64>,
+    weights_hash: Option<String>,
+    /// Latest merge hash gossiped per stage: (epoch, hash).
+    merge_hashes: BTreeMap<u32, (u64, String)>,
+    train_loss: Option<f32>,
+}
+
+/// A snapshot for `/status`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub(crate) struct MinerStatus {
+    pub(crate) samples_processed: u64,
+    pub(crate) train_loss: Option<f32>,
+    pub(crate) weights_hash: Option<String>,
+    pub(crate) merged_epoch: Option<u64>,
+}
+
+/// A miner.
+#[derive(Clone)]
+pub(crate) struct Miner {
+    shared: Arc<Shared>,
+    transition: Arc<tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Miner {
+    /// Sets up a miner (no stage yet: that comes with the first plan).
+    pub(crate) fn new(
+        me: String,
+        client: p2p::Client,
+        cfg: MinerConfig,
+        metrics: PipelineMetrics,
+        merger: Arc<dyn StageMerger>,
+    ) -> anyhow::Result<Miner> {
+        let corpus = Arc::new(Corpus::shakespeare()?);
+        let val = corpus.val_batches(
+            cfg.run.batch_size as usize,
+            cfg.run.seq_len as usize,
+            VAL_BATCHES,
+        )?;
+        let run_hash = cfg.run.hash();
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&run_hash.as_bytes()[..8]);
+        let store = match &cfg.data_dir {
+            Some(dir) => Some(CheckpointStore::open(&dir.join("checkpoints"))?),
+            None => None,
+        };
+        let peer = bootstrap::PeerIdStr::parse(&me)?;
+        Ok(Miner {
+            shared: Arc::new(Shared {
+                me,
+                peer,
+                client,
+                cfg,
+                run_id: u64::from_le_bytes(id),
+                corpus,
+                metrics,
+                state: Mutex::new(State::default()),
+                throughput: Mutex::new(HashMap::new()),
+                permits: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+                losses: Mutex::new(Vec::new()),
+                backward_done: AtomicU64::new(0),
+                samples_processed: AtomicU64::new(0),
+                epoch_processed: AtomicU64::new(0),
+                store,
+                live: Mutex::new(Vec::new()),
+                merger,
+                val,
+            }),
+            transition: Arc::new(tokio::sync::Mutex::new(None)),
+        })
+    }
+
+    /// Tells the miner which peers are live (from heartbeats).
+    pub(crate) fn set_live(&self, live: Vec<String>) {
+        *lock(&self.shared.live) = live;
+    }
+
+    /// Status for `/status`.
+    pub(crate) fn status(&self) -> MinerStatus {
+        let state = lock(&self.shared.state);
+        MinerStatus {
+            samples_processed: self.shared.samples_processed.load(Ordering::Relaxed),
+            train_loss: state.train_loss,
+            weights_hash: state.weights_hash.clone(),
+            merged_epoch: state.merged_epoch,
+        }
+    }
+
+    /// Starts the transition into a newly accepted plan: merge of the epoch that ended,
+    /// checkpoint, stage (re)build, then training of the new epoch.
+    pub(crate) async fn on_plan(&self, plan: EpochPlan) {
+        let mut running = self.transition.lock().await;
+        if let Some(previous) = running.take() {
+            // Stop the previous epoch's head loop; its in-flight samples finish on their own.
+            previous.abort();
+        }
+        let shared = self.shared.clone();
+        *running = Some(tokio::spawn(async move {
+            if let Err(error) = enter_epoch(&shared, plan).await {
+                tracing::warn!(error = %format!("{error:#}"), "epoch transition failed");
+            }
+        }));
+    }
+
+    /// Records what other miners gossip.
+    pub(crate) fn on_gossip(&self, message: &PipelineGossip) {
+        if let PipelineGossip::Merged {
+            epoch, stage, hash, ..
+        } = message
+        {
+            let mut state = lock(&self.shared.state);
+            let newer = state
+                .merge_hashes
+                .get(stage)
+                .is_none_or(|(e, _)| *epoch >= *e);
+            if newer {
+                state.merge_hashes.insert(*stage, (*epoch, hash.clone()));
+            }
+        }
+    }
+
+    /// Publishes buffered loss records.
+    pub(crate) async fn flush_losses(&self, topic: &str) {
+        let batch: Vec<(u64, LossRecord)> = {
+            let mut losses = lock(&self.shared.losses);
+            let n = losses.len().min(LOSS_BATCH);
+            losses.drain(..n).collect()
+        };
+        let Some((epoch, _)) = batch.first() else {
+            return;
+        };
+        let epoch = *epoch;
+        let records: Vec<LossRecord> = batch
+            .into_iter()
+            .filter(|(e, _)| *e == epoch)
+            .map(|(_, r)| r)
+            .collect();
+        let tokens_per_sample =
+            u64::from(self.shared.cfg.run.batch_size * self.shared.cfg.run.seq_len);
+        let message = PipelineGossip::Losses {
+            epoch,
+            tokens_per_sample,
+            records,
+        };
+        if let Some(bytes) = message.to_bytes() {
+            if let Err(error) = self.shared.client.publish(topic, bytes).await {
+                tracing::debug!(%error, "loss records not published");
+            }
+        }
+    }
+
+    /// Answers a pipeline request.
+    pub(crate) async fn on_request(&self, service: Service, body: Vec<u8>) -> Vec<u8> {
+        let shared = &self.shared;
+        match service {
+            Service::Forward => hop::serve_forward(shared, &body).await,
+            Service::Eval => hop::serve_eval(shared, &body).await,
+            Service::Weights => serve_weights(shared, &body).await,
+        }
+    }
+}
+
+/// Locks a std mutex, recovering the data of a poisoned one.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The merge of the epoch that ended, then the new stage and the new epoch's work.
+async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()> {
+    let (previous, worker, old_stage) = {
+        let state = lock(&shared.state);
+        (state.plan.clone(), state.worker.clone(), state.stage)
+    };
+    if let (Some(prev), Some(worker), Some(stage)) = (&previous, &worker, old_stage) {
+        if prev.epoch < plan.epoch && prev.stage_of(&shared.peer) == Some(stage) {
+            let start = crate::merger::merge_start(&plan);
+            merge_and_checkpoint(shared, prev, stage, worker, start).await?;
+        }
+    }
+    let new_stage = plan.stage_of(&shared.peer);
+    {
+        let mut state = lock(&shared.state);
+        state.plan = Some(plan.clone());
+    }
+    let Some(stage) = new_stage else {
+        tracing::info!(epoch = plan.epoch, "no stage for this miner in this epoch");
+        return Ok(());
+    };
+    let worker = match (old_stage, worker) {
+        (Some(old), Some(worker)) if old == stage => worker,
+        _ => build_stage(shared, &plan, stage).await?,
+    };
+    {
+        let mut state = lock(&shared.state);
+        state.stage = Some(stage);
+        state.worker = Some(worker.clone());
+    }
+    // Follow the stage's merge gossip from now on: a member whose commitment is not heard
+    // is left out of the merge.
+    let topic = crate::merge::topic(&shared.cfg.run.run_name, stage);
+    if let Err(error) = shared.client.subscribe(&topic).await {
+        tracing::warn!(%error, "cannot follow the stage's merges");
+    }
+    tracing::info!(epoch = plan.epoch, stage, "training epoch");
+    if stage == 0 {
+        head::run_epoch(shared.clone(), plan, worker).await;
+    }
+    Ok(())
+}
+
+/// Builds stage `stage`: from the newest verified checkpoint, else from a live replica, else
+/// from the run seed.
+async fn build_stage(
+    shared: &Arc<Shared>,
+    plan: &EpochPlan,
+    stage: u32,
+) -> anyhow::Result<StageHandle> {
+    let run = &shared.cfg.run;
+    let preset: training::Preset = run.preset.name().parse()?;
+    let wire: training::WireDtype = run.wire_format.name().parse()?;
+    let mut stage_cfg = StageConfig::new(
+        preset,
+        run.stages as usize,
+        stage as usize,
+        run.bottleneck as usize,
+        run.seed,
+    );
+    stage_cfg.device = shared.cfg.device;
+    stage_cfg.optimizer.lr = plan.lr;
+    stage_cfg.max_in_flight = MAX_IN_FLIGHT * 2;
+    let codec = training::wire::Codec::new(wire);
+    let (handle, _thread) =
+        StageHandle::spawn(WorkerConfig::new(stage_cfg, codec, shared.run_id)).await?;
+
+    if let Some(store) = &shared.store {
+        if let Some((manifest, state)) = store.load_latest(shared.run_id, stage)? {
+            handle.import_state(state).await?;
+            let hash = hex(&handle.weights_hash().await?);
+            tracing::info!(stage, epoch = manifest.epoch, weights_hash = %hash, "resumed from checkpoint");
+            set_weights_hash(shared, Some(manifest.epoch), hash);
+            return Ok(handle);
+        }
+    }
+    if let Some(weights) = fetch_from_replica(shared, plan, stage).await {
+        handle.set_flat_params(weights.1).await?;
+        let hash = hex(&handle.weights_hash().await?);
+        tracing::info!(stage, epoch = ?weights.0, weights_hash = %hash, "weights fetched from a replica");
+        set_weights_hash(shared, weights.0, hash);
+        return Ok(handle);
+    }
+    let hash = hex(&handle.weights_hash().await?);
+    tracing::info!(stage, weights_hash = %hash, "initialised from the run seed");
+    set_weights_hash(shared, None, hash);
+    Ok(handle)
+}
+
+fn set_weights_hash(shared: &Shared, epoch: Option<u64>, hash: String) {
+    let mut state = lock(&shared.state);
+    state.merged_epoch = epoch;
+    state.weights_hash = Some(hash);
+}
+
+/// Asks the live replicas of `stage` for their weights; accepts weights whose hash matches
+/// the latest merge hash gossiped for the stage. `None` when there is no merge yet (everyone
+/// still has the seed's weights) or no replica answers with matching weights.
+async fn fetch_from_replica(
+    shared: &Arc<Shared>,
+    plan: &EpochPlan,
+    stage: u32,
+) -> Option<(Option<u64>, Vec<f32>)> {
+    let expected = lock(&shared.state).merge_hashes.get(&stage).cloned()?;
+    let body = messages::encode(Service::Weights, &WeightsRequest { stage }, &[]).ok()?;
+    for peer in plan.miners_of(stage) {
+        if peer.as_str() == shared.me {
+            continue;
+        }
+        let Ok(peer_id) = peer.as_str().parse::<p2p::PeerId>() else {
+            continue;
+        };
+        let Ok(Ok(reply)) =
+            tokio::time::timeout(HOP_TIMEOUT, shared.client.request(peer_id, body.clone())).await
+        else {
+            continue;
+        };
+        let Ok((WeightsReply::Weights { epoch, hash, .. }, payload)) =
+            messages::decode::<WeightsReply>(Service::Weights, &reply)
+        else {
+            continue;
+        };
+        let Some(values) = messages::f32_from_bytes(payload) else {
+            continue;
+        };
+        let actual = hex(&training::stage::hash_f32(&values));
+        if actual == hash && hash == expected.1 {
+            return Some((epoch, values));
+        }
+        tracing::warn!(%peer, "replica served weights that do not match the merge hash");
+    }
+    None
+}
+
+/// Serves this miner's weights to a replica that joins.
+async fn serve_weights(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
+    let not_held =
+        || messages::encode(Service::Weights, &WeightsReply::NotHeld, &[]).unwrap_or_default();
+    let Ok((request, _)) = messages::decode::<WeightsRequest>(Service::Weights, body) else {
+        return not_held();
+    };
+    let (stage, worker, epoch) = {
+        let state = lock(&shared.state);
+        (state.stage, state.worker.clone(), state.merged_epoch)
+    };
+    let (Some(stage), Some(worker)) = (stage, worker) else {
+        return not_held();
+    };
+    if stage != request.stage {
+        return not_held();
+    }
+    let Ok(values) = worker.flat_params().await else {
+        return not_held();
+    };
+    let hash = hex(&training::stage::hash_f32(&values));
+    let payload = messages::f32_bytes(&values);
+    messages::encode(
+        Service::Weights,
+        &WeightsReply::Weights { stage, epoch, hash },
+        &payload,
+    )
+    .unwrap_or_default()
+}
+
+/// Merges this replica's weights with the other replicas of `stage` in `plan`, then
+/// checkpoints and gossips the merged hash.
+async fn merge_and_checkpoint(
+    shared: &Arc<Shared>,
+    plan: &EpochPlan,
+    stage: u32,
+    worker: &StageHandle,
+    start: std::time::SystemTime,
+) -> anyhow::Result<()> {
+    let members: Vec<String> = plan.miners_of(stage).map(|p| p.to_string()).collect();
+    let weights = worker.flat_params().await?;
+    let samples = shared.epoch_processed.swap(0, Ordering::Relaxed).max(1);
+    let merged = shared
+        .merger
+        .merge(MergeRequest {
+            epoch: plan.epoch,
+            stage,
+            seed: plan.seed,
+            members,
+            weights,
+            samples,
+            start,
+        })
+        .await?;
+    worker.set_flat_params(merged).await?;
+    let state = worker.export_state().await?;
+    let hash = hex(&worker.weights_hash().await?);
+    if let Some(store) = &shared.store {
+        let key = CheckpointKey {
+            run: shared.run_id,
+            stage,
+            epoch: plan.epoch,
+            step: state.step,
+        };
+        store.save(&key, &state)?;
+        tracing::info!(stage, epoch = plan.epoch, weights_hash = %hash, "checkpoint saved");
+    }
+    set_weights_hash(shared, Some(plan.epoch), hash.clone());
+    let message = PipelineGossip::Merged {
+        epoch: plan.epoch,
+        stage,
+        hash,
+        wire_bytes: shared.metrics.wire_bytes_sent(),
+    };
+    if let Some(bytes) = message.to_bytes() {
+        let topic = crate::node::pipeline_topic(&shared.cfg.run.run_name);
+        if let Err(error) = shared.client.publish(&topic, bytes).await {
+            tracing::debug!(%error, "merge hash not published");
+        }
+    }
+    Ok(())
+}
+
+/// Lower-case hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Things hop and head share: the request bodies' tokens.
+pub(crate) fn tokens_input(batch: &training::Batch) -> StageInput {
+    StageInput::Tokens {
+        batch: batch.batch,
+        seq: batch.seq,
+        tokens: batch.inputs.clone(),
+    }
+}
+
+/// Encodes a forward request.
+pub(crate) fn forward_body(header: &ForwardHeader, frame: &[u8]) -> Vec<u8> {
+    messages::encode(Service::Forward, header, frame).unwrap_or_default()
+}
+
+/// Encodes a forward reply.
+pub(crate) fn forward_reply(reply: &ForwardReply, grad: &[u8]) -> Vec<u8> {
+    messages::encode(Service::Forward, reply, grad).unwrap_or_default()
+}
+
+/// Encodes an evaluation request.
+pub(crate) fn eval_body(header: &EvalHeader, frame: &[u8]) -> Vec<u8> {
+    messages::encode(Service::Eval, header, frame).unwrap_or_default()
+}
+
+/// Encodes an evaluation reply.
+pub(crate) fn eval_reply(reply: &EvalReply) -> Vec<u8> {
+    messages::encode(Service::Eval, reply, &[]).unwrap_or_default()
+}

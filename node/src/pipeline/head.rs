@@ -1,0 +1,170 @@
+//! The head's epoch: held-out evaluation of the weights it starts from, then its share of the
+//! epoch's samples, a bounded window of them in flight at a time.
+
+use std::sync::Arc;
+
+use bootstrap::EpochPlan;
+use tokio::task::JoinSet;
+use training::worker::EvalOutput;
+use training::StageHandle;
+
+use super::hop::{after_backward, send_eval, send_forward, val_batch};
+use super::messages::{ForwardHeader, PipelineGossip};
+use super::{lock, tokens_input, Shared, VAL_BATCHES};
+
+/// The id of the `counter`-th sample head `index` draws in the epoch seeded `seed`.
+pub(crate) fn sample_id(seed: u64, index: u64, counter: u64) -> u64 {
+    let mut h = blake3::Hasher::new();
+    h.update(b"iota/sample/v1");
+    h.update(&seed.to_le_bytes());
+    h.update(&index.to_le_bytes());
+    h.update(&counter.to_le_bytes());
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    u64::from_le_bytes(id)
+}
+
+/// Runs this head's part of `plan`'s epoch.
+pub(crate) async fn run_epoch(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle) {
+    let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
+    let Some(index) = heads.iter().position(|h| *h == shared.me) else {
+        return;
+    };
+    let topic = crate::node::pipeline_topic(&shared.cfg.run.run_name);
+    if index == 0 {
+        match evaluate(&shared, &plan, &worker).await {
+            Ok(loss) => {
+                tracing::info!(epoch = plan.epoch, val_loss = loss, "held-out loss");
+                shared.metrics.val_loss.set(f64::from(loss));
+                publish(
+                    &shared,
+                    &topic,
+                    &PipelineGossip::ValLoss {
+                        epoch: plan.epoch,
+                        loss,
+                    },
+                )
+                .await;
+            }
+            Err(reason) => tracing::warn!(%reason, "held-out evaluation failed"),
+        }
+    }
+
+    let window = shared.cfg.head_window.max(1);
+    let mut in_flight = JoinSet::new();
+    let (mut done, mut dropped) = (0u64, 0u64);
+    for counter in 0..plan.epoch_samples {
+        while in_flight.len() >= window {
+            if let Some(Ok(ok)) = in_flight.join_next().await {
+                if ok {
+                    done += 1
+                } else {
+                    dropped += 1
+                }
+            }
+        }
+        let id = sample_id(plan.seed, index as u64, counter);
+        in_flight.spawn(one_sample(shared.clone(), plan.clone(), worker.clone(), id));
+    }
+    while let Some(result) = in_flight.join_next().await {
+        match result {
+            Ok(true) => done += 1,
+            _ => dropped += 1,
+        }
+    }
+    tracing::info!(
+        epoch = plan.epoch,
+        samples = done,
+        dropped,
+        "head finished its samples"
+    );
+    publish(
+        &shared,
+        &topic,
+        &PipelineGossip::HeadDone {
+            epoch: plan.epoch,
+            samples: done,
+            dropped,
+        },
+    )
+    .await;
+}
+
+/// One sample, head to tail and back; `false` when it was dropped.
+async fn one_sample(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle, id: u64) -> bool {
+    let run = &shared.cfg.run;
+    let batch = match shared.corpus.train_sample(
+        id,
+        run.seed,
+        run.batch_size as usize,
+        run.seq_len as usize,
+    ) {
+        Ok(batch) => batch,
+        Err(error) => {
+            tracing::warn!(%error, "sample not drawn");
+            return false;
+        }
+    };
+    shared.metrics.samples_forward.inc();
+    let frame = match worker.forward(id, tokens_input(&batch)).await {
+        Ok(frame) => frame,
+        Err(error) => {
+            tracing::warn!(%error, "head forward failed");
+            return false;
+        }
+    };
+    let header = ForwardHeader {
+        epoch: plan.epoch,
+        sample: id,
+        pathway: vec![shared.me.clone()],
+    };
+    match send_forward(&shared, &plan, 1, &header, &frame).await {
+        Ok((loss, _pathway, grad)) => {
+            lock(&shared.state).train_loss = Some(loss);
+            shared.metrics.train_loss.set(f64::from(loss));
+            match worker.backward(grad).await {
+                Ok(_) => {
+                    after_backward(&shared, &worker, &plan).await;
+                    true
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "head backward failed");
+                    false
+                }
+            }
+        }
+        Err(reason) => {
+            tracing::debug!(sample = id, %reason, "sample dropped");
+            let _ = worker.drop_sample(id).await;
+            shared.metrics.samples_dropped.inc();
+            false
+        }
+    }
+}
+
+/// Mean held-out loss of the model as the pipeline holds it now.
+async fn evaluate(shared: &Shared, plan: &EpochPlan, worker: &StageHandle) -> Result<f32, String> {
+    let mut total = 0.0f64;
+    for i in 0..VAL_BATCHES as u64 {
+        let batch = val_batch(shared, i).ok_or("no validation batch")?;
+        let frame = match worker.eval(tokens_input(&batch), None).await {
+            Ok(EvalOutput::Activation(frame)) => frame,
+            Ok(EvalOutput::Loss(loss)) => {
+                total += f64::from(loss);
+                continue;
+            }
+            Err(error) => return Err(error.to_string()),
+        };
+        total += f64::from(send_eval(shared, plan, 1, i, &frame).await?);
+    }
+    Ok((total / VAL_BATCHES as f64) as f32)
+}
+
+/// Publishes a pipeline message on `topic`.
+async fn publish(shared: &Shared, topic: &str, message: &PipelineGossip) {
+    if let Some(bytes) = message.to_bytes() {
+        if let Err(error) = shared.client.publish(topic, bytes).await {
+            tracing::debug!(%error, "pipeline message not published");
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! One hop of the pipeline: choosing the next replica, sending a sample on (with retries), and
+//! serving the samples and evaluations that previous stages send here.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bootstrap::EpochPlan;
+use rand::{Rng, SeedableRng};
+use training::worker::{EvalOutput, StageInput};
+
+use super::messages::{
+    self, EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, Service,
+};
+use super::{eval_body, eval_reply, forward_body, forward_reply, lock, Shared, HOP_TIMEOUT};
+
+/// Optimizer steps over which the learning rate ramps up to the plan's.
+const WARMUP_STEPS: u64 = 30;
+
+/// Replicas tried for one hop before the sample is dropped.
+const ATTEMPTS: usize = 3;
+
+/// Measured speed of a peer: an exponentially weighted mean of its hop latency.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Throughput {
+    mean_secs: f64,
+}
+
+impl Throughput {
+    fn weight(&self) -> f64 {
+        1.0 / self.mean_secs.max(1e-3)
+    }
+}
+
+/// Records that `peer` answered a hop in `took`.
+fn observe(shared: &Shared, peer: &str, took: Duration) {
+    let mut table = lock(&shared.throughput);
+    let secs = took.as_secs_f64();
+    table
+        .entry(peer.to_string())
+        .and_modify(|t| t.mean_secs = 0.8 * t.mean_secs + 0.2 * secs)
+        .or_insert(Throughput { mean_secs: secs });
+}
+
+/// Records that `peer` failed a hop (it counts as very slow until it answers again).
+fn penalise(shared: &Shared, peer: &str) {
+    let mut table = lock(&shared.throughput);
+    table.insert(
+        peer.to_string(),
+        Throughput {
+            mean_secs: HOP_TIMEOUT.as_secs_f64(),
+        },
+    );
+}
+
+/// Picks a live replica of `stage` outside `tried`, weighted by measured throughput; the
+/// draw is seeded by (plan seed, sample, stage, attempt) so it can be checked.
+fn choose(
+    shared: &Shared,
+    plan: &EpochPlan,
+    stage: u32,
+    sample: u64,
+    attempt: usize,
+    tried: &BTreeSet<String>,
+) -> Option<String> {
+    let live = lock(&shared.live).clone();
+    let candidates: Vec<String> = plan
+        .miners_of(stage)
+        .map(|p| p.to_string())
+        .filter(|p| !tried.contains(p) && live.contains(p))
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    let weights: Vec<f64> = {
+        let table = lock(&shared.throughput);
+        // Unmeasured peers get the best measured weight, so they are tried early.
+        let best = table.values().map(Throughput::weight).fold(1.0, f64::max);
+        candidates
+            .iter()
+            .map(|p| table.get(p).map_or(best, Throughput::weight))
+            .collect()
+    };
+    let total: f64 = weights.iter().sum();
+    let seed = plan.seed ^ sample.rotate_left(17) ^ (u64::from(stage) << 48) ^ attempt as u64;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut x = rng.gen_range(0.0..total.max(f64::MIN_POSITIVE));
+    for (peer, w) in candidates.iter().zip(&weights) {
+        if x < *w {
+            return Some(peer.clone());
+        }
+        x -= w;
+    }
+    candidates.last().cloned()
+}
+
+/// Sends a sample's activation to a replica of `stage`, retrying on others. Returns the
+/// reply (loss and pathway) and the gradient frame, or the last failure.
+pub(crate) async fn send_forward(
+    shared: &Shared,
+    plan: &EpochPlan,
+    stage: u32,
+    header: &ForwardHeader,
+    frame: &[u8],
+) -> Result<(f32, Vec<String>, Vec<u8>), String> {
+    let body = forward_body(header, frame);
+    let mut tried = BTreeSet::new();
+    let mut last = String::from("no live replica of the next stage");
+    for attempt in 0..ATTEMPTS {
+        let Some(peer) = choose(shared, plan, stage, header.sample, attempt, &tried) else {
+            break;
+        };
+        tried.insert(peer.clone());
+        let Ok(peer_id) = peer.parse::<p2p::PeerId>() else {
+            continue;
+        };
+        let started = Instant::now();
+        shared.metrics.wire_sent("activation", body.len());
+        let response =
+            tokio::time::timeout(HOP_TIMEOUT, shared.client.request(peer_id, body.clone())).await;
+        let reply = match response {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(error)) => {
+                penalise(shared, &peer);
+                last = format!("{peer}: {error}");
+                continue;
+            }
+            Err(_) => {
+                penalise(shared, &peer);
+                last = format!("{peer}: timed out");
+                continue;
+            }
+        };
+        shared.metrics.wire_received("gradient", reply.len());
+        match messages::decode::<ForwardReply>(Service::Forward, &reply) {
+            Ok((ForwardReply::Done { loss, pathway }, grad)) => {
+                observe(shared, &peer, started.elapsed());
+                return Ok((loss, pathway, grad.to_vec()));
+            }
+            Ok((ForwardReply::Failed { reason }, _)) => {
+                last = format!("{peer}: {reason}");
+            }
+            Err(error) => {
+                penalise(shared, &peer);
+                last = format!("{peer}: {error}");
+            }
+        }
+    }
+    Err(last)
+}
+
+/// Counts a finished backward pass and steps the optimizer every `inner_steps` of them.
+pub(crate) async fn after_backward(
+    shared: &Shared,
+    worker: &training::StageHandle,
+    plan: &EpochPlan,
+) {
+    shared.metrics.samples_backward.inc();
+    shared.samples_processed.fetch_add(1, Ordering::Relaxed);
+    shared.epoch_processed.fetch_add(1, Ordering::Relaxed);
+    let done = shared.backward_done.fetch_add(1, Ordering::Relaxed) + 1;
+    let k = u64::from(plan.inner_steps.max(1));
+    if done % k == 0 {
+        // Linear warm-up over the miner's first steps: a transformer given the full rate
+        // from its first step tends to collapse onto byte frequencies.
+        let step = done / k;
+        let lr = plan.lr * (step as f64 / WARMUP_STEPS as f64).min(1.0);
+        match worker.step(Some(lr)).await {
+            Ok(_) => {}
+            // Another step already took this gradient (steps and backward passes race).
+            Err(training::worker::WorkerError::Step(
+                training::stage::StepError::NothingAccumulated,
+            )) => {}
+            Err(error) => tracing::warn!(%error, "optimizer step failed"),
+        }
+    }
+}
+
+/// Serves a forward request from the previous stage.
+pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
+    let failed = |reason: String| forward_reply(&ForwardReply::Failed { reason }, &[]);
+    let Ok(permit) = shared.permits.clone().try_acquire_owned() else {
+        return failed("busy".into());
+    };
+    let (header, frame) = match messages::decode::<ForwardHeader>(Service::Forward, body) {
+        Ok(decoded) => decoded,
+        Err(error) => return failed(error.to_string()),
+    };
+    shared.metrics.wire_received("activation", body.len());
+    let (plan, stage, worker) = {
+        let state = lock(&shared.state);
+        (state.plan.clone(), state.stage, state.worker.clone())
+    };
+    let (Some(plan), Some(stage), Some(worker)) = (plan, stage, worker) else {
+        return failed("no stage yet".into());
+    };
+    if stage == 0 || header.pathway.len() != stage as usize {
+        return failed(format!("this miner holds stage {stage}"));
+    }
+    shared.metrics.samples_forward.inc();
+    let mut pathway = header.pathway.clone();
+    pathway.push(shared.me.clone());
+    let input = StageInput::Frame(frame.to_vec());
+    let reply = if stage + 1 == plan.stages {
+        // The tail: loss, gradient, and a loss record for the validators.
+        let run = &shared.cfg.run;
+        let batch = match shared.corpus.train_sample(
+            header.sample,
+            run.seed,
+            run.batch_size as usize,
+            run.seq_len as usize,
+        ) {
+            Ok(batch) => batch,
+            Err(error) => return failed(error.to_string()),
+        };
+        match worker.forward_loss(input, batch.targets).await {
+            Ok(out) => {
+                after_backward(shared, &worker, &plan).await;
+                shared.metrics.train_loss.set(f64::from(out.loss));
+                lock(&shared.state).train_loss = Some(out.loss);
+                lock(&shared.losses).push((
+                    header.epoch,
+                    LossRecord {
+                        sample: header.sample,
+                        pathway: pathway.clone(),
+                        loss: out.loss,
+                    },
+                ));
+                let grad = out.grad_frame.unwrap_or_default();
+                forward_reply(
+                    &ForwardReply::Done {
+                        loss: out.loss,
+                        pathway,
+                    },
+                    &grad,
+                )
+            }
+            Err(error) => failed(error.to_string()),
+        }
+    } else {
+        match worker.forward(header.sample, input).await {
+            Ok(activation) => {
+                let next = ForwardHeader {
+                    epoch: header.epoch,
+                    sample: header.sample,
+                    pathway,
+                };
+                match send_forward(shared, &plan, stage + 1, &next, &activation).await {
+                    Ok((loss, pathway, grad)) => match worker.backward(grad).await {
+                        Ok(grad_in) => {
+                            after_backward(shared, &worker, &plan).await;
+                            forward_reply(
+                                &ForwardReply::Done { loss, pathway },
+                                &grad_in.unwrap_or_default(),
+                            )
+                        }
+                        Err(error) => failed(error.to_string()),
+                    },
+                    Err(reason) => {
+                        let _ = worker.drop_sample(header.sample).await;
+                        shared.metrics.samples_dropped.inc();
+                        failed(reason)
+                    }
+                }
+            }
+            Err(error) => failed(error.to_string()),
+        }
+    };
+    drop(permit);
+    shared.metrics.wire_sent("gradient", reply.len());
+    reply
+}
+
+/// Sends a held-out batch's activation on for evaluation and returns the tail's loss.
+pub(crate) async fn send_eval(
+    shared: &Shared,
+    plan: &EpochPlan,
+    stage: u32,
+    batch: u64,
+    frame: &[u8],
+) -> Result<f32, String> {
+    let body = eval_body(&EvalHeader { batch }, frame);
+    let mut tried = BTreeSet::new();
+    let mut last = String::from("no live replica");
+    for attempt in 0..ATTEMPTS {
+        let Some(peer) = choose(shared, plan, stage, batch, attempt, &tried) else {
+            break;
+        };
+        tried.insert(peer.clone());
+        let Ok(peer_id) = peer.parse::<p2p::PeerId>() else {
+            continue;
+        };
+        match tokio::time::timeout(HOP_TIMEOUT, shared.client.request(peer_id, body.clone())).await
+        {
+            Ok(Ok(reply)) => match messages::decode::<EvalReply>(Service::Eval, &reply) {
+                Ok((EvalReply::Loss(loss), _)) => return Ok(loss),
+                Ok((EvalReply::Failed(reason), _)) => last = reason,
+                Err(error) => last = error.to_string(),
+            },
+            Ok(Err(error)) => last = error.to_string(),
+            Err(_) => last = "timed out".into(),
+        }
+    }
+    Err(last)
+}
+
+/// Serves an evaluation request from the previous stage.
+pub(crate) async fn serve_eval(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
+    let failed = |reason: String| eval_reply(&EvalReply::Failed(reason));
+    let (header, frame) = match messages::decode::<EvalHeader>(Service::Eval, body) {
+        Ok(decoded) => decoded,
+        Err(error) => return failed(error.to_string()),
+    };
+    let (plan, stage, worker) = {
+        let state = lock(&shared.state);
+        (state.plan.clone(), state.stage, state.worker.clone())
+    };
+    let (Some(plan), Some(stage), Some(worker)) = (plan, stage, worker) else {
+        return failed("no stage yet".into());
+    };
+    if stage == 0 {
+        return failed("the head evaluates its own batches".into());
+    }
+    let input = StageInput::Frame(frame.to_vec());
+    if stage + 1 == plan.stages {
+        let Some(targets) = val_batch(shared, header.batch).map(|b| b.targets) else {
+            return failed("no such validation batch".into());
+        };
+        match worker.eval(input, Some(targets)).await {
+            Ok(EvalOutput::Loss(loss)) => eval_reply(&EvalReply::Loss(loss)),
+            Ok(EvalOutput::Activation(_)) => failed("tail gave no loss".into()),
+            Err(error) => failed(error.to_string()),
+        }
+    } else {
+        match worker.eval(input, None).await {
+            Ok(EvalOutput::Activation(next)) => {
+                match send_eval(shared, &plan, stage + 1, header.batch, &next).await {
+                    Ok(loss) => eval_reply(&EvalReply::Loss(loss)),
+                    Err(reason) => failed(reason),
+                }
+            }
+            Ok(EvalOutput::Loss(_)) => failed("not the tail".into()),
+            Err(error) => failed(error.to_string()),
+        }
+    }
+}
+
+/// Validation batch `index` of the run (the same on every miner).
+pub(crate) fn val_batch(shared: &Shared, index: u64) -> Option<training::Batch> {
+    shared.val.get(usize::try_from(index).ok()?).cloned()
+}

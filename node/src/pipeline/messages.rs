@@ -1,0 +1,288 @@
+//! Messages of the training pipeline: request-response frames between miners and the small
+//! gossip messages that report losses and merged weights.
+//!
+//! Request-response bodies share the node's one protocol; the first byte names the service
+//! (see [`Service`]). A body is `tag, u32 header length (big-endian), JSON header, payload`,
+//! where the payload is a tensor frame of the training crate's wire codec or raw f32 weights.
+//! Headers are bounded by [`MAX_HEADER_BYTES`] and checked before they are parsed, so a
+//! malformed body is an error, never a panic or a large allocation.
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+/// Largest JSON header accepted in a pipeline body.
+pub(crate) const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// Largest gossip message the pipeline publishes (the p2p layer caps gossip at 64 KiB).
+pub(crate) const MAX_GOSSIP_BYTES: usize = 48 * 1024;
+
+/// The first byte of a request-response body: which service it is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Service {
+    /// Forward an activation; the response carries the gradient back (`0x02`).
+    Forward = 0x02,
+    /// Evaluate held-out data without gradients (`0x03`).
+    Eval = 0x03,
+    /// Fetch a stage's current weights (`0x04`).
+    Weights = 0x04,
+}
+
+impl Service {
+    /// The service a body is for, from its first byte.
+    pub(crate) fn of(body: &[u8]) -> Option<Service> {
+        match body.first()? {
+            0x02 => Some(Service::Forward),
+            0x03 => Some(Service::Eval),
+            0x04 => Some(Service::Weights),
+            _ => None,
+        }
+    }
+}
+
+/// Why a pipeline body did not decode.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    /// Shorter than its fixed part or its declared header.
+    #[error("truncated pipeline message")]
+    Truncated,
+    /// The tag names another service.
+    #[error("pipeline message for another service")]
+    WrongService,
+    /// The header is larger than [`MAX_HEADER_BYTES`].
+    #[error("pipeline header of {0} bytes is too large")]
+    HeaderTooLarge(usize),
+    /// The header is not the expected JSON.
+    #[error("malformed pipeline header: {0}")]
+    Header(#[from] serde_json::Error),
+}
+
+/// Encodes `header` and `payload` for `service`.
+pub(crate) fn encode<H: Serialize>(
+    service: Service,
+    header: &H,
+    payload: &[u8],
+) -> Result<Vec<u8>, BodyError> {
+    let json = serde_json::to_vec(header)?;
+    if json.len() > MAX_HEADER_BYTES {
+        return Err(BodyError::HeaderTooLarge(json.len()));
+    }
+    let mut out = Vec::with_capacity(5 + json.len() + payload.len());
+    out.push(service as u8);
+    out.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    out.extend_from_slice(&json);
+    out.extend_from_slice(payload);
+    Ok(out)
+}
+
+/// Decodes a body of `service` into its header and payload.
+pub(crate) fn decode<H: DeserializeOwned>(
+    service: Service,
+    body: &[u8],
+) -> Result<(H, &[u8]), BodyError> {
+    if body.len() < 5 {
+        return Err(BodyError::Truncated);
+    }
+    if body[0] != service as u8 {
+        return Err(BodyError::WrongService);
+    }
+    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    if len > MAX_HEADER_BYTES {
+        return Err(BodyError::HeaderTooLarge(len));
+    }
+    let rest = &body[5..];
+    if rest.len() < len {
+        return Err(BodyError::Truncated);
+    }
+    let header = serde_json::from_slice(&rest[..len])?;
+    Ok((header, &rest[len..]))
+}
+
+/// Header of a forward request; the payload is the activation frame.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct ForwardHeader {
+    /// Epoch the sample belongs to.
+    pub(crate) epoch: u64,
+    /// The sample's id (it determines its tokens).
+    pub(crate) sample: u64,
+    /// Peers the sample went through so far, one per stage.
+    pub(crate) pathway: Vec<String>,
+}
+
+/// Header of a forward response; on success the payload is the gradient frame for the sender.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) enum ForwardReply {
+    /// The sample went to the tail and back.
+    Done {
+        /// The tail's loss.
+        loss: f32,
+        /// The whole pathway, one peer per stage.
+        pathway: Vec<String>,
+    },
+    /// The sample was not processed; the sender should try another replica or drop it.
+    Failed {
+        /// Why, for the sender's log.
+        reason: String,
+    },
+}
+
+/// Header of an evaluation request; the payload is the activation frame (empty at the head).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct EvalHeader {
+    /// Index of the validation batch (it determines the targets).
+    pub(crate) batch: u64,
+}
+
+/// Header of an evaluation response.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) enum EvalReply {
+    /// Mean loss of the batch.
+    Loss(f32),
+    /// Not evaluated.
+    Failed(String),
+}
+
+/// Header of a weights request.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct WeightsRequest {
+    /// The stage whose weights are wanted.
+    pub(crate) stage: u32,
+}
+
+/// Header of a weights response; the payload is the little-endian f32 weight vector.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) enum WeightsReply {
+    /// The weights as of the end of `epoch`'s merge (or the initial weights when `None`).
+    Weights {
+        /// Stage of the weights.
+        stage: u32,
+        /// The merge they come from.
+        epoch: Option<u64>,
+        /// blake3 of the payload, hex.
+        hash: String,
+    },
+    /// This node does not hold that stage.
+    NotHeld,
+}
+
+/// One sample's result, as a tail reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct LossRecord {
+    /// The sample.
+    pub(crate) sample: u64,
+    /// One peer per stage.
+    pub(crate) pathway: Vec<String>,
+    /// Mean cross-entropy in nats per token.
+    pub(crate) loss: f32,
+}
+
+/// What the pipeline gossips.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) enum PipelineGossip {
+    /// Loss records of one epoch, in small batches from a tail.
+    Losses {
+        /// Epoch of the samples.
+        epoch: u64,
+        /// Tokens per sample.
+        tokens_per_sample: u64,
+        /// The records.
+        records: Vec<LossRecord>,
+    },
+    /// Held-out loss of the model as it is at the start of `epoch` (after the previous merge).
+    ValLoss {
+        /// Epoch whose start was evaluated.
+        epoch: u64,
+        /// Mean held-out loss, nats per byte.
+        loss: f32,
+    },
+    /// A head finished drawing its samples of `epoch`.
+    HeadDone {
+        /// The epoch.
+        epoch: u64,
+        /// Samples that went through the whole pipeline.
+        samples: u64,
+        /// Samples dropped after every retry failed.
+        dropped: u64,
+    },
+    /// A replica's weights after the merge that closed `epoch`.
+    Merged {
+        /// Epoch the merge closed.
+        epoch: u64,
+        /// Stage.
+        stage: u32,
+        /// blake3 of the merged weights, hex.
+        hash: String,
+        /// Wire bytes this miner sent per boundary this epoch.
+        wire_bytes: u64,
+    },
+}
+
+impl PipelineGossip {
+    /// JSON encoding, refused above [`MAX_GOSSIP_BYTES`].
+    pub(crate) fn to_bytes(&self) -> Option<Vec<u8>> {
+        serde_json::to_vec(self)
+            .ok()
+            .filter(|b| b.len() <= MAX_GOSSIP_BYTES)
+    }
+
+    /// Decodes a message, refusing oversized input before parsing.
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() > MAX_GOSSIP_BYTES {
+            return None;
+        }
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
+/// Little-endian bytes of an f32 vector.
+pub(crate) fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// An f32 vector from little-endian bytes; `None` unless the length is a multiple of 4.
+pub(crate) fn f32_from_bytes(bytes: &[u8]) -> Option<Vec<f32>> {
+    if bytes.len() % 4 != 0 {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_round_trip_and_garbage_is_rejected() {
+        let header = ForwardHeader {
+            epoch: 3,
+            sample: 42,
+            pathway: vec!["a".into()],
+        };
+        let body = encode(Service::Forward, &header, b"frame").unwrap();
+        assert_eq!(Service::of(&body), Some(Service::Forward));
+        let (back, payload): (ForwardHeader, _) = decode(Service::Forward, &body).unwrap();
+        assert_eq!(back, header);
+        assert_eq!(payload, b"frame");
+        assert!(decode::<ForwardHeader>(Service::Eval, &body).is_err());
+        for cut in 0..body.len() - 5 {
+            assert!(decode::<ForwardHeader>(Service::Forward, &body[..cut]).is_err());
+        }
+        let mut huge = body.clone();
+        huge[1..5].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(
+            decode::<ForwardHeader>(Service::Forward, &huge),
+            Err(BodyError::HeaderTooLarge(_))
+        ));
+        assert_eq!(Service::of(&[0x7f]), None);
+    }
+
+    #[test]
+    fn weights_round_trip_through_bytes() {
+        let w = vec![1.5f32, -0.0, f32::MIN_POSITIVE];
+        assert_eq!(f32_from_bytes(&f32_bytes(&w)).unwrap(), w);
+        assert!(f32_from_bytes(&[1, 2, 3]).is_none());
+    }
+}

@@ -1,0 +1,172 @@
+//! What the run did, epoch by epoch, as every node hears it over gossip: loss records, held-out
+//! losses, heads that finished, merged hashes. Validators use it to close epochs and to report
+//! progress; `local-swarm` reads it from `/status`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::messages::PipelineGossip;
+
+/// One epoch as heard so far.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct EpochStats {
+    /// The epoch.
+    pub(crate) epoch: u64,
+    /// Loss records received.
+    pub(crate) samples: u64,
+    /// Tokens those samples held.
+    pub(crate) tokens: u64,
+    /// Mean training loss of the records.
+    pub(crate) train_loss: Option<f64>,
+    /// Held-out loss of the weights the epoch started from.
+    pub(crate) val_loss: Option<f32>,
+    /// Heads that finished their samples.
+    pub(crate) heads_done: Vec<String>,
+    /// Samples the heads dropped.
+    pub(crate) dropped: u64,
+    /// Seconds (since the node started) of the first and the last loss record.
+    pub(crate) first_record_s: Option<f64>,
+    pub(crate) last_record_s: Option<f64>,
+    /// Merged weights hash per stage, per reporting miner.
+    pub(crate) merged: BTreeMap<u32, BTreeMap<String, String>>,
+    /// Wire bytes the miners reported at their merge.
+    pub(crate) wire_bytes: BTreeMap<String, u64>,
+    /// Sum of losses (for the mean).
+    #[serde(skip)]
+    loss_sum: f64,
+    /// Pathway peers seen, for per-miner sample counts.
+    pub(crate) samples_by_miner: BTreeMap<String, u64>,
+}
+
+/// All epochs heard.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RunStats {
+    epochs: BTreeMap<u64, EpochStats>,
+}
+
+/// Epochs kept in memory.
+const KEEP: usize = 64;
+
+impl RunStats {
+    /// Takes a pipeline gossip message from `author`, heard at `now` since the node started.
+    pub(crate) fn observe(&mut self, author: &str, message: &PipelineGossip, now: Duration) {
+        let epoch = match message {
+            PipelineGossip::Losses { epoch, .. }
+            | PipelineGossip::ValLoss { epoch, .. }
+            | PipelineGossip::HeadDone { epoch, .. }
+            | PipelineGossip::Merged { epoch, .. } => *epoch,
+        };
+        let e = self.epochs.entry(epoch).or_insert_with(|| EpochStats {
+            epoch,
+            ..EpochStats::default()
+        });
+        match message {
+            PipelineGossip::Losses {
+                tokens_per_sample,
+                records,
+                ..
+            } => {
+                for r in records {
+                    if !r.loss.is_finite() {
+                        continue;
+                    }
+                    e.samples += 1;
+                    e.tokens += tokens_per_sample;
+                    e.loss_sum += f64::from(r.loss);
+                    for peer in &r.pathway {
+                        *e.samples_by_miner.entry(peer.clone()).or_default() += 1;
+                    }
+                }
+                e.train_loss = (e.samples > 0).then(|| e.loss_sum / e.samples as f64);
+                let t = now.as_secs_f64();
+                e.first_record_s.get_or_insert(t);
+                e.last_record_s = Some(t);
+            }
+            PipelineGossip::ValLoss { loss, .. } => e.val_loss = Some(*loss),
+            PipelineGossip::HeadDone { dropped, .. } => {
+                if !e.heads_done.iter().any(|h| h == author) {
+                    e.heads_done.push(author.to_string());
+                    e.dropped += dropped;
+                }
+            }
+            PipelineGossip::Merged {
+                stage,
+                hash,
+                wire_bytes,
+                ..
+            } => {
+                e.merged
+                    .entry(*stage)
+                    .or_default()
+                    .insert(author.to_string(), hash.clone());
+                e.wire_bytes.insert(author.to_string(), *wire_bytes);
+            }
+        }
+        while self.epochs.len() > KEEP {
+            self.epochs.pop_first();
+        }
+    }
+
+    /// Whether every head of `heads` that is still live finished `epoch`.
+    pub(crate) fn epoch_done(&self, epoch: u64, heads: &[String], live: &BTreeSet<String>) -> bool {
+        let Some(e) = self.epochs.get(&epoch) else {
+            return false;
+        };
+        let waiting = heads
+            .iter()
+            .filter(|h| live.contains(*h) && !e.heads_done.contains(h))
+            .count();
+        !e.heads_done.is_empty() && waiting == 0
+    }
+
+    /// The epochs, oldest first.
+    pub(crate) fn epochs(&self) -> Vec<EpochStats> {
+        self.epochs.values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::messages::LossRecord;
+    use super::*;
+
+    #[test]
+    fn epoch_closes_when_every_live_head_is_done() {
+        let mut stats = RunStats::default();
+        let heads = vec!["h1".to_string(), "h2".to_string()];
+        let live: BTreeSet<String> = heads.iter().cloned().collect();
+        let now = Duration::from_secs(1);
+        stats.observe(
+            "t",
+            &PipelineGossip::Losses {
+                epoch: 0,
+                tokens_per_sample: 10,
+                records: vec![LossRecord {
+                    sample: 1,
+                    pathway: vec!["h1".into(), "b".into(), "t".into()],
+                    loss: 2.0,
+                }],
+            },
+            now,
+        );
+        assert!(!stats.epoch_done(0, &heads, &live));
+        let done = PipelineGossip::HeadDone {
+            epoch: 0,
+            samples: 1,
+            dropped: 0,
+        };
+        stats.observe("h1", &done, now);
+        assert!(!stats.epoch_done(0, &heads, &live));
+        // A dead head is not waited for.
+        let only_h1: BTreeSet<String> = ["h1".to_string()].into_iter().collect();
+        assert!(stats.epoch_done(0, &heads, &only_h1));
+        stats.observe("h2", &done, now);
+        assert!(stats.epoch_done(0, &heads, &live));
+        let e = &stats.epochs()[0];
+        assert_eq!((e.samples, e.tokens), (1, 10));
+        assert_eq!(e.train_loss, Some(2.0));
+        assert_eq!(e.samples_by_miner["b"], 1);
+    }
+}

@@ -1,0 +1,254 @@
+//! The local swarm's report: progress lines, the closing `RESULT` line, and `report.md` with a
+//! loss curve (`loss.svg`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use bootstrap::RunConfig;
+
+use super::EpochRow;
+use crate::launcher::NodeProcess;
+
+/// One line per finished epoch.
+pub(crate) fn progress_line(row: &EpochRow, val_after: f32) -> String {
+    let secs = match (row.first_record_s, row.last_record_s) {
+        (Some(a), Some(b)) if b > a => b - a,
+        _ => f64::NAN,
+    };
+    let wire: u64 = row.wire_bytes.values().sum();
+    format!(
+        "epoch {:>3}  train loss {:.3}  held-out loss {:.3}  {:>7.0} tokens/s  {} samples ({} dropped)  {:.1} MB of activations sent",
+        row.epoch,
+        row.train_loss.unwrap_or(f64::NAN),
+        val_after,
+        row.tokens as f64 / secs,
+        row.samples,
+        row.dropped,
+        wire as f64 / 1e6,
+    )
+}
+
+/// The figures the run ends with.
+#[derive(Debug, Clone)]
+pub(crate) struct Summary {
+    pub(crate) val_loss_start: f32,
+    pub(crate) val_loss: f32,
+    pub(crate) tokens_per_s: f64,
+    pub(crate) epochs: u64,
+    pub(crate) tokens: u64,
+    pub(crate) wall: Duration,
+    /// Activation bytes on the wire per sample per stage boundary.
+    pub(crate) wire_bytes_per_sample_boundary: f64,
+    /// Raw f32 bytes of a d-wide hidden state per sample ÷ the above.
+    pub(crate) compression: f64,
+}
+
+impl Summary {
+    /// Sums up `rows` for a run of `epochs` epochs.
+    pub(crate) fn new(
+        rows: &[EpochRow],
+        epochs: u64,
+        run: &RunConfig,
+        wall: Duration,
+    ) -> anyhow::Result<Summary> {
+        let find = |e: u64| rows.iter().find(|r| r.epoch == e);
+        let start = find(0).and_then(|r| r.val_loss).unwrap_or(f32::NAN);
+        let end = find(epochs).and_then(|r| r.val_loss).unwrap_or(f32::NAN);
+        let trained: Vec<&EpochRow> = rows.iter().filter(|r| r.epoch < epochs).collect();
+        let tokens: u64 = trained.iter().map(|r| r.tokens).sum();
+        let samples: u64 = trained.iter().map(|r| r.samples).sum();
+        let first = trained
+            .iter()
+            .filter_map(|r| r.first_record_s)
+            .fold(f64::INFINITY, f64::min);
+        let last = trained
+            .iter()
+            .filter_map(|r| r.last_record_s)
+            .fold(0.0, f64::max);
+        let tokens_per_s = if last > first {
+            tokens as f64 / (last - first)
+        } else {
+            f64::NAN
+        };
+        // Each miner reports its cumulative activation bytes at every merge; the latest
+        // report per miner is its total.
+        let mut latest: BTreeMap<&str, u64> = BTreeMap::new();
+        for row in &trained {
+            for (miner, bytes) in &row.wire_bytes {
+                latest.insert(miner, *bytes);
+            }
+        }
+        let wire: u64 = latest.values().sum();
+        let boundaries = u64::from(run.stages.saturating_sub(1)).max(1);
+        let per = wire as f64 / (samples.max(1) * boundaries) as f64;
+        let preset: training::Preset = run.preset.name().parse()?;
+        let raw = f64::from(run.batch_size * run.seq_len) * preset.config().d_model as f64 * 4.0;
+        Ok(Summary {
+            val_loss_start: start,
+            val_loss: end,
+            tokens_per_s,
+            epochs,
+            tokens,
+            wall,
+            wire_bytes_per_sample_boundary: per,
+            compression: raw / per,
+        })
+    }
+
+    /// The machine-readable closing line.
+    pub(crate) fn result_line(&self) -> String {
+        format!(
+            "RESULT local-swarm val_loss_start={:.4} val_loss={:.4} tokens_per_s={:.1} epochs={}",
+            self.val_loss_start, self.val_loss, self.tokens_per_s, self.epochs
+        )
+    }
+}
+
+/// Writes `report.md` and `loss.svg` into `out`.
+pub(crate) fn write(
+    out: &Path,
+    rows: &[EpochRow],
+    summary: &Summary,
+    run: &RunConfig,
+    nodes: &[NodeProcess],
+) -> anyhow::Result<()> {
+    std::fs::write(out.join("loss.svg"), loss_svg(rows, summary.epochs))?;
+    let names: BTreeMap<String, String> = nodes
+        .iter()
+        .map(|n| (crate::launcher::peer_of(&n.listen_addr()), n.name.clone()))
+        .collect();
+    let mut md = String::new();
+    let _ = writeln!(md, "# local-swarm report\n");
+    let _ = writeln!(
+        md,
+        "Run `{}`: preset {}, {} stages, bottleneck {}, wire {}, {} samples of {}×{} tokens per head per epoch, lr {}.\n",
+        run.run_name,
+        run.preset.name(),
+        run.stages,
+        run.bottleneck,
+        run.wire_format.name(),
+        run.epoch_samples,
+        run.batch_size,
+        run.seq_len,
+        run.lr
+    );
+    let _ = writeln!(
+        md,
+        "Held-out loss {:.4} → {:.4} nats/byte over {} epochs; {} tokens at {:.0} tokens/s; {:.0} s wall.\n",
+        summary.val_loss_start,
+        summary.val_loss,
+        summary.epochs,
+        summary.tokens,
+        summary.tokens_per_s,
+        summary.wall.as_secs_f64()
+    );
+    let _ = writeln!(
+        md,
+        "Wire: {:.0} activation bytes per sample per stage boundary; compression {:.1}× against raw f32 hidden states.\n",
+        summary.wire_bytes_per_sample_boundary, summary.compression
+    );
+    let _ = writeln!(md, "![loss](loss.svg)\n");
+    let _ = writeln!(md, "## Epochs\n");
+    let _ = writeln!(md, "| epoch | samples | dropped | train loss | held-out loss at start | identical replicas after merge |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    for row in rows {
+        let merges: Vec<String> = row
+            .merged
+            .iter()
+            .map(|(stage, hashes)| {
+                let distinct: std::collections::BTreeSet<&String> = hashes.values().collect();
+                format!(
+                    "stage {stage}: {} replica(s), {} hash(es)",
+                    hashes.len(),
+                    distinct.len()
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} |",
+            row.epoch,
+            row.samples,
+            row.dropped,
+            row.train_loss.map_or("–".into(), |l| format!("{l:.4}")),
+            row.val_loss.map_or("–".into(), |l| format!("{l:.4}")),
+            if merges.is_empty() {
+                "–".into()
+            } else {
+                merges.join("; ")
+            }
+        );
+    }
+    let mut per_miner: BTreeMap<String, u64> = BTreeMap::new();
+    for row in rows {
+        for (peer, n) in &row.samples_by_miner {
+            *per_miner.entry(peer.clone()).or_default() += n;
+        }
+    }
+    let _ = writeln!(md, "\n## Samples per miner\n");
+    let _ = writeln!(md, "| miner | peer id | samples on its pathways |");
+    let _ = writeln!(md, "|---|---|---|");
+    for (peer, n) in per_miner {
+        let name = names.get(&peer).cloned().unwrap_or_default();
+        let _ = writeln!(md, "| {name} | `{peer}` | {n} |");
+    }
+    std::fs::write(out.join("report.md"), md)?;
+    Ok(())
+}
+
+/// An SVG line chart of training and held-out loss per epoch.
+fn loss_svg(rows: &[EpochRow], epochs: u64) -> String {
+    let (w, h, pad) = (640.0, 360.0, 48.0);
+    let train: Vec<(f64, f64)> = rows
+        .iter()
+        .filter_map(|r| r.train_loss.map(|l| (r.epoch as f64 + 0.5, l)))
+        .collect();
+    let val: Vec<(f64, f64)> = rows
+        .iter()
+        .filter_map(|r| r.val_loss.map(|l| (r.epoch as f64, f64::from(l))))
+        .collect();
+    let all = train.iter().chain(&val).map(|p| p.1);
+    let max_y = all.clone().fold(0.0, f64::max).max(1.0);
+    let max_x = (epochs as f64).max(1.0);
+    let x = |v: f64| pad + v / max_x * (w - 2.0 * pad);
+    let y = |v: f64| h - pad - v / max_y * (h - 2.0 * pad);
+    let line = |pts: &[(f64, f64)], color: &str| {
+        let d: Vec<String> = pts
+            .iter()
+            .map(|(a, b)| format!("{:.1},{:.1}", x(*a), y(*b)))
+            .collect();
+        format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>",
+            d.join(" ")
+        )
+    };
+    let mut svg = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
+    svg += &format!("<rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>\n");
+    svg += &format!(
+        "<line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
+        h - pad,
+        w - pad,
+        h - pad
+    );
+    svg += &format!(
+        "<line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{}\" stroke=\"black\"/>\n",
+        h - pad
+    );
+    for i in 0..=4 {
+        let v = max_y * f64::from(i) / 4.0;
+        svg += &format!("<text x=\"4\" y=\"{:.1}\">{v:.2}</text>\n", y(v) + 4.0);
+    }
+    svg += &format!(
+        "<text x=\"{:.1}\" y=\"{}\">epoch</text>\n",
+        w / 2.0,
+        h - 12.0
+    );
+    svg += &line(&train, "#1f77b4");
+    svg += "\n";
+    svg += &line(&val, "#d62728");
+    svg += &format!("\n<text x=\"{:.1}\" y=\"20\" fill=\"#1f77b4\">train loss</text><text x=\"{:.1}\" y=\"36\" fill=\"#d62728\">held-out loss (nats/byte)</text>\n", w - 200.0, w - 200.0);
+    svg += "</svg>\n";
+    svg
+}
