@@ -134,11 +134,8 @@ async fn pump(
                 author,
                 topic,
                 data,
-            } => {
-                if router.on_gossip(&author, &topic, &data) {
-                    *gossip_in.lock().expect("lock").entry(author).or_default() +=
-                        data.len() as u64;
-                }
+            } if router.on_gossip(&author, &topic, &data) => {
+                *gossip_in.lock().expect("lock").entry(author).or_default() += data.len() as u64;
             }
             Event::Request { peer, id, data } => {
                 let (client, router, naive) = (client.clone(), router.clone(), naive.clone());
@@ -443,7 +440,7 @@ async fn run_case(nodes: &[Node], mib: usize, n: usize, epoch: u64) -> Result<Ro
 async fn bench() -> Result<(), Error> {
     let sizes = list("IOTA_BENCH_SIZES_MIB", &[4, 64])?;
     let counts = list("IOTA_BENCH_MEMBERS", &[2, 4, 8, 16])?;
-    if counts.iter().any(|&n| n < 2 || n > NODES) {
+    if counts.iter().any(|&n| !(2..=NODES).contains(&n)) {
         return Err(format!("IOTA_BENCH_MEMBERS must lie in 2..={NODES}").into());
     }
     let nodes = network().await?;

@@ -339,10 +339,10 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                             None => p2p_metrics.reject("malformed_pipeline"),
                         }
                     }
-                    Event::Gossip { author, topic, data } => {
-                        if !merger.on_gossip(author, &topic, &data) {
-                            tracing::debug!(%topic, "gossip on a topic this node does not follow");
-                        }
+                    Event::Gossip { author, topic, data }
+                        if !merger.on_gossip(author, &topic, &data) =>
+                    {
+                        tracing::debug!(%topic, "gossip on a topic this node does not follow");
                     }
                     Event::Request { peer, id, data } => {
                         let client = client.clone();

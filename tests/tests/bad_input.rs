@@ -1,5 +1,7 @@
 //! Bad input gets a clear error and the node keeps what it has.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
 use std::time::Duration;
 
 use iota_tests::{binary, scratch_dir, start_node, wait_for};

@@ -6,6 +6,8 @@
 //! the faulty node's pump rewrites what it serves (noisy inputs, forged averages) or shuts
 //! the node down on the first request.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
 #[path = "butterfly/harness.rs"]
 mod harness;
 

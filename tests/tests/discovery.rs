@@ -1,5 +1,7 @@
 //! Nodes find each other with no central server, and keep working when one of them dies.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
 use std::collections::BTreeSet;
 use std::time::Duration;
 

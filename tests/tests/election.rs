@@ -1,27 +1,13 @@
 //! The orchestrator is elected by stake, fails over when it dies, and cannot be impersonated.
 
-use std::path::Path;
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
 use std::time::Duration;
 
 use bootstrap::{LocalNeuron, Metagraph, PeerIdStr, RunConfig, RAO_PER_TAO};
-use iota_tests::{binary, scratch_dir, start_node, wait_for, NodeProcess};
+use iota_tests::{keygen, scratch_dir, start_node, wait_for, NodeProcess};
 
 const POLL: Duration = Duration::from_millis(250);
-
-/// Creates the identity of node `name` under `dir` and returns its peer id.
-fn keygen(dir: &Path, name: &str) -> String {
-    let output = std::process::Command::new(binary())
-        .args(["keygen", "--data-dir"])
-        .arg(dir.join(name))
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .last()
-        .unwrap()
-        .to_string()
-}
 
 /// Waits until every node reports `orchestrator == expected`, stage sizes 2/2/2, and an
 /// epoch above `after` (when given). Returns the smallest epoch seen.

@@ -1,6 +1,8 @@
 //! The main job end to end: miners train one model over the network, replicas merge to the
 //! same weights, and the run survives a miner dying and coming back.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -17,6 +19,11 @@ fn test_run() -> RunConfig {
         epoch_timeout_secs: 60,
         ..RunConfig::default()
     }
+}
+
+/// Borrowed views of owned flags.
+fn as_str(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
 }
 
 /// The validator's epoch table.
@@ -51,7 +58,13 @@ fn logged_hash(log: &str, what: &str) -> Option<String> {
     log.lines()
         .filter(|l| l.contains(what))
         .filter_map(|l| l.split("weights_hash=").nth(1))
-        .map(|h| h.split_whitespace().next().unwrap_or_default().trim_matches('\u{1b}').to_string())
+        .map(|h| {
+            h.split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .trim_matches('\u{1b}')
+                .to_string()
+        })
         .next_back()
 }
 
@@ -61,23 +74,32 @@ async fn six_miners_train_merge_and_survive_a_crash() {
     let names: Vec<String> = std::iter::once("validator".to_string())
         .chain((0..6).map(|i| format!("miner-{i}")))
         .collect();
-    let ids: BTreeMap<String, String> = names
-        .iter()
-        .map(|n| (n.clone(), keygen(&dir, n)))
-        .collect();
+    let ids: BTreeMap<String, String> =
+        names.iter().map(|n| (n.clone(), keygen(&dir, n))).collect();
     let run = test_run();
     let neurons: Vec<(String, u64, bool)> = names
         .iter()
-        .map(|n| (ids[n].clone(), if n == "validator" { 100 } else { 0 }, n == "validator"))
+        .map(|n| {
+            (
+                ids[n].clone(),
+                if n == "validator" { 100 } else { 0 },
+                n == "validator",
+            )
+        })
         .collect();
     let common = run_files(&dir, &neurons, &run);
     let args = |extra: &[&str]| -> Vec<String> {
-        common.iter().cloned().chain(extra.iter().map(|s| s.to_string())).collect()
+        common
+            .iter()
+            .cloned()
+            .chain(extra.iter().map(|s| s.to_string()))
+            .collect()
     };
-    let as_str = |v: &[String]| -> Vec<&str> { v.iter().map(String::as_str).collect() };
 
     let validator_args = args(&["--validator"]);
-    let validator = start_node(&dir, "validator", &as_str(&validator_args)).await.unwrap();
+    let validator = start_node(&dir, "validator", &as_str(&validator_args))
+        .await
+        .unwrap();
     let boot = validator.listen_addr();
     let miner_args = args(&["--bootstrap", &boot]);
     let mut miners = Vec::new();
@@ -95,7 +117,12 @@ async fn six_miners_train_merge_and_survive_a_crash() {
             .and_then(|r| r["val_loss"].as_f64())
             .unwrap()
     };
-    assert!(val(3) < val(0) - 0.5, "held-out loss falls: {} -> {}", val(0), val(3));
+    assert!(
+        val(3) < val(0) - 0.5,
+        "held-out loss falls: {} -> {}",
+        val(0),
+        val(3)
+    );
     for e in 0..3u64 {
         let row = rows.iter().find(|r| r["epoch"] == e).unwrap();
         let merged = row["merged"].as_object().cloned().unwrap_or_default();
@@ -107,8 +134,16 @@ async fn six_miners_train_merge_and_survive_a_crash() {
                 .values()
                 .filter_map(|h| h.as_str())
                 .collect();
-            assert_eq!(replicas.as_object().unwrap().len(), 2, "epoch {e} stage {stage}");
-            assert_eq!(hashes.len(), 1, "epoch {e} stage {stage}: identical replicas");
+            assert_eq!(
+                replicas.as_object().unwrap().len(),
+                2,
+                "epoch {e} stage {stage}"
+            );
+            assert_eq!(
+                hashes.len(),
+                1,
+                "epoch {e} stage {stage}: identical replicas"
+            );
         }
     }
     let mut stage_of = BTreeMap::new();
@@ -131,15 +166,23 @@ async fn six_miners_train_merge_and_survive_a_crash() {
         .unwrap();
     let position = miners.iter().position(|m| m.name == victim_name).unwrap();
     let victim = miners.remove(position);
-    let before = epochs(&validator).await.unwrap().last().unwrap()["epoch"].as_u64().unwrap();
+    let before = epochs(&validator).await.unwrap().last().unwrap()["epoch"]
+        .as_u64()
+        .unwrap();
     victim.kill().await.unwrap();
     wait_for_epoch(&validator, before + 2, Duration::from_secs(90)).await;
     let rows = epochs(&validator).await.unwrap();
     let row = rows.iter().find(|r| r["epoch"] == before).unwrap();
-    assert!(row["samples"].as_u64().unwrap() > 0, "the epoch went on: {row}");
+    assert!(
+        row["samples"].as_u64().unwrap() > 0,
+        "the epoch went on: {row}"
+    );
     // No stall: consecutive loss records never more than 30 s apart.
     for pair in rows.windows(2) {
-        if let (Some(a), Some(b)) = (pair[0]["last_record_s"].as_f64(), pair[1]["first_record_s"].as_f64()) {
+        if let (Some(a), Some(b)) = (
+            pair[0]["last_record_s"].as_f64(),
+            pair[1]["first_record_s"].as_f64(),
+        ) {
             assert!(b - a < 30.0, "stall between epochs: {} s", b - a);
         }
     }
@@ -150,18 +193,29 @@ async fn six_miners_train_merge_and_survive_a_crash() {
         "checkpoint saved",
     )
     .expect("the victim saved a checkpoint before it died");
-    let restarted = start_node(&dir, &victim_name, &as_str(&miner_args)).await.unwrap();
+    let restarted = start_node(&dir, &victim_name, &as_str(&miner_args))
+        .await
+        .unwrap();
     let log_path = restarted.log_path().to_path_buf();
-    wait_for("the restarted miner trains again", Duration::from_secs(120), POLL, || async {
-        let status = restarted.status().await?;
-        let n = status["samples_processed"].as_u64().unwrap_or(0);
-        Ok((n > 0, format!("{n} samples")))
-    })
+    wait_for(
+        "the restarted miner trains again",
+        Duration::from_secs(120),
+        POLL,
+        || async {
+            let status = restarted.status().await?;
+            let n = status["samples_processed"].as_u64().unwrap_or(0);
+            Ok((n > 0, format!("{n} samples")))
+        },
+    )
     .await
     .unwrap();
     let log = std::fs::read_to_string(&log_path).unwrap();
     let loaded = logged_hash(&log, "resumed from checkpoint");
-    assert_eq!(loaded.as_deref(), Some(saved.as_str()), "resumed from the last checkpoint it saved");
+    assert_eq!(
+        loaded.as_deref(),
+        Some(saved.as_str()),
+        "resumed from the last checkpoint it saved"
+    );
 
     // A miner of another run is refused, and the run goes on.
     let other = RunConfig {
@@ -171,15 +225,24 @@ async fn six_miners_train_merge_and_survive_a_crash() {
     let other_args = run_files(&dir, &neurons, &other);
     let mut stranger_args = other_args.clone();
     stranger_args.extend(["--bootstrap".to_string(), boot.clone()]);
-    let mut stranger = start_node(&dir, "stranger", &as_str(&stranger_args)).await.unwrap();
-    wait_for("the stranger is refused", Duration::from_secs(30), POLL, || {
-        let exited = stranger.try_exit_status();
-        async move { Ok((exited?.is_some(), String::new())) }
-    })
+    let mut stranger = start_node(&dir, "stranger", &as_str(&stranger_args))
+        .await
+        .unwrap();
+    wait_for(
+        "the stranger is refused",
+        Duration::from_secs(30),
+        POLL,
+        || {
+            let exited = stranger.try_exit_status();
+            async move { Ok((exited?.is_some(), String::new())) }
+        },
+    )
     .await
     .unwrap();
     assert!(!stranger.try_exit_status().unwrap().unwrap().success());
-    let latest = epochs(&validator).await.unwrap().last().unwrap()["epoch"].as_u64().unwrap();
+    let latest = epochs(&validator).await.unwrap().last().unwrap()["epoch"]
+        .as_u64()
+        .unwrap();
     wait_for_epoch(&validator, latest + 1, Duration::from_secs(90)).await;
 
     for node in miners.into_iter().chain([restarted, validator]) {
