@@ -175,7 +175,7 @@ pub fn next_plan(
         assignment: assign(previous, live_miners, config.stages)?,
         merge: None,
         inner_steps: config.inner_steps,
-        lr: config.lr,
+        lr: config.lr_at(epoch),
         epoch_samples: config.epoch_samples,
     })
 }

@@ -104,6 +104,9 @@ pub struct RunConfig {
     pub inner_steps: u32,
     /// Inner optimizer learning rate (finite, above 0).
     pub lr: f64,
+    /// Epochs over which the learning rate follows a cosine from `lr` down to `lr / 10`
+    /// (afterwards it stays there); 0 keeps `lr` constant.
+    pub lr_decay_epochs: u64,
     /// Sequences per sample batch (at least 1).
     pub batch_size: u32,
     /// Tokens per sequence (at least 1).
@@ -187,6 +190,7 @@ impl Default for RunConfig {
             epoch_timeout_secs: 120,
             inner_steps: 1,
             lr: 3e-3,
+            lr_decay_epochs: 0,
             batch_size: 16,
             seq_len: 64,
             seed: 0,
@@ -241,6 +245,7 @@ impl RunConfig {
                 self.butterfly_partitions = field("butterfly_partitions", value)?
             }
             "audit_rate" => self.audit_rate = field("audit_rate", value)?,
+            "lr_decay_epochs" => self.lr_decay_epochs = field("lr_decay_epochs", value)?,
             _ => {
                 return Err(RunConfigError::UnknownField {
                     field: key.to_owned(),
@@ -314,6 +319,17 @@ impl RunConfig {
     pub fn to_toml_string(&self) -> Result<String, RunConfigError> {
         self.validate()?;
         toml::to_string(self).map_err(RunConfigError::Encode)
+    }
+
+    /// The learning rate of `epoch`: `lr` when `lr_decay_epochs` is 0, else a cosine from
+    /// `lr` at epoch 0 to `lr / 10` at epoch `lr_decay_epochs` and after.
+    pub fn lr_at(&self, epoch: u64) -> f64 {
+        if self.lr_decay_epochs == 0 {
+            return self.lr;
+        }
+        let progress = (epoch as f64 / self.lr_decay_epochs as f64).min(1.0);
+        let cosine = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
+        self.lr * (0.1 + 0.9 * cosine)
     }
 
     /// [`RunConfig::heartbeat_timeout_ms`] as a duration.

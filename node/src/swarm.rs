@@ -121,6 +121,8 @@ async fn drive(
         preset: parse_preset(&args.preset)?,
         stages: args.stages,
         epoch_samples: args.samples_per_epoch,
+        // The learning rate follows a cosine over the run, as train-local's does over its steps.
+        lr_decay_epochs: u64::from(args.epochs),
         ..RunConfig::default()
     };
     run.validate()?;

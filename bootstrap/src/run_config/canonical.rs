@@ -22,6 +22,7 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
         epoch_timeout_secs,
         inner_steps,
         lr,
+        lr_decay_epochs,
         batch_size,
         seq_len,
         seed,
@@ -41,6 +42,7 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
     out.uint("epoch_timeout_secs", *epoch_timeout_secs);
     out.uint("inner_steps", (*inner_steps).into());
     out.float("lr", *lr);
+    out.uint("lr_decay_epochs", *lr_decay_epochs);
     out.uint("batch_size", (*batch_size).into());
     out.uint("seq_len", (*seq_len).into());
     out.uint("seed", *seed);

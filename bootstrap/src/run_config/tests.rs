@@ -19,6 +19,7 @@ min_validator_stake = 1000000000000
 heartbeat_timeout_ms = 3000
 butterfly_partitions = 32
 audit_rate = 0.25
+lr_decay_epochs = 40
 "#;
 
 fn every_field() -> RunConfig {
@@ -32,6 +33,7 @@ fn every_field() -> RunConfig {
         epoch_timeout_secs: 600,
         inner_steps: 16,
         lr: 0.0006,
+        lr_decay_epochs: 40,
         batch_size: 8,
         seq_len: 1024,
         seed: 1234,
@@ -184,6 +186,7 @@ fn bad_text_is_refused() {
 fn hash_does_not_depend_on_toml_layout() {
     let reordered = r#"
         # same run, written differently
+        lr_decay_epochs = 40
         audit_rate = 0.250
         butterfly_partitions = 32
         heartbeat_timeout_ms = 3_000
@@ -208,7 +211,7 @@ fn hash_does_not_depend_on_toml_layout() {
 
 #[test]
 fn hash_changes_with_every_field() {
-    let changes: [fn(&mut RunConfig); 16] = [
+    let changes: [fn(&mut RunConfig); 17] = [
         |c| c.run_name.push('x'),
         |c| c.preset = ModelPreset::Small,
         |c| c.stages += 1,
@@ -218,6 +221,7 @@ fn hash_changes_with_every_field() {
         |c| c.epoch_timeout_secs += 1,
         |c| c.inner_steps += 1,
         |c| c.lr *= 2.0,
+        |c| c.lr_decay_epochs += 1,
         |c| c.batch_size += 1,
         |c| c.seq_len += 1,
         |c| c.seed += 1,
@@ -266,4 +270,20 @@ fn run_hash_prints_and_parses_as_lower_case_hex() {
     );
     assert!(hex.to_uppercase().parse::<RunHash>().is_err());
     assert!(hex[..63].parse::<RunHash>().is_err());
+}
+
+#[test]
+fn learning_rate_decays_along_a_cosine_when_asked() {
+    let constant = RunConfig::default();
+    assert_eq!(constant.lr_at(0), constant.lr);
+    assert_eq!(constant.lr_at(1000), constant.lr);
+    let decaying = RunConfig {
+        lr_decay_epochs: 10,
+        ..RunConfig::default()
+    };
+    assert_eq!(decaying.lr_at(0), decaying.lr);
+    assert!((decaying.lr_at(5) - decaying.lr * 0.55).abs() < 1e-12);
+    assert!((decaying.lr_at(10) - decaying.lr / 10.0).abs() < 1e-12);
+    assert_eq!(decaying.lr_at(50), decaying.lr_at(10));
+    assert!(decaying.lr_at(3) > decaying.lr_at(4));
 }

@@ -13,7 +13,10 @@
 //! | --- | --- | --- | --- |
 //! | `0x00` | error (responses only) | — | `0x00, code` ([`ErrorCode`]) |
 //! | `0x01` | butterfly merge ([`super`]) | `0x01, butterfly::Request` | `0x01, butterfly::Response` |
-//! | `0x02`–`0xEF` | free: add a row and a constant here before using one | | |
+//! | `0x02` | pipeline forward ([`crate::pipeline`]) | `0x02, header, activation frame` | `0x02, header, gradient frame` |
+//! | `0x03` | pipeline evaluation | `0x03, header, activation frame` | `0x03, header` |
+//! | `0x04` | stage weights for a joining replica | `0x04, header` | `0x04, header, f32 weights` |
+//! | `0x05`–`0xEF` | free: add a row and a constant here before using one | | |
 //! | `0xF0`–`0xFF` | experiments, tests and benchmarks; a node never sends them and answers them with `UnknownService` | | |
 //!
 //! A service answers a request it cannot parse with [`ErrorCode::Malformed`], and answers
@@ -26,6 +29,12 @@ use std::ops::RangeInclusive;
 pub const ERROR: u8 = 0x00;
 /// Tag of the butterfly merge service.
 pub const BUTTERFLY: u8 = 0x01;
+/// Tag of the pipeline's forward service (activation in, gradient back).
+pub const PIPELINE_FORWARD: u8 = 0x02;
+/// Tag of the pipeline's held-out evaluation service.
+pub const PIPELINE_EVAL: u8 = 0x03;
+/// Tag of the service that hands a stage's weights to a joining replica.
+pub const STAGE_WEIGHTS: u8 = 0x04;
 /// Tags reserved for experiments, tests and benchmarks.
 pub const EXPERIMENTAL: RangeInclusive<u8> = 0xF0..=0xFF;
 

@@ -2,12 +2,14 @@
 //! gossip messages that report losses and merged weights.
 //!
 //! Request-response bodies share the node's one protocol; the first byte names the service
-//! (see [`Service`]). A body is `tag, u32 header length (big-endian), JSON header, payload`,
+//! (see [`Service`] and the tag table in [`crate::merge::rpc`]). A body is `tag, u32 header length (big-endian), JSON header, payload`,
 //! where the payload is a tensor frame of the training crate's wire codec or raw f32 weights.
 //! Headers are bounded by [`MAX_HEADER_BYTES`] and checked before they are parsed, so a
 //! malformed body is an error, never a panic or a large allocation.
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::merge::rpc;
 
 /// Largest JSON header accepted in a pipeline body.
 pub(crate) const MAX_HEADER_BYTES: usize = 16 * 1024;
@@ -18,21 +20,21 @@ pub(crate) const MAX_GOSSIP_BYTES: usize = 48 * 1024;
 /// The first byte of a request-response body: which service it is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Service {
-    /// Forward an activation; the response carries the gradient back (`0x02`).
-    Forward = 0x02,
-    /// Evaluate held-out data without gradients (`0x03`).
-    Eval = 0x03,
-    /// Fetch a stage's current weights (`0x04`).
-    Weights = 0x04,
+    /// Forward an activation; the response carries the gradient back.
+    Forward = rpc::PIPELINE_FORWARD as isize,
+    /// Evaluate held-out data without gradients.
+    Eval = rpc::PIPELINE_EVAL as isize,
+    /// Fetch a stage's current weights.
+    Weights = rpc::STAGE_WEIGHTS as isize,
 }
 
 impl Service {
     /// The service a body is for, from its first byte.
     pub(crate) fn of(body: &[u8]) -> Option<Service> {
-        match body.first()? {
-            0x02 => Some(Service::Forward),
-            0x03 => Some(Service::Eval),
-            0x04 => Some(Service::Weights),
+        match *body.first()? {
+            rpc::PIPELINE_FORWARD => Some(Service::Forward),
+            rpc::PIPELINE_EVAL => Some(Service::Eval),
+            rpc::STAGE_WEIGHTS => Some(Service::Weights),
             _ => None,
         }
     }

@@ -1,0 +1,108 @@
+//! The swarm against the single-process reference, side by side in one run: tokens per
+//! second, and held-out loss after the same number of tokens.
+//!
+//! Runs `iota-p2p local-swarm` (1 validator, 6 miners, 3 stages, tiny preset) and then
+//! `iota-p2p train-local` on the same preset, batch and sequence length, with as many
+//! libtorch threads as the machine has cores, for as many steps as the swarm trained samples.
+//! `IOTA_BENCH_EPOCHS` (default 6) and `IOTA_BENCH_SAMPLES` (samples per head per epoch,
+//! default 100) size the run.
+
+use std::process::Command;
+
+/// The `key=value` fields of the `RESULT <name>` line in `output`.
+fn result(output: &str, name: &str) -> std::collections::BTreeMap<String, f64> {
+    let prefix = format!("RESULT {name} ");
+    output
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .next_back()
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn run(args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_iota-p2p"))
+        .args(args)
+        .output()
+        .expect("the binary runs");
+    let text = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        output.status.success(),
+        "{args:?} failed:\n{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    text
+}
+
+fn main() {
+    let epochs: u64 = std::env::var("IOTA_BENCH_EPOCHS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6);
+    let samples: u64 = std::env::var("IOTA_BENCH_SAMPLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let heads = 2; // 6 miners on 3 stages
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let out = std::env::temp_dir().join(format!("iota-bench-swarm-{}", std::process::id()));
+    let swarm = run(&[
+        "local-swarm",
+        "--miners",
+        "6",
+        "--validators",
+        "1",
+        "--stages",
+        "3",
+        "--epochs",
+        &epochs.to_string(),
+        "--samples-per-epoch",
+        &samples.to_string(),
+        "--out",
+        &out.display().to_string(),
+    ]);
+    print!("{swarm}");
+    let s = result(&swarm, "local-swarm");
+    let steps = epochs * samples * heads;
+    let local = run(&[
+        "train-local",
+        "--preset",
+        "tiny",
+        "--steps",
+        &steps.to_string(),
+        "--threads",
+        &cores.to_string(),
+        "--eval-interval",
+        "0",
+    ]);
+    print!("{local}");
+    let l = result(&local, "train-local");
+    let _ = std::fs::remove_dir_all(&out);
+    println!();
+    println!(
+        "| | tokens/s | held-out loss after {} tokens |",
+        steps * 16 * 64
+    );
+    println!("|---|---|---|");
+    println!(
+        "| swarm (7 processes) | {:.0} | {:.4} |",
+        s["tokens_per_s"], s["val_loss"]
+    );
+    println!(
+        "| train-local ({cores} threads) | {:.0} | {:.4} |",
+        l["tokens_per_s"], l["val_loss"]
+    );
+    println!(
+        "RESULT swarm-throughput ratio={:.3}",
+        s["tokens_per_s"] / l["tokens_per_s"]
+    );
+    println!(
+        "RESULT swarm-convergence loss_ratio={:.3}",
+        s["val_loss"] / l["val_loss"]
+    );
+}
