@@ -274,13 +274,14 @@ pub(crate) struct Net {
     pub(crate) lm_head: Option<Tensor>,
     pub(crate) n_heads: i64,
     pub(crate) d_model: i64,
-    /// Rotary tables `[max_seq, head_dim / 2]` in the stage dtype.
+    /// Rotary tables `[max_seq, head_dim / 2]`, f32 whatever the stage dtype (bf16 angles
+    /// would be too coarse at long positions).
     pub(crate) cos: Tensor,
     pub(crate) sin: Tensor,
 }
 
-/// Rotary tables for `cfg` on `device` in `kind`.
-pub(crate) fn rope_tables(cfg: &ModelConfig, device: tch::Device, kind: Kind) -> (Tensor, Tensor) {
+/// f32 rotary tables for `cfg` on `device`.
+pub(crate) fn rope_tables(cfg: &ModelConfig, device: tch::Device) -> (Tensor, Tensor) {
     let half = cfg.head_dim() / 2;
     let mut cos = Vec::with_capacity(cfg.max_seq * half);
     let mut sin = Vec::with_capacity(cfg.max_seq * half);
@@ -293,12 +294,7 @@ pub(crate) fn rope_tables(cfg: &ModelConfig, device: tch::Device, kind: Kind) ->
         }
     }
     let shape = [cfg.max_seq as i64, half as i64];
-    let t = |v: &[f32]| {
-        Tensor::from_slice(v)
-            .reshape(shape)
-            .to_device(device)
-            .to_kind(kind)
-    };
+    let t = |v: &[f32]| Tensor::from_slice(v).reshape(shape).to_device(device);
     (t(&cos), t(&sin))
 }
 
@@ -311,13 +307,62 @@ fn linear(x: &Tensor, w: &Tensor) -> Tensor {
 }
 
 impl Net {
+    /// Arranges a stage's parameters for the forward pass; `lookup` returns the parameter of
+    /// a name from [`param_specs`].
+    pub(crate) fn build(
+        model: &ModelConfig,
+        layout: &StageLayout,
+        device: tch::Device,
+        lookup: impl Fn(&str) -> Option<Tensor>,
+    ) -> Net {
+        let get = |name: String| -> Tensor {
+            lookup(&name).expect("param_specs names every tensor the forward pass uses")
+        };
+        let blocks = layout
+            .layers
+            .clone()
+            .map(|l| Block {
+                attn_norm: get(format!("layers.{l}.attn_norm")),
+                wq: get(format!("layers.{l}.wq")),
+                wk: get(format!("layers.{l}.wk")),
+                wv: get(format!("layers.{l}.wv")),
+                wo: get(format!("layers.{l}.wo")),
+                mlp_norm: get(format!("layers.{l}.mlp_norm")),
+                w1: get(format!("layers.{l}.w1")),
+                w3: get(format!("layers.{l}.w3")),
+                w2: get(format!("layers.{l}.w2")),
+            })
+            .collect();
+        let proj = |present: bool, k: usize, half: &str| {
+            present.then(|| Projection {
+                norm: get(format!("boundary.{k}.{half}_norm")),
+                weight: get(format!("boundary.{k}.{half}")),
+            })
+        };
+        let (cos, sin) = rope_tables(model, device);
+        Net {
+            embed: layout.is_head().then(|| get("embed".into())),
+            up: proj(layout.has_up(), layout.index.saturating_sub(1), "up"),
+            blocks,
+            down: proj(layout.has_down(), layout.index, "down"),
+            final_norm: layout.is_tail().then(|| get("final_norm".into())),
+            lm_head: layout.is_tail().then(|| get("lm_head".into())),
+            n_heads: model.n_heads as i64,
+            d_model: model.d_model as i64,
+            cos,
+            sin,
+        }
+    }
+
     fn rope(&self, x: &Tensor, seq: i64) -> Tensor {
         let half = x.size()[3] / 2;
         let cos = self.cos.narrow(0, 0, seq).reshape([1, 1, seq, half]);
         let sin = self.sin.narrow(0, 0, seq).reshape([1, 1, seq, half]);
+        let kind = x.kind();
+        let x = x.to_kind(Kind::Float);
         let x1 = x.narrow(-1, 0, half);
         let x2 = x.narrow(-1, half, half);
-        Tensor::cat(&[&x1 * &cos - &x2 * &sin, &x1 * &sin + &x2 * &cos], -1)
+        Tensor::cat(&[&x1 * &cos - &x2 * &sin, &x1 * &sin + &x2 * &cos], -1).to_kind(kind)
     }
 
     fn block(&self, h: &Tensor, blk: &Block) -> Tensor {

@@ -16,16 +16,18 @@
 //!   [`crate::model`] order, row-major); [`Stage::weights_hash`] is the blake3 of its
 //!   little-endian bytes.
 
+mod error;
 mod optim;
 
 use std::collections::HashMap;
 
 use tch::{Device, Kind, Tensor};
 
+pub use error::{BackwardError, BuildError, ForwardError, ParamsError, StepError};
 use optim::Param;
 pub use optim::{AdamW, StepReport};
 
-use crate::model::{self, Block, LayoutError, Net, ParamSpec, Projection, StageLayout};
+use crate::model::{self, Net, ParamSpec, StageLayout};
 use crate::preset::{DType, ModelConfig, Preset, VOCAB};
 
 /// Everything that determines a stage.
@@ -72,106 +74,6 @@ impl StageConfig {
             max_in_flight: 64,
         }
     }
-}
-
-/// Why a stage could not be built.
-#[derive(Debug, thiserror::Error)]
-pub enum BuildError {
-    /// The split is impossible.
-    #[error(transparent)]
-    Layout(#[from] LayoutError),
-    /// libtorch refused (for example, the device is not available).
-    #[error("creating tensors: {0}")]
-    Tensor(#[from] tch::TchError),
-}
-
-/// Why a forward pass was refused or failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ForwardError {
-    /// The operation does not apply to this stage (e.g. `forward_loss` on a non-tail stage).
-    #[error("stage {index} cannot {op}")]
-    WrongRole {
-        /// This stage's index.
-        index: usize,
-        /// The refused operation.
-        op: &'static str,
-    },
-    /// The input's shape or kind is not what this stage takes.
-    #[error("bad input: expected {expected}, got shape {got:?} of {kind:?}")]
-    BadInput {
-        /// What the stage takes.
-        expected: String,
-        /// The shape given.
-        got: Vec<i64>,
-        /// The element kind given.
-        kind: Option<Kind>,
-    },
-    /// A sequence is longer than the model's rotary tables.
-    #[error("sequence of {seq} exceeds the maximum {max}")]
-    SeqTooLong {
-        /// Given length.
-        seq: i64,
-        /// The preset's `max_seq`.
-        max: usize,
-    },
-    /// A token or target is outside `0..256`.
-    #[error("token outside 0..256")]
-    TokenOutOfRange,
-    /// The sample id already has a forward pass waiting for its backward.
-    #[error("sample {0} is already in flight")]
-    DuplicateSample(u64),
-    /// [`StageConfig::max_in_flight`] samples are already waiting.
-    #[error("{0} samples already in flight")]
-    TooManyInFlight(usize),
-    /// libtorch failed.
-    #[error("tensor op: {0}")]
-    Tensor(#[from] tch::TchError),
-}
-
-/// Why a backward pass was refused or failed.
-#[derive(Debug, thiserror::Error)]
-pub enum BackwardError {
-    /// No forward pass of this sample is waiting (never run, already consumed, or dropped).
-    #[error("sample {0} is not in flight")]
-    UnknownSample(u64),
-    /// The gradient's shape differs from the forward output's.
-    #[error("gradient of shape {got:?} for output of shape {expected:?}")]
-    ShapeMismatch {
-        /// Output shape.
-        expected: Vec<i64>,
-        /// Gradient shape.
-        got: Vec<i64>,
-    },
-    /// libtorch failed.
-    #[error("tensor op: {0}")]
-    Tensor(#[from] tch::TchError),
-}
-
-/// Why an optimizer step was not taken.
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum StepError {
-    /// No gradient has been accumulated since the last step.
-    #[error("no samples accumulated since the last step")]
-    NothingAccumulated,
-    /// The gradient norm is NaN or infinite; the gradients were discarded.
-    #[error("non-finite gradient norm {0}")]
-    NonFiniteGradient(f64),
-}
-
-/// Why weights or optimizer state could not be loaded.
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum ParamsError {
-    /// The vector's length is not this stage's parameter count.
-    #[error("expected {expected} values, got {got}")]
-    LengthMismatch {
-        /// This stage's parameter count.
-        expected: usize,
-        /// Values given.
-        got: usize,
-    },
-    /// A value is NaN or infinite.
-    #[error("non-finite value")]
-    NonFinite,
 }
 
 /// Result of the tail's forward and backward pass on one sample.
@@ -241,7 +143,16 @@ impl Stage {
                 decay: spec.decays(),
             });
         }
-        let net = build_net(&model, &layout, &specs, &params, config.device, kind);
+        let net = {
+            let by_name: HashMap<&str, &Param> = specs
+                .iter()
+                .zip(&params)
+                .map(|(s, p)| (s.name.as_str(), p))
+                .collect();
+            Net::build(&model, &layout, config.device, |name| {
+                by_name.get(name).map(|p| p.tensor.shallow_clone())
+            })
+        };
         Ok(Stage {
             config: config.clone(),
             model,
@@ -630,62 +541,4 @@ pub fn hash_f32(values: &[f32]) -> [u8; 32] {
         h.update(&bytes);
     }
     *h.finalize().as_bytes()
-}
-
-fn build_net(
-    model: &ModelConfig,
-    layout: &StageLayout,
-    specs: &[ParamSpec],
-    params: &[Param],
-    device: Device,
-    kind: Kind,
-) -> Net {
-    let by_name: HashMap<&str, &Param> = specs
-        .iter()
-        .zip(params)
-        .map(|(s, p)| (s.name.as_str(), p))
-        .collect();
-    let get = |name: String| -> Tensor {
-        by_name
-            .get(name.as_str())
-            .expect("param_specs names every tensor the forward pass uses")
-            .tensor
-            .shallow_clone()
-    };
-    let blocks = layout
-        .layers
-        .clone()
-        .map(|l| Block {
-            attn_norm: get(format!("layers.{l}.attn_norm")),
-            wq: get(format!("layers.{l}.wq")),
-            wk: get(format!("layers.{l}.wk")),
-            wv: get(format!("layers.{l}.wv")),
-            wo: get(format!("layers.{l}.wo")),
-            mlp_norm: get(format!("layers.{l}.mlp_norm")),
-            w1: get(format!("layers.{l}.w1")),
-            w3: get(format!("layers.{l}.w3")),
-            w2: get(format!("layers.{l}.w2")),
-        })
-        .collect();
-    let has = |name: &str| by_name.contains_key(name);
-    let proj = |k: usize, half: &str| {
-        let norm = format!("boundary.{k}.{half}_norm");
-        has(&norm).then(|| Projection {
-            norm: get(norm),
-            weight: get(format!("boundary.{k}.{half}")),
-        })
-    };
-    let (cos, sin) = model::rope_tables(model, device, kind);
-    Net {
-        embed: has("embed").then(|| get("embed".into())),
-        up: layout.index.checked_sub(1).and_then(|k| proj(k, "up")),
-        blocks,
-        down: proj(layout.index, "down"),
-        final_norm: has("final_norm").then(|| get("final_norm".into())),
-        lm_head: has("lm_head").then(|| get("lm_head".into())),
-        n_heads: model.n_heads as i64,
-        d_model: model.d_model as i64,
-        cos,
-        sin,
-    }
 }

@@ -213,3 +213,34 @@ fn bf16_compute_tracks_f32() {
         losses[1]
     );
 }
+
+#[test]
+#[ignore = "113 M parameters, about 2 GB of memory: run with --ignored"]
+fn base_preset_builds_trains_and_splits_on_cpu() {
+    tch::set_num_threads(2);
+    let b = Corpus::shakespeare()
+        .unwrap()
+        .train_sample(0, 0, 1, 32)
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let mut whole = Stage::new(&StageConfig::new(Preset::Base, 1, 0, 0, 1)).unwrap();
+    eprintln!(
+        "base: {} parameters, built in {:.1} s",
+        whole.num_params(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(whole.num_params(), Preset::Base.config().num_params());
+    let loss = whole
+        .forward_loss(&b.inputs_tensor(), &b.targets_tensor())
+        .unwrap()
+        .loss;
+    assert!((loss - 256f32.ln()).abs() < 0.3, "initial loss {loss}");
+    whole.step().unwrap();
+    let after = whole
+        .eval_loss(&b.inputs_tensor(), &b.targets_tensor())
+        .unwrap();
+    assert!(after < loss, "{after} !< {loss}");
+    let tail = Stage::new(&StageConfig::new(Preset::Base, 4, 3, 96, 1)).unwrap();
+    assert_eq!(tail.layout().layers, 9..12);
+    assert_eq!(tail.layout().in_width, Some(96));
+}

@@ -1,0 +1,105 @@
+//! Errors of the stage's operations, one enum per operation.
+
+use tch::Kind;
+
+use crate::model::LayoutError;
+
+/// Why a stage could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The split is impossible.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// libtorch refused (for example, the device is not available).
+    #[error("creating tensors: {0}")]
+    Tensor(#[from] tch::TchError),
+}
+
+/// Why a forward pass was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// The operation does not apply to this stage (e.g. `forward_loss` on a non-tail stage).
+    #[error("stage {index} cannot {op}")]
+    WrongRole {
+        /// This stage's index.
+        index: usize,
+        /// The refused operation.
+        op: &'static str,
+    },
+    /// The input's shape or kind is not what this stage takes.
+    #[error("bad input: expected {expected}, got shape {got:?} of {kind:?}")]
+    BadInput {
+        /// What the stage takes.
+        expected: String,
+        /// The shape given.
+        got: Vec<i64>,
+        /// The element kind given.
+        kind: Option<Kind>,
+    },
+    /// A sequence is longer than the model's rotary tables.
+    #[error("sequence of {seq} exceeds the maximum {max}")]
+    SeqTooLong {
+        /// Given length.
+        seq: i64,
+        /// The preset's `max_seq`.
+        max: usize,
+    },
+    /// A token or target is outside `0..256`.
+    #[error("token outside 0..256")]
+    TokenOutOfRange,
+    /// The sample id already has a forward pass waiting for its backward.
+    #[error("sample {0} is already in flight")]
+    DuplicateSample(u64),
+    /// [`StageConfig::max_in_flight`] samples are already waiting.
+    #[error("{0} samples already in flight")]
+    TooManyInFlight(usize),
+    /// libtorch failed.
+    #[error("tensor op: {0}")]
+    Tensor(#[from] tch::TchError),
+}
+
+/// Why a backward pass was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BackwardError {
+    /// No forward pass of this sample is waiting (never run, already consumed, or dropped).
+    #[error("sample {0} is not in flight")]
+    UnknownSample(u64),
+    /// The gradient's shape differs from the forward output's.
+    #[error("gradient of shape {got:?} for output of shape {expected:?}")]
+    ShapeMismatch {
+        /// Output shape.
+        expected: Vec<i64>,
+        /// Gradient shape.
+        got: Vec<i64>,
+    },
+    /// libtorch failed.
+    #[error("tensor op: {0}")]
+    Tensor(#[from] tch::TchError),
+}
+
+/// Why an optimizer step was not taken.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum StepError {
+    /// No gradient has been accumulated since the last step.
+    #[error("no samples accumulated since the last step")]
+    NothingAccumulated,
+    /// The gradient norm is NaN or infinite; the gradients were discarded.
+    #[error("non-finite gradient norm {0}")]
+    NonFiniteGradient(f64),
+}
+
+/// Why weights or optimizer state could not be loaded.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ParamsError {
+    /// The vector's length is not this stage's parameter count.
+    #[error("expected {expected} values, got {got}")]
+    LengthMismatch {
+        /// This stage's parameter count.
+        expected: usize,
+        /// Values given.
+        got: usize,
+    },
+    /// A value is NaN or infinite.
+    #[error("non-finite value")]
+    NonFinite,
+}
