@@ -10,6 +10,10 @@
 //!   [`StageConfig::max_in_flight`] samples are kept.
 //! - Parameter gradients accumulate over samples; [`Stage::step`] averages them over the samples
 //!   seen since the last step, clips the global norm and applies AdamW.
+//! - Changing the weights ([`Stage::step`], [`Stage::set_flat_params`],
+//!   [`Stage::import_state`]) frees the graphs of samples still in flight: they were recorded
+//!   with the old weights and autograd can no longer differentiate them. Callers that want
+//!   those backward passes wait for them before stepping (as [`crate::worker`] does).
 //! - Inputs are checked (rank, width, sequence length, token range) before tensor code runs,
 //!   so a malformed input is a typed error, not a panic inside libtorch.
 //! - [`Stage::flat_params`] is the canonical f32 weight vector (parameters in
@@ -423,6 +427,7 @@ impl Stage {
             1.0
         };
         self.step += 1;
+        let dropped_in_flight = self.drop_stale_graphs();
         optim::adamw_update(
             &self.config.optimizer,
             self.step,
@@ -434,7 +439,22 @@ impl Stage {
             step: self.step,
             grad_norm,
             samples,
+            dropped_in_flight,
         })
+    }
+
+    /// Frees every in-flight graph before the weights change in place; returns how many.
+    fn drop_stale_graphs(&mut self) -> usize {
+        let n = self.in_flight.len();
+        if n > 0 {
+            tracing::debug!(
+                stage = self.layout.index,
+                samples = n,
+                "weights change: freeing graphs in flight"
+            );
+        }
+        self.in_flight.clear();
+        n
     }
 
     /// Discards accumulated gradients.
@@ -477,7 +497,7 @@ impl Stage {
         hash_f32(&self.flat_params())
     }
 
-    fn scatter(&self, flat: &[f32], mut f: impl FnMut(&Param, &Tensor)) -> Result<(), ParamsError> {
+    fn check_flat(&self, flat: &[f32]) -> Result<(), ParamsError> {
         if flat.len() != self.num_params() {
             return Err(ParamsError::LengthMismatch {
                 expected: self.num_params(),
@@ -487,6 +507,11 @@ impl Stage {
         if flat.iter().any(|v| !v.is_finite()) {
             return Err(ParamsError::NonFinite);
         }
+        Ok(())
+    }
+
+    fn scatter(&self, flat: &[f32], mut f: impl FnMut(&Param, &Tensor)) -> Result<(), ParamsError> {
+        self.check_flat(flat)?;
         let mut at = 0;
         for (p, spec) in self.params.iter().zip(&self.specs) {
             let n = spec.numel();
@@ -500,8 +525,11 @@ impl Stage {
         Ok(())
     }
 
-    /// Replaces the weights (e.g. with the butterfly average); optimizer state is kept.
+    /// Replaces the weights (e.g. with the butterfly average); optimizer state is kept, graphs
+    /// in flight are freed.
     pub fn set_flat_params(&mut self, flat: &[f32]) -> Result<(), ParamsError> {
+        self.check_flat(flat)?;
+        self.drop_stale_graphs();
         self.scatter(flat, |p, src| p.assign(src))
     }
 
@@ -523,8 +551,9 @@ impl Stage {
         };
         // Validate everything before changing anything.
         for v in [&state.params, &state.adam_m, &state.adam_v] {
-            self.scatter(v, |_, _| {})?;
+            self.check_flat(v)?;
         }
+        self.drop_stale_graphs();
         self.scatter(&state.params, |p, src| p.assign(src))?;
         self.scatter(&state.adam_m, |p, src| copy(&p.m, src))?;
         self.scatter(&state.adam_v, |p, src| copy(&p.v, src))?;

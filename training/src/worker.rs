@@ -96,6 +96,8 @@ pub struct WorkerStatus {
     pub accumulated: usize,
     /// Optimizer steps taken.
     pub steps: u64,
+    /// An optimizer step is waiting for the samples in flight to finish their backward pass.
+    pub step_waiting: bool,
 }
 
 /// Why a worker command failed.
@@ -214,7 +216,11 @@ impl StageHandle {
                 {
                     return;
                 }
-                let mut worker = Worker { stage, cfg };
+                let mut worker = Worker {
+                    stage,
+                    cfg,
+                    step_waiting: false,
+                };
                 worker.run(urgent_rx, normal_rx);
             })
             .map_err(SpawnError::Thread)?;
@@ -322,15 +328,18 @@ impl StageHandle {
             .await
     }
 
-    /// In-flight samples, accumulated samples and steps taken.
+    /// In-flight samples, accumulated samples, steps taken. Answered before queued forward
+    /// work, and also while a step waits for backward passes.
     pub async fn status(&self) -> Result<WorkerStatus, WorkerError> {
-        self.call(false, Command::Status).await
+        self.call(true, Command::Status).await
     }
 }
 
 struct Worker {
     stage: Stage,
     cfg: WorkerConfig,
+    /// A step is deferred until the samples in flight are done.
+    step_waiting: bool,
 }
 
 impl Worker {
@@ -352,13 +361,13 @@ impl Worker {
             // pass: stepping changes the weights in place, and a graph recorded before the
             // step could no longer be differentiated. While it waits, only the urgent queue
             // (backward passes, dropped samples) is served, so the wait always ends.
-            let mut deferred: Option<(Option<f64>, Reply<StepReport>, tokio::time::Instant)> =
-                None;
+            let mut deferred: Option<(Option<f64>, Reply<StepReport>, tokio::time::Instant)> = None;
             loop {
                 if let Some((_, _, since)) = &deferred {
                     let waited = since.elapsed();
                     if self.stage.in_flight() == 0 || waited >= STEP_WAIT {
                         if let Some((lr, r, _)) = deferred.take() {
+                            self.step_waiting = false;
                             self.step(lr, r);
                         }
                         continue;
@@ -380,6 +389,7 @@ impl Worker {
                 };
                 match cmd {
                     Command::Step(lr, r) if self.stage.in_flight() > 0 => {
+                        self.step_waiting = true;
                         deferred = Some((lr, r, tokio::time::Instant::now()));
                     }
                     cmd => self.handle(cmd),
@@ -433,6 +443,7 @@ impl Worker {
                     in_flight: self.stage.in_flight(),
                     accumulated: self.stage.accumulated(),
                     steps: self.stage.steps(),
+                    step_waiting: self.step_waiting,
                 }));
             }
         }

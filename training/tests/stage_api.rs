@@ -244,3 +244,29 @@ fn base_preset_builds_trains_and_splits_on_cpu() {
     assert_eq!(tail.layout().layers, 9..12);
     assert_eq!(tail.layout().in_width, Some(96));
 }
+
+#[test]
+fn a_step_frees_graphs_recorded_with_the_old_weights() {
+    let mut body = stage(3, 1);
+    let x = Tensor::randn([2, 8, 128], (Kind::Float, tch::Device::Cpu));
+    let _ = body.forward(1, &x).unwrap();
+    let _ = body.forward(2, &x).unwrap();
+    body.backward(1, &x).unwrap();
+    let report = body.step().unwrap();
+    assert_eq!(report.dropped_in_flight, 1);
+    assert_eq!(body.in_flight(), 0);
+    assert!(matches!(
+        body.backward(2, &x),
+        Err(BackwardError::UnknownSample(2))
+    ));
+    // Replacing the weights does the same.
+    let _ = body.forward(3, &x).unwrap();
+    body.set_flat_params(&body.flat_params()).unwrap();
+    assert!(matches!(
+        body.backward(3, &x),
+        Err(BackwardError::UnknownSample(3))
+    ));
+    // A graph recorded after the step differentiates normally.
+    let _ = body.forward(4, &x).unwrap();
+    assert!(body.backward(4, &x).unwrap().is_some());
+}

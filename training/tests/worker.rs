@@ -188,3 +188,49 @@ async fn tensor_work_does_not_block_the_async_runtime() {
         "the runtime was blocked while the stage computed"
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_step_waits_for_the_samples_in_flight() {
+    tch::set_num_threads(1);
+    let (head, _thread) = spawn(0).await;
+    let b = Corpus::shakespeare()
+        .unwrap()
+        .train_sample(0, SEED, 2, 16)
+        .unwrap();
+    let act = head.forward(0, tokens(&b)).await.unwrap();
+    let h = wire::decode_header(&act, &DecodeLimits::default()).unwrap();
+    let step = {
+        let head = head.clone();
+        tokio::spawn(async move { head.step(None).await })
+    };
+    // Poll until the compute thread holds the step back (status is answered meanwhile).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !head.status().await.unwrap().step_waiting {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the step never started waiting"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert!(!step.is_finished());
+    // The backward pass is still served, and the step follows with its gradient in it.
+    let n: usize = h.shape.iter().product();
+    let grad = wire::encode(
+        &Codec::new(WireDtype::F32),
+        &wire::FrameMeta {
+            run: RUN,
+            sample: 0,
+            stage: 1,
+            kind: wire::FrameKind::Gradient,
+        },
+        &h.shape,
+        &vec![1e-3; n],
+    )
+    .unwrap();
+    assert_eq!(head.backward(grad).await.unwrap(), None);
+    let report = step.await.unwrap().unwrap();
+    assert_eq!((report.samples, report.dropped_in_flight), (1, 0));
+    let status = head.status().await.unwrap();
+    assert!(!status.step_waiting);
+    assert_eq!((status.in_flight, status.steps), (0, 1));
+}

@@ -95,6 +95,10 @@ pub struct StepReport {
     pub grad_norm: f64,
     /// Samples whose gradients were averaged into this step.
     pub samples: usize,
+    /// Samples that were still waiting for their backward pass: the step changed the weights
+    /// their graphs were recorded with, so those graphs were freed (their backward now fails
+    /// with `UnknownSample`).
+    pub dropped_in_flight: usize,
 }
 
 /// Global L2 norm of `grads`, with one device synchronisation.
