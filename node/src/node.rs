@@ -25,6 +25,9 @@ use crate::status::{NodeView, StatusSource};
 /// Samples each head keeps in flight.
 const HEAD_WINDOW: usize = 1;
 
+/// How long a stopping node waits for its compute thread.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// How often the election is ticked.
 const TICK: Duration = Duration::from_millis(250);
 
@@ -374,6 +377,9 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     client.shutdown().await;
     if let Err(error) = event_loop.await {
         tracing::warn!(%error, "network event loop ended badly");
+    }
+    if let Some(miner) = &miner {
+        miner.shutdown(SHUTDOWN_GRACE).await;
     }
     let _ = stop_http.send(());
     if let Some(task) = http {

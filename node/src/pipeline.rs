@@ -126,6 +126,8 @@ struct State {
     /// Latest merge hash gossiped per stage: (epoch, hash).
     merge_hashes: BTreeMap<u32, (u64, String)>,
     train_loss: Option<f32>,
+    /// The compute thread of `worker`, joined at shutdown.
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// A snapshot for `/status`.
@@ -222,6 +224,28 @@ impl Miner {
                 tracing::warn!(error = %format!("{error:#}"), "epoch transition failed");
             }
         }));
+    }
+
+    /// Stops training and waits (up to `grace`) for the stage's compute thread to end, so the
+    /// process never exits while libtorch is mid-operation on another thread.
+    pub(crate) async fn shutdown(&self, grace: Duration) {
+        if let Some(task) = self.transition.lock().await.take() {
+            task.abort();
+            let _ = task.await;
+        }
+        let (worker, thread) = {
+            let mut state = lock(&self.shared.state);
+            (state.worker.take(), state.thread.take())
+        };
+        drop(worker);
+        if let Some(thread) = thread {
+            let joined =
+                tokio::time::timeout(grace, tokio::task::spawn_blocking(move || thread.join()))
+                    .await;
+            if joined.is_err() {
+                tracing::warn!("the compute thread did not stop in time");
+            }
+        }
     }
 
     /// Records what other miners gossip.
@@ -351,8 +375,10 @@ async fn build_stage(
     stage_cfg.optimizer.lr = plan.lr;
     stage_cfg.max_in_flight = MAX_IN_FLIGHT * 2;
     let codec = training::wire::Codec::new(wire);
-    let (handle, _thread) =
+    let (handle, thread) =
         StageHandle::spawn(WorkerConfig::new(stage_cfg, codec, shared.run_id)).await?;
+    // The previous stage's thread (if any) ends once its last handle is dropped.
+    lock(&shared.state).thread = Some(thread);
 
     if let Some(store) = &shared.store {
         if let Some((manifest, state)) = store.load_latest(shared.run_id, stage)? {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 
 /// The parts of the status that the node loop writes and the HTTP handler reads.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct NodeView {
     /// Addresses the node listens on, each ending in `/p2p/<peer id>`.
     pub(crate) listen_addrs: Vec<String>,
@@ -27,32 +27,22 @@ pub(crate) struct NodeView {
     /// Miners per stage in the plan in force.
     pub(crate) stage_sizes: Vec<usize>,
     /// The miner's counters (defaults on a validator).
+    #[serde(flatten)]
     pub(crate) miner: crate::pipeline::MinerStatus,
     /// What the run did, epoch by epoch, as heard over gossip.
     pub(crate) epochs: Vec<crate::pipeline::EpochStats>,
 }
 
-/// JSON body of `GET /status`.
+/// JSON body of `GET /status`: identity and peer counts, then the node's view flattened in.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Status {
     pub(crate) peer_id: String,
     pub(crate) role: &'static str,
-    pub(crate) listen_addrs: Vec<String>,
     pub(crate) connected_peers: usize,
     pub(crate) routing_table_peers: usize,
     pub(crate) routing_table: Vec<String>,
-    pub(crate) live_peers: Vec<String>,
-    pub(crate) heartbeats_sent: u64,
-    pub(crate) orchestrator: Option<String>,
-    pub(crate) is_orchestrator: bool,
-    pub(crate) epoch: Option<u64>,
-    pub(crate) stage: Option<u32>,
-    pub(crate) stage_sizes: Vec<usize>,
-    pub(crate) samples_processed: u64,
-    pub(crate) train_loss: Option<f32>,
-    pub(crate) weights_hash: Option<String>,
-    pub(crate) merged_epoch: Option<u64>,
-    pub(crate) epochs: Vec<crate::pipeline::EpochStats>,
+    #[serde(flatten)]
+    pub(crate) view: NodeView,
 }
 
 /// Builds [`Status`] snapshots from the network client and the shared [`NodeView`].
@@ -82,22 +72,10 @@ impl StatusSource {
         Ok(Status {
             peer_id: self.client.local_peer_id().to_string(),
             role: self.role,
-            listen_addrs: view.listen_addrs,
             connected_peers: connected.len(),
             routing_table_peers: routing.len(),
             routing_table: routing,
-            live_peers: view.live_peers,
-            heartbeats_sent: view.heartbeats_sent,
-            orchestrator: view.orchestrator,
-            is_orchestrator: view.is_orchestrator,
-            epoch: view.epoch,
-            stage: view.stage,
-            stage_sizes: view.stage_sizes,
-            samples_processed: view.miner.samples_processed,
-            train_loss: view.miner.train_loss,
-            weights_hash: view.miner.weights_hash,
-            merged_epoch: view.miner.merged_epoch,
-            epochs: view.epochs,
+            view,
         })
     }
 }
