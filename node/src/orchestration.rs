@@ -378,10 +378,9 @@ mod tests {
         for s in 0..8u64 {
             let now = Duration::from_secs(s);
             for node in nodes.iter_mut() {
-                for (i, v) in ids.iter().enumerate() {
+                for v in &ids {
                     node.on_heartbeat(v, &beat(v, Role::Validator, s, &hash), now)
                         .unwrap();
-                    let _ = i;
                 }
                 for m in &miners {
                     node.on_heartbeat(m, &beat(m, Role::Miner, s, &hash), now)

@@ -17,30 +17,12 @@ use tokio::time::Instant;
 
 use crate::cli::LocalSwarmArgs;
 use crate::launcher::{wait_for, NodeProcess, NodeSpec};
+use crate::pipeline::EpochStats;
 
 /// How long a node gets to print its addresses.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a node gets to stop after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(15);
-
-/// One epoch as the run reported it.
-#[derive(Debug, Clone, serde::Deserialize)]
-pub(crate) struct EpochRow {
-    pub(crate) epoch: u64,
-    pub(crate) samples: u64,
-    pub(crate) tokens: u64,
-    pub(crate) train_loss: Option<f64>,
-    pub(crate) val_loss: Option<f32>,
-    pub(crate) dropped: u64,
-    pub(crate) first_record_s: Option<f64>,
-    pub(crate) last_record_s: Option<f64>,
-    #[serde(default)]
-    pub(crate) merged: std::collections::BTreeMap<u32, std::collections::BTreeMap<String, String>>,
-    #[serde(default)]
-    pub(crate) wire_bytes: std::collections::BTreeMap<String, u64>,
-    #[serde(default)]
-    pub(crate) samples_by_miner: std::collections::BTreeMap<String, u64>,
-}
 
 /// Runs the local swarm to completion.
 pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
@@ -165,7 +147,7 @@ async fn drive(
     // Follow the run: one line per finished epoch, until the held-out loss after the last
     // epoch is known.
     let printed = std::cell::Cell::new(0u64);
-    let rows = std::cell::RefCell::new(Vec::<EpochRow>::new());
+    let rows = std::cell::RefCell::new(Vec::<EpochStats>::new());
     let epochs = u64::from(args.epochs);
     wait_for(
         "the run to finish its epochs",
@@ -173,7 +155,7 @@ async fn drive(
         Duration::from_secs(1),
         || async {
             let status = watcher.status().await?;
-            let got: Vec<EpochRow> = serde_json::from_value(status["epochs"].clone())?;
+            let got: Vec<EpochStats> = serde_json::from_value(status["epochs"].clone())?;
             for row in &got {
                 // An epoch is reported once the next one's start has been evaluated.
                 let next_val = got

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-pub use iota_p2p::launcher::{wait_for, NodeProcess, NodeSpec};
+pub use iota_p2p::launcher::{peer_of as peer_id_of, wait_for, NodeProcess, NodeSpec};
 
 /// How long a node gets to print its addresses.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -70,11 +70,6 @@ pub async fn start_node(dir: &Path, name: &str, extra: &[&str]) -> anyhow::Resul
         log: dir.join(format!("{name}.log")),
     };
     NodeProcess::spawn(binary(), spec, READY_TIMEOUT).await
-}
-
-/// The peer id at the end of a `/p2p/<id>` multiaddr.
-pub fn peer_id_of(addr: &str) -> String {
-    addr.rsplit('/').next().unwrap_or_default().to_string()
 }
 
 /// The strings of a JSON array field of a status.

@@ -5,12 +5,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::messages::PipelineGossip;
 
-/// One epoch as heard so far.
-#[derive(Debug, Clone, Default, Serialize)]
+/// One epoch as heard so far (also read back by `local-swarm` from `/status`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct EpochStats {
     /// The epoch.
     pub(crate) epoch: u64,

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use bootstrap::RunConfig;
 
-use super::EpochRow;
 use crate::launcher::NodeProcess;
+use crate::pipeline::EpochStats;
 
 /// One line per finished epoch.
-pub(crate) fn progress_line(row: &EpochRow, val_after: f32) -> String {
+pub(crate) fn progress_line(row: &EpochStats, val_after: f32) -> String {
     let secs = match (row.first_record_s, row.last_record_s) {
         (Some(a), Some(b)) if b > a => b - a,
         _ => f64::NAN,
@@ -48,7 +48,7 @@ pub(crate) struct Summary {
 impl Summary {
     /// Sums up `rows` for a run of `epochs` epochs.
     pub(crate) fn new(
-        rows: &[EpochRow],
+        rows: &[EpochStats],
         epochs: u64,
         run: &RunConfig,
         wall: Duration,
@@ -56,7 +56,7 @@ impl Summary {
         let find = |e: u64| rows.iter().find(|r| r.epoch == e);
         let start = find(0).and_then(|r| r.val_loss).unwrap_or(f32::NAN);
         let end = find(epochs).and_then(|r| r.val_loss).unwrap_or(f32::NAN);
-        let trained: Vec<&EpochRow> = rows.iter().filter(|r| r.epoch < epochs).collect();
+        let trained: Vec<&EpochStats> = rows.iter().filter(|r| r.epoch < epochs).collect();
         let tokens: u64 = trained.iter().map(|r| r.tokens).sum();
         let samples: u64 = trained.iter().map(|r| r.samples).sum();
         let first = trained
@@ -109,7 +109,7 @@ impl Summary {
 /// Writes `report.md` and `loss.svg` into `out`.
 pub(crate) fn write(
     out: &Path,
-    rows: &[EpochRow],
+    rows: &[EpochStats],
     summary: &Summary,
     run: &RunConfig,
     nodes: &[NodeProcess],
@@ -199,7 +199,7 @@ pub(crate) fn write(
 }
 
 /// An SVG line chart of training and held-out loss per epoch.
-fn loss_svg(rows: &[EpochRow], epochs: u64) -> String {
+fn loss_svg(rows: &[EpochStats], epochs: u64) -> String {
     let (w, h, pad) = (640.0, 360.0, 48.0);
     let train: Vec<(f64, f64)> = rows
         .iter()
