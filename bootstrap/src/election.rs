@@ -22,7 +22,9 @@ use std::collections::BTreeSet;
 use crate::metagraph::Metagraph;
 use crate::peer_id::PeerIdStr;
 
-pub use tracker::{Decision, OrchestratorTracker, Phase, PlanRejected, TrackerConfig, View};
+pub use tracker::{
+    Decision, OrchestratorTracker, Phase, PlanRejected, TrackerConfig, View, MIN_EPOCH_GAP,
+};
 
 /// A validator eligible for the orchestrator duty.
 #[derive(Debug, Clone, PartialEq, Eq)]

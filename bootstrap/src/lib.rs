@@ -28,7 +28,7 @@ mod test_support;
 pub use assignment::{assign, stage_sizes, Assignment, AssignmentError};
 pub use election::{
     elect, tie_break_hash, Candidate, Decision, OrchestratorTracker, Phase, PlanRejected, Ranking,
-    TrackerConfig, View,
+    TrackerConfig, View, MIN_EPOCH_GAP,
 };
 pub use metagraph::{
     FieldProblem, Hotkey, HotkeyError, LocalNeuron, Metagraph, MetagraphError, Neuron,
@@ -37,9 +37,9 @@ pub use metagraph::{
 pub use peer_id::{PeerIdError, PeerIdStr};
 pub use plan::{
     next_plan, plan_seed, EpochPlan, InvalidPlan, NextPlanError, PlanDecodeError, PlanEncodeError,
-    MAX_PLAN_BYTES,
+    MAX_PLAN_BYTES, MAX_PLAN_MINERS,
 };
 pub use run_config::{
     ModelPreset, RunConfig, RunConfigError, RunHash, RunHashError, WireFormat,
-    MAX_RUN_CONFIG_BYTES, MAX_RUN_NAME_LEN, MAX_STAGES,
+    MAX_OPEN_REGISTRATION, MAX_RUN_CONFIG_BYTES, MAX_RUN_NAME_LEN, MAX_STAGES,
 };

@@ -28,6 +28,12 @@ use crate::run_config::{RunConfig, RunHash, MAX_STAGES};
 /// plan.
 pub const MAX_PLAN_BYTES: usize = 1 << 20;
 
+/// Most miners one plan assigns. An assignment entry is a quoted peer id and a stage, about
+/// 58 bytes of JSON, so 512 of them keep a plan near 30 KiB: inside the 63 KiB gossip
+/// envelope with room for the rest of the plan. Miners beyond it wait for a free place
+/// (those already assigned keep theirs; newcomers are admitted in peer-id order).
+pub const MAX_PLAN_MINERS: usize = 512;
+
 /// What the orchestrator publishes to open an epoch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -165,6 +171,7 @@ pub fn next_plan(
     };
     let empty = Assignment::new();
     let previous = prev.map_or(&empty, |p| &p.assignment);
+    let live_miners = &within_bound(previous, live_miners);
     Ok(EpochPlan {
         run: config.run_name.clone(),
         run_hash,
@@ -180,13 +187,68 @@ pub fn next_plan(
     })
 }
 
+/// At most [`MAX_PLAN_MINERS`] of `live`: those already assigned first, then the others in
+/// peer-id order.
+fn within_bound(previous: &Assignment, live: &BTreeSet<PeerIdStr>) -> BTreeSet<PeerIdStr> {
+    if live.len() <= MAX_PLAN_MINERS {
+        return live.clone();
+    }
+    let kept = live.iter().filter(|m| previous.contains_key(*m));
+    let new = live.iter().filter(|m| !previous.contains_key(*m));
+    kept.chain(new).take(MAX_PLAN_MINERS).cloned().collect()
+}
+
 impl EpochPlan {
-    /// Checks the fields' rules: 1 to [`MAX_STAGES`] stages, every assigned stage below
-    /// `stages`, `inner_steps` and `epoch_samples` at least 1, `lr` finite and above 0.
+    /// Checks that the plan's settings are the ones `config` implies for its epoch: the
+    /// run's name, stage count, inner steps, samples per epoch and learning-rate schedule.
+    /// A plan carries the run hash, but its other fields are its author's word; this binds
+    /// them to the configuration every node holds.
+    pub fn matches_run(&self, config: &RunConfig) -> Result<(), InvalidPlan> {
+        let invalid = |field, reason: String| Err(InvalidPlan { field, reason });
+        if self.run != config.run_name {
+            return invalid("run", format!("is not the run's name {}", config.run_name));
+        }
+        if self.stages != config.stages {
+            return invalid("stages", format!("the run has {} stages", config.stages));
+        }
+        if self.inner_steps != config.inner_steps {
+            return invalid(
+                "inner_steps",
+                format!("the run uses {}", config.inner_steps),
+            );
+        }
+        if self.epoch_samples != config.epoch_samples {
+            return invalid(
+                "epoch_samples",
+                format!("the run uses {}", config.epoch_samples),
+            );
+        }
+        let lr = config.lr_at(self.epoch);
+        if self.lr.to_bits() != lr.to_bits() {
+            return invalid(
+                "lr",
+                format!("the run's schedule gives {lr} for this epoch"),
+            );
+        }
+        Ok(())
+    }
+
+    /// Checks the fields' rules: 1 to [`MAX_STAGES`] stages, at most [`MAX_PLAN_MINERS`]
+    /// miners, every assigned stage below `stages`, `inner_steps` and `epoch_samples` at
+    /// least 1, `lr` finite and above 0.
     pub fn validate(&self) -> Result<(), InvalidPlan> {
         let invalid = |field, reason: String| Err(InvalidPlan { field, reason });
         if !(1..=MAX_STAGES).contains(&self.stages) {
             return invalid("stages", format!("must be between 1 and {MAX_STAGES}"));
+        }
+        if self.assignment.len() > MAX_PLAN_MINERS {
+            return invalid(
+                "assignment",
+                format!(
+                    "assigns {} miners; at most {MAX_PLAN_MINERS}",
+                    self.assignment.len()
+                ),
+            );
         }
         if let Some((miner, stage)) = self.assignment.iter().find(|(_, &s)| s >= self.stages) {
             return invalid(

@@ -121,7 +121,14 @@ pub struct RunConfig {
     pub butterfly_partitions: u32,
     /// Fraction of miner work validators recompute, in `[0, 1]`.
     pub audit_rate: f64,
+    /// Miners outside the metagraph admitted at once (first heard, first admitted); 0, the
+    /// default, admits only the metagraph's miners. At most [`MAX_OPEN_REGISTRATION`].
+    pub open_registration: u32,
 }
+
+/// Most miners outside the metagraph a run may admit; with the metagraph's own it stays
+/// within a plan's bound of miners.
+pub const MAX_OPEN_REGISTRATION: u32 = 256;
 
 /// The blake3 hash of a [`RunConfig`]'s canonical encoding. Prints and serialises as 64
 /// lower-case hex digits.
@@ -198,6 +205,7 @@ impl Default for RunConfig {
             heartbeat_timeout_ms: 5_000,
             butterfly_partitions: 4,
             audit_rate: 0.05,
+            open_registration: 0,
         }
     }
 }
@@ -246,6 +254,7 @@ impl RunConfig {
             }
             "audit_rate" => self.audit_rate = field("audit_rate", value)?,
             "lr_decay_epochs" => self.lr_decay_epochs = field("lr_decay_epochs", value)?,
+            "open_registration" => self.open_registration = field("open_registration", value)?,
             _ => {
                 return Err(RunConfigError::UnknownField {
                     field: key.to_owned(),
@@ -306,6 +315,9 @@ impl RunConfig {
         }
         if !(0.0..=1.0).contains(&self.audit_rate) {
             return invalid("audit_rate", "must be between 0 and 1");
+        }
+        if self.open_registration > MAX_OPEN_REGISTRATION {
+            return invalid("open_registration", "must be at most 256");
         }
         Ok(())
     }

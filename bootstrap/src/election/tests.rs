@@ -504,3 +504,22 @@ fn live_peers_outside_the_metagraph_are_ignored() {
     let strangers: BTreeSet<PeerIdStr> = (100..110).map(peer).collect();
     assert_eq!(elect(&m, 0, &strangers), None);
 }
+
+#[test]
+fn the_epoch_grows_no_faster_than_time_allows() {
+    run(
+        ABC,
+        &[
+            (0, Beat(&[1])),
+            (0, Expect(Serving(1))),
+            (0, Accept(1, 5)),
+            // Within the first gap only the next epoch may follow.
+            (500, Reject(1, 7, "plan_epoch_jump")),
+            (500, Reject(1, u64::MAX, "plan_epoch_jump")),
+            // Three seconds later a node that missed plans catches up to 5 + 1 + 3.
+            (3_000, Reject(1, 10, "plan_epoch_jump")),
+            (3_000, Accept(1, 9)),
+            (3_500, Accept(1, 10)),
+        ],
+    );
+}

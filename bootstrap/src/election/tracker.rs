@@ -186,6 +186,14 @@ pub enum PlanRejected {
         /// The plan's run hash.
         got: RunHash,
     },
+    /// The epoch jumps further past the last accepted one than time allows.
+    #[error("plan for epoch {epoch} rejected: at most epoch {allowed} can follow the last accepted one by now")]
+    EpochJump {
+        /// The plan's epoch.
+        epoch: u64,
+        /// The highest epoch acceptable now.
+        allowed: u64,
+    },
     /// The plan's seed does not derive from the run seed and the epoch.
     #[error("plan for epoch {epoch} rejected: seed {got} is not the epoch's seed {expected}")]
     WrongSeed {
@@ -206,9 +214,14 @@ impl PlanRejected {
             PlanRejected::StaleEpoch { .. } => "stale_epoch",
             PlanRejected::WrongRun { .. } => "wrong_run",
             PlanRejected::WrongSeed { .. } => "wrong_seed",
+            PlanRejected::EpochJump { .. } => "plan_epoch_jump",
         }
     }
 }
+
+/// The shortest time between two epochs a receiver allows for: the bound on how fast the
+/// epoch number may grow past the last accepted plan.
+pub const MIN_EPOCH_GAP: Duration = Duration::from_secs(1);
 
 /// Follows who holds the orchestrator duty; see the module documentation for the rules.
 #[derive(Debug, Clone)]
@@ -331,6 +344,21 @@ impl OrchestratorTracker {
                 epoch: plan.epoch,
                 last_accepted,
             });
+        }
+        if let (Some(last), Some(at)) = (self.last_epoch, self.last_plan_at) {
+            // One epoch per MIN_EPOCH_GAP at most: a node that missed plans catches up, but
+            // no orchestrator can push the epoch counter towards its end (a plan for epoch
+            // u64::MAX would leave every successor without a next epoch).
+            let elapsed = now.saturating_sub(at).as_millis() / MIN_EPOCH_GAP.as_millis();
+            let allowed = last
+                .saturating_add(1)
+                .saturating_add(u64::try_from(elapsed).unwrap_or(u64::MAX));
+            if plan.epoch > allowed {
+                return Err(PlanRejected::EpochJump {
+                    epoch: plan.epoch,
+                    allowed,
+                });
+            }
         }
         let expected = plan_seed(self.config.run_seed, plan.epoch);
         if plan.seed != expected {

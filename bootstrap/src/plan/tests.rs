@@ -247,3 +247,47 @@ proptest! {
         prop_assert_eq!(plan.epoch, prev_epoch.max(seen).map_or(0, |e| e + 1));
     }
 }
+
+#[test]
+fn a_plan_never_outgrows_the_gossip_envelope() {
+    let config = RunConfig::default();
+    let crowd = miners(0..2000);
+    let first = next_plan(&config, &peer(100), None, None, &miners(1500..1510)).unwrap();
+    let plan = next_plan(&config, &peer(100), Some(&first), None, &crowd).unwrap();
+    assert_eq!(plan.assignment.len(), MAX_PLAN_MINERS);
+    assert!(
+        first
+            .assignment
+            .keys()
+            .all(|m| plan.assignment.contains_key(m)),
+        "miners already assigned keep their places"
+    );
+    let bytes = plan.to_json().unwrap();
+    assert!(bytes.len() < 48 * 1024, "{} bytes", bytes.len());
+    let mut over = plan.clone();
+    over.assignment.insert(peer(5000), 0);
+    assert_eq!(over.validate().unwrap_err().field, "assignment");
+}
+
+#[test]
+fn a_plan_must_carry_the_runs_own_settings() {
+    let config = RunConfig {
+        lr_decay_epochs: 10,
+        ..RunConfig::default()
+    };
+    let plan = next_plan(&config, &peer(100), None, Some(3), &miners(0..6)).unwrap();
+    plan.matches_run(&config).unwrap();
+    type Change = (&'static str, fn(&mut EpochPlan));
+    let changes: [Change; 5] = [
+        ("run", |p| p.run = "other".into()),
+        ("stages", |p| p.stages = 2),
+        ("inner_steps", |p| p.inner_steps += 1),
+        ("epoch_samples", |p| p.epoch_samples = u64::MAX),
+        ("lr", |p| p.lr *= 10.0),
+    ];
+    for (field, change) in changes {
+        let mut forged = plan.clone();
+        change(&mut forged);
+        assert_eq!(forged.matches_run(&config).unwrap_err().field, field);
+    }
+}

@@ -30,6 +30,7 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
         heartbeat_timeout_ms,
         butterfly_partitions,
         audit_rate,
+        open_registration,
     } = config;
     let mut out = Encoder(Vec::with_capacity(512));
     out.bytes(DOMAIN);
@@ -50,6 +51,7 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
     out.uint("heartbeat_timeout_ms", *heartbeat_timeout_ms);
     out.uint("butterfly_partitions", (*butterfly_partitions).into());
     out.float("audit_rate", *audit_rate);
+    out.uint("open_registration", (*open_registration).into());
     out.0
 }
 

@@ -19,6 +19,7 @@ min_validator_stake = 1000000000000
 heartbeat_timeout_ms = 3000
 butterfly_partitions = 32
 audit_rate = 0.25
+open_registration = 3
 lr_decay_epochs = 40
 "#;
 
@@ -41,6 +42,7 @@ fn every_field() -> RunConfig {
         heartbeat_timeout_ms: 3000,
         butterfly_partitions: 32,
         audit_rate: 0.25,
+        open_registration: 3,
     }
 }
 
@@ -149,6 +151,7 @@ fn out_of_range_values_name_the_field() {
         ("lr = inf", "lr"),
         ("audit_rate = 1.5", "audit_rate"),
         ("audit_rate = -0.1", "audit_rate"),
+        ("open_registration = 257", "open_registration"),
     ] {
         match RunConfig::from_toml_str(text) {
             Err(RunConfigError::Invalid { field: got, .. }) => assert_eq!(got, field, "{text}"),
@@ -186,6 +189,7 @@ fn bad_text_is_refused() {
 fn hash_does_not_depend_on_toml_layout() {
     let reordered = r#"
         # same run, written differently
+        open_registration = 3
         lr_decay_epochs = 40
         audit_rate = 0.250
         butterfly_partitions = 32
@@ -211,7 +215,7 @@ fn hash_does_not_depend_on_toml_layout() {
 
 #[test]
 fn hash_changes_with_every_field() {
-    let changes: [fn(&mut RunConfig); 17] = [
+    let changes: [fn(&mut RunConfig); 18] = [
         |c| c.run_name.push('x'),
         |c| c.preset = ModelPreset::Small,
         |c| c.stages += 1,
@@ -229,6 +233,7 @@ fn hash_changes_with_every_field() {
         |c| c.heartbeat_timeout_ms += 1,
         |c| c.butterfly_partitions += 1,
         |c| c.audit_rate /= 2.0,
+        |c| c.open_registration += 1,
     ];
     let base = RunConfig::default();
     let mut hashes = BTreeSet::from([base.hash()]);
