@@ -46,6 +46,8 @@ pub struct AuditConfig {
     pub seed: u64,
     /// Most requests in flight at once (at least 1).
     pub max_concurrent_fetches: usize,
+    /// The merge's cap on each member's sample count (see `MergeConfig::max_samples`).
+    pub max_samples: u64,
 }
 
 /// What an audit found.
@@ -113,7 +115,8 @@ async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditRepor
         config.stage,
         Arc::clone(&plan),
         config.auditor.clone(),
-    );
+    )
+    .with_max_samples(config.max_samples);
     gather(&*transport, &config, &mut ledger, &mut traffic).await;
 
     let fetcher = Fetcher {

@@ -106,6 +106,7 @@ impl Gossip {
                 w.u8(match m.kind {
                     MisbehaviourKind::WrongAverage => 1,
                     MisbehaviourKind::Equivocation => 2,
+                    MisbehaviourKind::NonFinite => 3,
                 });
                 encode_evidence(&mut w, &m.evidence);
             }
@@ -156,6 +157,7 @@ impl Gossip {
                 kind: match r.u8()? {
                     1 => MisbehaviourKind::WrongAverage,
                     2 => MisbehaviourKind::Equivocation,
+                    3 => MisbehaviourKind::NonFinite,
                     tag => {
                         return Err(DecodeError::UnknownTag {
                             what: "misbehaviour kind",
@@ -207,6 +209,14 @@ fn encode_evidence(w: &mut Writer, evidence: &Evidence) {
             w.hash(first);
             w.hash(second);
         }
+        Evidence::NonFiniteInput {
+            partition,
+            committed,
+        } => {
+            w.u8(5);
+            w.u32(*partition);
+            w.hash(committed);
+        }
         Evidence::ConflictingSlices {
             partition,
             round,
@@ -244,6 +254,10 @@ fn decode_evidence(r: &mut Reader<'_>) -> Result<Evidence, DecodeError> {
             round: r.u32()?,
             first: r.hash()?,
             second: r.hash()?,
+        },
+        5 => Evidence::NonFiniteInput {
+            partition: r.u32()?,
+            committed: r.hash()?,
         },
         tag => {
             return Err(DecodeError::UnknownTag {

@@ -38,6 +38,8 @@ pub(crate) enum Fetched {
     Values(Vec<f32>),
     /// Bytes arrived but hash to this instead (or have the wrong length).
     Mismatch(Hash),
+    /// The committed bytes arrived, but hold a NaN or an infinity.
+    NonFinite,
     /// No usable answer (unreachable, timeout, refusal).
     Failed,
 }
@@ -117,7 +119,11 @@ impl<T: Transport> Fetcher<T> {
                     Response::Values(values) => {
                         let hash = Hash::of_values(&values);
                         if hash == expected && values.len() == len {
-                            Fetched::Values(values)
+                            if values.iter().all(|v| v.is_finite()) {
+                                Fetched::Values(values)
+                            } else {
+                                Fetched::NonFinite
+                            }
                         } else {
                             Fetched::Mismatch(hash)
                         }
@@ -203,7 +209,7 @@ impl<T: Transport> Fetcher<T> {
                 Fetched::Mismatch(served) => effects
                     .served_mismatch
                     .push((spec.index, spec.hash, served)),
-                Fetched::Failed => effects.unreachable.push(spec.index),
+                Fetched::NonFinite | Fetched::Failed => effects.unreachable.push(spec.index),
             }
         }
         let checked = claims

@@ -77,6 +77,8 @@ pub(crate) struct Ledger {
     plan: Arc<Plan>,
     reporter: MemberId,
     commitments: Vec<Option<Entry>>,
+    /// Cap on a commitment's sample count (its member's weight in the average).
+    max_samples: u64,
     equivocators: BTreeSet<usize>,
     /// Per partition, the latest claim of each holder (slot i is `plan.holders(p)[i]`).
     slices: Vec<[Option<SliceHash>; 2]>,
@@ -92,9 +94,17 @@ impl Ledger {
             plan,
             reporter,
             commitments: (0..n).map(|_| None).collect(),
+            max_samples: u64::MAX,
             equivocators: BTreeSet::new(),
             slices: vec![[None, None]; partitions],
         }
+    }
+
+    /// Caps every commitment's sample count at `max_samples` (the same cap on every member,
+    /// so both holders of a partition still compute the same bytes).
+    pub(crate) fn with_max_samples(mut self, max_samples: u64) -> Self {
+        self.max_samples = max_samples;
+        self
     }
 
     /// Records `message` signed by `from`; `on_time` says whether the commit deadline has
@@ -121,6 +131,8 @@ impl Ledger {
             return Observed::Invalid("commitment with the wrong number of partitions");
         }
         let encoded = Hash::of_bytes(&Gossip::Commitment(c.clone()).encode());
+        let mut c = c;
+        c.samples = c.samples.min(self.max_samples);
         match &self.commitments[index] {
             None => {
                 self.commitments[index] = Some(Entry {

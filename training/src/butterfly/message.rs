@@ -75,6 +75,9 @@ pub enum MisbehaviourKind {
     /// A member served bytes that differ from its commitment, or committed twice
     /// differently; a holder published two different claims in one round.
     Equivocation,
+    /// A member committed, and served, values that are NaN or infinite: averaged in, one
+    /// such value would poison the whole partition for every member.
+    NonFinite,
 }
 
 /// The facts behind a report, enough for a third party to check with the inputs.
@@ -102,6 +105,13 @@ pub enum Evidence {
         committed: Hash,
         /// Hash of the bytes it served.
         served: Hash,
+    },
+    /// The accused member's bytes match its commitment but hold a NaN or an infinity.
+    NonFiniteInput {
+        /// Partition index.
+        partition: u32,
+        /// Hash in the member's commitment (of the bytes it served).
+        committed: Hash,
     },
     /// The accused member gossiped two different commitments for one merge.
     ConflictingCommitments {

@@ -68,6 +68,10 @@ pub struct MergeConfig {
     pub samples: u64,
     /// Most requests in flight at once from this member (at least 1).
     pub max_concurrent_fetches: usize,
+    /// The largest sample count a member's weight may rest on: every commitment's count is
+    /// capped to it, the same on every member, so no member can claim more than others
+    /// can check (`u64::MAX`: no cap).
+    pub max_samples: u64,
 }
 
 /// Why a merge cannot start.
@@ -267,7 +271,8 @@ impl<T: Transport> Runner<T> {
             config.stage,
             Arc::clone(&config.plan),
             config.me.clone(),
-        );
+        )
+        .with_max_samples(config.max_samples);
         let held = config
             .plan
             .held_by(me)

@@ -26,6 +26,8 @@ struct Swarm {
     values: Vec<Vec<f32>>,
     samples: Vec<u64>,
     timing: Timing,
+    /// Cap on every member's sample count, as the node sets it from the plan.
+    max_samples: u64,
 }
 
 struct Run {
@@ -53,6 +55,7 @@ impl Swarm {
             values,
             samples,
             timing,
+            max_samples: u64::MAX,
         }
     }
 
@@ -93,6 +96,7 @@ impl Swarm {
                 timing: self.timing,
                 samples: self.samples[i],
                 max_concurrent_fetches: 8,
+                max_samples: self.max_samples,
             };
             let merge = Merge::new(config, self.values[i].clone()).unwrap();
             self.network.serve(self.id(i), merge.server());
@@ -108,6 +112,7 @@ impl Swarm {
                 rate,
                 seed: 99,
                 max_concurrent_fetches: 8,
+                max_samples: self.max_samples,
             };
             (self.network.endpoint("validator"), config)
         });
@@ -150,7 +155,7 @@ impl Swarm {
             .iter()
             .map(|&i| Contribution {
                 member: self.id(i),
-                samples: self.samples[i],
+                samples: self.samples[i].min(self.max_samples),
                 values: &self.values[i][self.plan.range(p)],
             })
             .collect();
@@ -381,6 +386,49 @@ async fn an_equivocating_member_is_excluded_and_named() {
 }
 
 #[tokio::test]
+async fn a_member_claiming_every_sample_weighs_no_more_than_the_cap() {
+    let mut swarm = Swarm::new(4, 4, 400);
+    let greedy = 2;
+    swarm.samples[greedy] = u64::MAX;
+    swarm.max_samples = 100;
+    let everyone = swarm.all_but(&[]);
+    let outcomes = swarm.run(&everyone).await;
+    // Every member (the greedy one too) ends with the average in which the claim counts
+    // as the cap: 100 against 10, 17 and 31 honest samples, not the whole stage.
+    let expected = swarm.expected(|_| everyone.clone());
+    assert_all_equal(&outcomes, &everyone, &expected);
+    let uncapped_weight = swarm.values[greedy][0];
+    assert_ne!(
+        bits(&outcome(&outcomes, 0).values[..1]),
+        bits(&[uncapped_weight]),
+        "the greedy member's values did not replace the stage"
+    );
+}
+
+#[tokio::test]
+async fn a_member_with_non_finite_weights_is_left_out_and_named() {
+    let mut swarm = Swarm::new(4, 4, 400);
+    let poisoned = 1;
+    // One bad value in each partition, so that each partition's holders see it.
+    for p in 0..swarm.plan.partitions() {
+        let at = swarm.plan.range(p).start + 3;
+        swarm.values[poisoned][at] = if p % 2 == 0 { f32::NAN } else { f32::INFINITY };
+    }
+    let everyone = swarm.all_but(&[]);
+    let outcomes = swarm.run(&everyone).await;
+    let honest = swarm.all_but(&[poisoned]);
+    assert_all_equal(&outcomes, &honest, &swarm.expected(|_| honest.clone()));
+    for &i in &honest {
+        assert!(outcome(&outcomes, i).values.iter().all(|v| v.is_finite()));
+    }
+    let named = accused(&outcomes, &honest);
+    assert_eq!(
+        named,
+        BTreeSet::from([(swarm.id(poisoned).to_string(), MisbehaviourKind::NonFinite)])
+    );
+}
+
+#[tokio::test]
 async fn a_member_with_two_commitments_is_excluded_and_named() {
     let swarm = Swarm::new(5, 5, 500);
     let liar = 4;
@@ -484,6 +532,7 @@ fn merge_config_is_checked() {
         timing: Timing::from_start(now, PHASE, FETCH_TIMEOUT),
         samples: 1,
         max_concurrent_fetches: 1,
+        max_samples: u64::MAX,
     };
     let stranger = MergeConfig {
         me: "z".into(),
@@ -502,6 +551,7 @@ fn merge_config_is_checked() {
     );
     let no_slots = MergeConfig {
         max_concurrent_fetches: 0,
+        max_samples: u64::MAX,
         ..config.clone()
     };
     assert_eq!(

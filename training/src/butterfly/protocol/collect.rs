@@ -211,7 +211,7 @@ async fn fetch_agreed<T: Transport>(
                     },
                 ));
             }
-            Fetched::Failed => out.unreachable.push(holder),
+            Fetched::NonFinite | Fetched::Failed => out.unreachable.push(holder),
         }
     }
     tracing::warn!(partition = p, "no holder served the agreed average");

@@ -78,7 +78,11 @@ impl<T: Transport> Runner<T> {
         let plan = Arc::clone(&self.cfg.plan);
         let me = self.me;
         for (&p, held) in self.held.iter_mut() {
-            held.inputs.insert(me, self.values[plan.range(p)].into());
+            let own = &self.values[plan.range(p)];
+            // A member whose own values went non-finite leaves itself out, as the others do.
+            if own.iter().all(|v| v.is_finite()) {
+                held.inputs.insert(me, own.into());
+            }
             for &member in on_time.iter().filter(|&&m| m != me) {
                 let Some(commitment) = self.ledger.commitment(member) else {
                     continue;
@@ -119,6 +123,20 @@ impl<T: Transport> Runner<T> {
                         partition: p as u32,
                         committed: spec.hash,
                         served,
+                    },
+                );
+                self.report(report).await;
+            }
+            Fetched::NonFinite => {
+                // Both holders fetch the same committed bytes, so both leave the member
+                // out and still agree.
+                self.ledger.exclude(spec.index);
+                let report = self.ledger.report(
+                    spec.index,
+                    MisbehaviourKind::NonFinite,
+                    Evidence::NonFiniteInput {
+                        partition: p as u32,
+                        committed: spec.hash,
                     },
                 );
                 self.report(report).await;
