@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use iota_p2p::merge::butterfly::{weighted_average, Contribution, Hash, Timing};
 use iota_p2p::merge::{self, rpc, MergeParams, Router};
-use p2p::{identity::Keypair, Client, Config, Event, PeerId};
+use p2p::{identity::Keypair, Client, Config, Event, PeerId, Verdict};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::{mpsc, Semaphore};
@@ -134,8 +134,17 @@ async fn pump(
                 author,
                 topic,
                 data,
-            } if router.on_gossip(&author, &topic, &data) => {
-                *gossip_in.lock().expect("lock").entry(author).or_default() += data.len() as u64;
+                id,
+            } => {
+                let verdict = if router.on_gossip(&author, &topic, &data) {
+                    *gossip_in.lock().expect("lock").entry(author).or_default() +=
+                        data.len() as u64;
+                    Verdict::Accept
+                } else {
+                    Verdict::Ignore
+                };
+                // Fails only for an expired message or a stopped node: nothing to do then.
+                let _ = client.report(id, verdict).await;
             }
             Event::Request { peer, id, data } => {
                 let (client, router, naive) = (client.clone(), router.clone(), naive.clone());
@@ -378,6 +387,7 @@ async fn run_case(nodes: &[Node], mib: usize, n: usize, epoch: u64) -> Result<Ro
             timing,
             samples: samples[i],
             max_concurrent_fetches: merge::DEFAULT_MAX_CONCURRENT_FETCHES,
+            max_samples: u64::MAX,
         };
         let own = values[i].to_vec();
         merges.spawn(async move { (i, merge::merge(&client, &router, params, own).await) });

@@ -1,13 +1,18 @@
 //! The node's libp2p behaviour: which protocols run on every connection. Built in
 //! `swarm.rs`; its events are handled in `event_loop.rs`.
 
-use libp2p::{gossipsub, identify, kad, ping, request_response, swarm::NetworkBehaviour};
+use libp2p::{
+    connection_limits, gossipsub, identify, kad, ping, request_response, swarm::NetworkBehaviour,
+};
 
 use crate::codec::Codec;
 
 /// All protocols of a node.
 #[derive(NetworkBehaviour)]
 pub(crate) struct Behaviour {
+    /// Refuses connections beyond the configured limits; first, so that the other protocols
+    /// build no handler for a refused connection.
+    pub(crate) limits: connection_limits::Behaviour,
     /// Peer routing on `/iota/kad/1.0.0`, always in server mode.
     pub(crate) kad: kad::Behaviour<kad::store::MemoryStore>,
     /// Exchanges listen addresses, from which kad learns peers that dialled us.

@@ -8,7 +8,11 @@
 
 use std::fmt;
 
-use libp2p::{request_response::InboundRequestId, Multiaddr, PeerId};
+use libp2p::{
+    gossipsub::{MessageAcceptance, MessageId},
+    request_response::InboundRequestId,
+    Multiaddr, PeerId,
+};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{ClientError, PublishError, RequestError};
@@ -23,6 +27,63 @@ impl fmt::Display for RequestId {
     }
 }
 
+/// Identifies a gossip message awaiting its [`Verdict`], from [`Event::Gossip`] to
+/// [`Client::report`]: gossipsub's message id and the peer it arrived from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GossipId {
+    pub(crate) message: MessageId,
+    /// The peer that propagated the message to us (not necessarily its author).
+    pub(crate) source: PeerId,
+}
+
+impl GossipId {
+    /// The peer that propagated the message to us, which a [`Verdict::Reject`] penalises; not
+    /// necessarily its author.
+    pub fn propagation_source(&self) -> PeerId {
+        self.source
+    }
+}
+
+impl fmt::Display for GossipId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} from {}", self.message, self.source)
+    }
+}
+
+/// The application's judgement of a gossip message, given with [`Client::report`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// The message is valid: gossipsub relays it to the mesh.
+    Accept,
+    /// The message is invalid (e.g. published by someone not allowed to): it is dropped, and
+    /// the peer that propagated it (with every peer that sent the same message meanwhile)
+    /// loses score through gossipsub's peer scoring (see `scoring.rs`), which eventually cuts
+    /// it off.
+    Reject,
+    /// The message is dropped without relaying and without penalty: for messages that are not
+    /// provably invalid (stale, duplicate in the application's terms, not understood yet).
+    Ignore,
+}
+
+impl Verdict {
+    /// The `verdict` label value used in `iota_gossip_verdicts_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Accept => "accept",
+            Verdict::Reject => "reject",
+            Verdict::Ignore => "ignore",
+        }
+    }
+
+    pub(crate) fn acceptance(self) -> MessageAcceptance {
+        match self {
+            Verdict::Accept => MessageAcceptance::Accept,
+            Verdict::Reject => MessageAcceptance::Reject,
+            Verdict::Ignore => MessageAcceptance::Ignore,
+        }
+    }
+}
+
 /// What a node reports to the application.
 ///
 /// Delivery when the event channel is full: events wait in a bounded overflow queue inside the
@@ -34,6 +95,13 @@ impl fmt::Display for RequestId {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A gossip message whose signed envelope verified; `data` is the payload.
+    ///
+    /// The application MUST report a [`Verdict`] for every `Gossip` event with
+    /// [`Client::report`]: gossipsub relays the message only on [`Verdict::Accept`]. Report
+    /// promptly: gossipsub keeps unvalidated messages for 5 heartbeats (5 s), after which a
+    /// verdict has no effect (the message is not relayed, a rejection does not penalise) and
+    /// `report` fails with [`ClientError::UnknownGossip`]. A `Gossip` event this layer drops
+    /// because the event queue is full is reported [`Verdict::Ignore`] by the event loop.
     Gossip {
         /// The peer that signed the envelope (and gossipsub's message source).
         author: PeerId,
@@ -41,6 +109,8 @@ pub enum Event {
         topic: String,
         /// The payload.
         data: Vec<u8>,
+        /// Pass to [`Client::report`] with the verdict.
+        id: GossipId,
     },
     /// An inbound request; answer it with [`Client::respond`] before the request timeout.
     Request {
@@ -68,6 +138,15 @@ pub(crate) enum Command {
     Subscribe {
         topic: String,
         reply: oneshot::Sender<Result<(), ClientError>>,
+    },
+    Report {
+        id: GossipId,
+        verdict: Verdict,
+        reply: oneshot::Sender<Result<(), ClientError>>,
+    },
+    PeerScore {
+        peer: PeerId,
+        reply: oneshot::Sender<Option<f64>>,
     },
     Publish {
         topic: String,
@@ -143,12 +222,33 @@ impl Client {
             .ok_or(ClientError::EventLoopStopped)
     }
 
-    /// Subscribes to a gossip topic; succeeds with or without peers.
+    /// Subscribes to a gossip topic, with peer scoring of its messages; succeeds with or
+    /// without peers.
     pub async fn subscribe(&self, topic: &str) -> Result<(), ClientError> {
         let topic = topic.to_owned();
         self.call(|reply| Command::Subscribe { topic, reply })
             .await
             .ok_or(ClientError::EventLoopStopped)?
+    }
+
+    /// Reports the application's verdict on the gossip message `id` (from [`Event::Gossip`]);
+    /// see [`Verdict`] for what each does.
+    ///
+    /// Fails with [`ClientError::UnknownGossip`] when gossipsub no longer holds the message
+    /// (reported already, or later than 5 s after it arrived); the verdict then had no effect.
+    pub async fn report(&self, id: GossipId, verdict: Verdict) -> Result<(), ClientError> {
+        self.call(|reply| Command::Report { id, verdict, reply })
+            .await
+            .ok_or(ClientError::EventLoopStopped)?
+    }
+
+    /// gossipsub's current score of `peer` at this node (see `scoring.rs`): 0 for an honest
+    /// or unknown peer, negative after misbehaviour. `None` if scoring were off, which it never
+    /// is in this crate.
+    pub async fn peer_score(&self, peer: PeerId) -> Result<Option<f64>, ClientError> {
+        self.call(|reply| Command::PeerScore { peer, reply })
+            .await
+            .ok_or(ClientError::EventLoopStopped)
     }
 
     /// Signs `data` in an envelope and publishes it on `topic`.

@@ -30,10 +30,36 @@ pub struct Config {
     /// Capacity of the event channel to the application; see [`crate::Event`] for what
     /// happens when it is full.
     pub event_buffer: usize,
+    /// Most established connections with one peer, both directions together; more are
+    /// refused (default [`DEFAULT_MAX_CONNECTIONS_PER_PEER`]). Must be positive.
+    pub max_connections_per_peer: u32,
+    /// Most established connections in all (default [`DEFAULT_MAX_CONNECTIONS_TOTAL`]). Must
+    /// be positive.
+    pub max_connections_total: u32,
+    /// Most inbound connections still in their handshake (default
+    /// [`DEFAULT_MAX_PENDING_INCOMING`]). Must be positive.
+    pub max_pending_incoming: u32,
 }
 
 /// Default [`Config::max_frame_bytes`].
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 << 20;
+
+/// Default [`Config::max_connections_per_peer`]: 2, one each way. Two nodes that discover each
+/// other at the same moment dial each other and end up with two connections; with a limit of
+/// 1 each side may keep its own dial and refuse the other's, closing both.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 2;
+
+/// Default [`Config::max_connections_total`]: 512. Discovery dials every peer it learns of, so
+/// a node holds about one connection per other node; this is above the few hundred nodes a
+/// run is planned for and below the usual limit of 1024 open files, which the request-response
+/// streams and the node's own files also use.
+pub const DEFAULT_MAX_CONNECTIONS_TOTAL: u32 = 512;
+
+/// Default [`Config::max_pending_incoming`]: 64. Each handshake costs a Noise key exchange and
+/// a signature check; this bounds what a flood of connection attempts can cost, while a whole
+/// network restarting and dialling us at once is admitted in a few rounds (refused dials are
+/// retried with backoff).
+pub const DEFAULT_MAX_PENDING_INCOMING: u32 = 64;
 
 impl Default for Config {
     fn default() -> Self {
@@ -49,6 +75,9 @@ impl Default for Config {
             idle_connection_timeout: Duration::from_secs(60),
             command_buffer: 64,
             event_buffer: 256,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            max_connections_total: DEFAULT_MAX_CONNECTIONS_TOTAL,
+            max_pending_incoming: DEFAULT_MAX_PENDING_INCOMING,
         }
     }
 }

@@ -67,6 +67,11 @@ pub enum ClientError {
     /// `dial`: the dial could not be started.
     #[error("dial failed")]
     Dial(#[source] libp2p::swarm::DialError),
+    /// `report`: gossipsub no longer holds this gossip message: its verdict was reported
+    /// already, or the report came after gossipsub's message cache dropped it (5 s). The
+    /// verdict had no effect.
+    #[error("gossip message unknown or expired; verdict not applied")]
+    UnknownGossip,
     /// `subscribe`: gossipsub refused the subscription.
     #[error("subscribe failed")]
     Subscribe(#[source] gossipsub::SubscriptionError),

@@ -38,19 +38,20 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::{
     behaviour::Behaviour,
-    client::{Command, Event, RequestId},
+    client::{Command, Event, GossipId, RequestId, Verdict},
     discovery::{BootstrapSchedule, DiscoverySchedule},
     envelope::Envelope,
     metrics::DroppedEvent,
-    swarm, Client, ClientError, Config, Metrics, PublishError, RequestError, SpawnError,
+    scoring, swarm, Client, ClientError, Config, Metrics, PublishError, RequestError, SpawnError,
 };
 
 /// Requests and notifications may queue up to this many times `event_buffer` behind a full
 /// event channel; gossip only up to `event_buffer`.
 const OVERFLOW_FACTOR: usize = 4;
 
-/// Starts a node: builds the swarm, listens, subscribes to `config.topics`, dials the bootstrap
-/// peers and spawns the event loop on the current tokio runtime.
+/// Starts a node: builds the swarm, listens, subscribes to `config.topics` (scored, see
+/// `scoring.rs`), dials the bootstrap peers and spawns the event loop on the current tokio
+/// runtime.
 ///
 /// Returns the client, the receiver of [`Event`]s and the event loop's task. The loop ends on
 /// [`Client::shutdown`] or when every `Client` is dropped.
@@ -63,6 +64,14 @@ pub fn spawn(
     if config.command_buffer == 0 || config.event_buffer == 0 {
         return Err(SpawnError::InvalidConfig(
             "channel capacities must be positive",
+        ));
+    }
+    if config.max_connections_per_peer == 0
+        || config.max_connections_total == 0
+        || config.max_pending_incoming == 0
+    {
+        return Err(SpawnError::InvalidConfig(
+            "connection limits must be positive",
         ));
     }
     let local = keypair.public().to_peer_id();
@@ -297,14 +306,13 @@ impl EventLoop {
                 let _ = reply.send(self.routing_table_peers());
             }
             Command::Subscribe { topic, reply } => {
-                let result = self
-                    .swarm
-                    .behaviour_mut()
-                    .gossipsub
-                    .subscribe(&IdentTopic::new(topic))
-                    .map(|_| ())
-                    .map_err(ClientError::Subscribe);
-                let _ = reply.send(result);
+                let _ = reply.send(self.subscribe(&topic));
+            }
+            Command::Report { id, verdict, reply } => {
+                let _ = reply.send(self.report(id, verdict));
+            }
+            Command::PeerScore { peer, reply } => {
+                let _ = reply.send(self.swarm.behaviour().gossipsub.peer_score(&peer));
             }
             Command::Publish {
                 topic,
@@ -334,6 +342,38 @@ impl EventLoop {
             Command::Shutdown => {}
         }
         // Replies are dropped silently when the caller stopped waiting.
+    }
+
+    /// Subscribes to `topic` and scores its messages; `spawn` put the parameters of the
+    /// configured topics in place already.
+    fn subscribe(&mut self, topic: &str) -> Result<(), ClientError> {
+        let topic = IdentTopic::new(topic);
+        let gossipsub = &mut self.swarm.behaviour_mut().gossipsub;
+        gossipsub
+            .subscribe(&topic)
+            .map_err(ClientError::Subscribe)?;
+        if let Err(error) = gossipsub.set_topic_params(topic.clone(), scoring::topic_params()) {
+            // Only possible with scoring off, which `swarm::build` never leaves it.
+            warn!(%topic, error, "topic subscribed without peer scoring");
+        }
+        Ok(())
+    }
+
+    /// Passes a verdict on a gossip message to gossipsub, which relays, penalises or forgets
+    /// it; counts every verdict, whether from the application or from this layer.
+    fn report(&mut self, id: GossipId, verdict: Verdict) -> Result<(), ClientError> {
+        self.metrics.gossip_verdict(verdict);
+        let known = self
+            .swarm
+            .behaviour_mut()
+            .gossipsub
+            .report_message_validation_result(&id.message, &id.source, verdict.acceptance());
+        if known {
+            Ok(())
+        } else {
+            debug!(%id, ?verdict, "verdict on a gossip message no longer cached");
+            Err(ClientError::UnknownGossip)
+        }
     }
 
     fn publish(&mut self, topic: String, data: Vec<u8>, raw: bool) -> Result<(), PublishError> {
@@ -418,10 +458,18 @@ impl EventLoop {
     }
 
     /// Forgets an undeliverable event; a request's channel is dropped so its requester fails
-    /// now rather than at its timeout.
+    /// now rather than at its timeout, and a gossip message is ignored so gossipsub does not
+    /// hold it waiting for a verdict that will never come.
     fn discard(&mut self, event: Event) {
-        if let Event::Request { id, .. } = event {
-            self.inbound.remove(&id.0);
+        match event {
+            Event::Request { id, .. } => {
+                self.inbound.remove(&id.0);
+            }
+            Event::Gossip { id, .. } => {
+                // An expired message needs no verdict either.
+                let _ = self.report(id, Verdict::Ignore);
+            }
+            _ => {}
         }
     }
 

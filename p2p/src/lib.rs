@@ -1,13 +1,15 @@
 //! The libp2p layer of an iota-p2p node.
 //!
-//! One [`spawn`] call starts a node: a TCP + Noise + Yamux swarm running Kademlia
-//! (`/iota/kad/1.0.0`, server mode), identify, ping, gossipsub (strict signing, every payload
-//! also in our own signed [`Envelope`]) and one request-response protocol (`/iota/rr/1.0.0`,
-//! length-prefixed frames with a size limit). The application talks to the node through a
-//! cloneable [`Client`] and receives [`Event`]s on a bounded channel; one event loop task owns
-//! the swarm. Nodes dial their bootstrap peers (retrying with backoff), run periodic discovery
-//! rounds and dial every peer they learn of, so a network joined through one bootstrap node
-//! becomes fully known.
+//! One [`spawn`] call starts a node: a TCP + Noise + Yamux swarm running connection limits,
+//! Kademlia (`/iota/kad/1.0.0`, server mode), identify, ping, gossipsub (strict signing, every
+//! payload also in our own signed [`Envelope`], peer scoring on) and one request-response
+//! protocol (`/iota/rr/1.0.0`, length-prefixed frames with a size limit). The application
+//! talks to the node through a cloneable [`Client`] and receives [`Event`]s on a bounded
+//! channel; one event loop task owns the swarm. A gossip message is relayed only once the
+//! application reports [`Verdict::Accept`] for it; [`Verdict::Reject`] lowers the sender's
+//! score, which eventually cuts it off. Nodes dial their bootstrap peers (retrying with
+//! backoff), run periodic discovery rounds and dial every peer they learn of, so a network
+//! joined through one bootstrap node becomes fully known.
 //!
 //! Also here, pure and IO-free: [`LiveView`], who is alive from gossiped [`Heartbeat`]s.
 
@@ -23,11 +25,15 @@ mod error;
 mod event_loop;
 mod liveness;
 mod metrics;
+mod scoring;
 mod swarm;
 
-pub use client::{Client, Event, RequestId};
+pub use client::{Client, Event, GossipId, RequestId, Verdict};
 pub use codec::{Codec, PROTOCOL as RR_PROTOCOL};
-pub use config::{Config, DEFAULT_MAX_FRAME_BYTES};
+pub use config::{
+    Config, DEFAULT_MAX_CONNECTIONS_PER_PEER, DEFAULT_MAX_CONNECTIONS_TOTAL,
+    DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_PENDING_INCOMING,
+};
 pub use discovery::{DISCOVERY_MAX, RETRY_INITIAL, RETRY_MAX};
 pub use envelope::{
     DecodeError, Envelope, OpenError, Opened, SealError, DOMAIN as ENVELOPE_DOMAIN,
@@ -40,4 +46,4 @@ pub use liveness::{
     Heartbeat, HeartbeatError, LiveView, Observation, Role, DEFAULT_EXPIRY as DEFAULT_LIVE_EXPIRY,
     MAX_HEARTBEAT_BYTES,
 };
-pub use metrics::{DroppedEvent, Metrics, RejectReason};
+pub use metrics::{Direction, DroppedEvent, Metrics, RejectReason};

@@ -41,6 +41,10 @@ pub struct Heartbeat {
     pub role: Role,
     /// Grows by one per heartbeat of this sender.
     pub counter: u64,
+    /// When the sender sent it, in milliseconds since the Unix epoch: receivers refuse a
+    /// heartbeat that is too old or not newer than the last one they took from its sender,
+    /// so a recorded heartbeat cannot be replayed to keep a dead peer alive.
+    pub sent_at_ms: u64,
     /// Hash of the run configuration the sender follows.
     pub run_hash: String,
     /// The epoch the sender is in, if any.
@@ -178,6 +182,7 @@ mod tests {
             peer_id: peer.to_base58(),
             role: Role::Miner,
             counter,
+            sent_at_ms: counter.saturating_mul(1000),
             run_hash: "run".into(),
             epoch: Some(3),
             stage: Some(1),

@@ -11,6 +11,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use crate::Verdict;
+
 /// Why a gossip message was dropped by this layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RejectReason {
@@ -55,6 +57,34 @@ impl DroppedEvent {
     }
 }
 
+/// Which side opened a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// A peer dialled us.
+    Inbound,
+    /// We dialled the peer.
+    Outbound,
+}
+
+impl Direction {
+    fn as_str(self) -> &'static str {
+        match self {
+            Direction::Inbound => "inbound",
+            Direction::Outbound => "outbound",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerdictLabels {
+    verdict: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
@@ -80,6 +110,14 @@ pub struct Metrics {
     /// `iota_gossip_rejected_total{reason}`: gossip messages dropped, by reason; incremented
     /// by this layer for envelope failures and by other layers through [`Metrics::reject`].
     gossip_rejected: Family<ReasonLabels, Counter>,
+    /// `iota_gossip_verdicts_total{verdict}`: verdicts passed to gossipsub, `accept`,
+    /// `reject` or `ignore`: each [`crate::Client::report`] (counted even when the message
+    /// had expired), each envelope failure (`reject`) and each gossip event dropped on a full
+    /// event queue (`ignore`).
+    gossip_verdicts: Family<VerdictLabels, Counter>,
+    /// `iota_connections_refused_total{direction}`: connections refused because a connection
+    /// limit of [`crate::Config`] was reached, `inbound` or `outbound`.
+    connections_refused: Family<DirectionLabels, Counter>,
     /// `iota_rr_bytes_sent_total`: request-response frame bytes (prefix included) written,
     /// requests and responses, counted when a frame has been fully written.
     rr_bytes_sent: Counter,
@@ -118,6 +156,16 @@ impl Metrics {
             "iota_gossip_rejected",
             "Gossip messages dropped, by reason",
             m.gossip_rejected.clone(),
+        );
+        registry.register(
+            "iota_gossip_verdicts",
+            "Verdicts on gossip messages passed to gossipsub, by verdict",
+            m.gossip_verdicts.clone(),
+        );
+        registry.register(
+            "iota_connections_refused",
+            "Connections refused because a connection limit was reached, by direction",
+            m.connections_refused.clone(),
         );
         registry.register(
             "iota_rr_bytes_sent",
@@ -164,6 +212,24 @@ impl Metrics {
             .get()
     }
 
+    /// Current value of `iota_gossip_verdicts_total{verdict}`.
+    pub fn gossip_verdicts(&self, verdict: Verdict) -> u64 {
+        self.gossip_verdicts
+            .get_or_create(&VerdictLabels {
+                verdict: verdict.as_str(),
+            })
+            .get()
+    }
+
+    /// Current value of `iota_connections_refused_total{direction}`.
+    pub fn connections_refused(&self, direction: Direction) -> u64 {
+        self.connections_refused
+            .get_or_create(&DirectionLabels {
+                direction: direction.as_str(),
+            })
+            .get()
+    }
+
     /// Current value of `iota_gossip_messages_received_total`.
     pub fn gossip_received(&self) -> u64 {
         self.gossip_received.get()
@@ -194,6 +260,22 @@ impl Metrics {
 
     pub(crate) fn gossip_accepted(&self) {
         self.gossip_received.inc();
+    }
+
+    pub(crate) fn gossip_verdict(&self, verdict: Verdict) {
+        self.gossip_verdicts
+            .get_or_create(&VerdictLabels {
+                verdict: verdict.as_str(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn connection_refused(&self, direction: Direction) {
+        self.connections_refused
+            .get_or_create(&DirectionLabels {
+                direction: direction.as_str(),
+            })
+            .inc();
     }
 
     pub(crate) fn event_dropped(&self, kind: DroppedEvent) {
@@ -246,6 +328,11 @@ mod tests {
         m.rr_received(20);
         m.event_dropped(DroppedEvent::Gossip);
         m.bootstrap_dial_failed();
+        m.gossip_verdict(Verdict::Accept);
+        m.gossip_verdict(Verdict::Accept);
+        m.gossip_verdict(Verdict::Reject);
+        m.gossip_verdict(Verdict::Ignore);
+        m.connection_refused(Direction::Inbound);
 
         let mut text = String::new();
         encode(&mut text, &registry).expect("encoding into a String cannot fail");
@@ -259,6 +346,10 @@ mod tests {
             "iota_rr_bytes_received_total 20",
             "iota_p2p_events_dropped_total{kind=\"gossip\"} 1",
             "iota_bootstrap_dial_failures_total 1",
+            "iota_gossip_verdicts_total{verdict=\"accept\"} 2",
+            "iota_gossip_verdicts_total{verdict=\"reject\"} 1",
+            "iota_gossip_verdicts_total{verdict=\"ignore\"} 1",
+            "iota_connections_refused_total{direction=\"inbound\"} 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -6,11 +6,13 @@
 use std::time::Duration;
 
 use libp2p::{
-    gossipsub, identify, identity::Keypair, kad, noise, ping, request_response, tcp, yamux,
-    StreamProtocol, Swarm, SwarmBuilder,
+    connection_limits::{self, ConnectionLimits},
+    gossipsub, identify,
+    identity::Keypair,
+    kad, noise, ping, request_response, tcp, yamux, StreamProtocol, Swarm, SwarmBuilder,
 };
 
-use crate::{behaviour::Behaviour, codec, Config, Metrics, SpawnError};
+use crate::{behaviour::Behaviour, codec, scoring, Config, Metrics, SpawnError};
 
 /// Kademlia protocol name; nodes of other networks do not join our routing tables.
 pub(crate) const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/iota/kad/1.0.0");
@@ -34,7 +36,8 @@ const KAD_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 fn gossipsub_config() -> Result<gossipsub::Config, SpawnError> {
     gossipsub::ConfigBuilder::default()
         .validation_mode(gossipsub::ValidationMode::Strict)
-        // Messages are forwarded only after our envelope check accepts them.
+        // Messages are forwarded only after our envelope check and the application's verdict
+        // accept them.
         .validate_messages()
         .message_id_fn(|m: &gossipsub::Message| {
             gossipsub::MessageId::from(blake3::hash(&m.data).as_bytes().to_vec())
@@ -67,11 +70,24 @@ fn behaviour(key: &Keypair, config: &Config, metrics: &Metrics) -> Result<Behavi
             .with_agent_version(format!("iota-p2p/{}", env!("CARGO_PKG_VERSION"))),
     );
 
-    let gossipsub = gossipsub::Behaviour::new(
+    let mut gossipsub = gossipsub::Behaviour::new(
         gossipsub::MessageAuthenticity::Signed(key.clone()),
         gossipsub_config()?,
     )
     .map_err(|e| SpawnError::Gossipsub(e.to_owned()))?;
+    gossipsub
+        .with_peer_score(
+            scoring::peer_score_params(&config.topics),
+            scoring::thresholds(),
+        )
+        .map_err(SpawnError::Gossipsub)?;
+
+    let limits = connection_limits::Behaviour::new(
+        ConnectionLimits::default()
+            .with_max_established_per_peer(Some(config.max_connections_per_peer))
+            .with_max_established(Some(config.max_connections_total))
+            .with_max_pending_incoming(Some(config.max_pending_incoming)),
+    );
 
     let rr = request_response::Behaviour::with_codec(
         codec::Codec::new(config.max_frame_bytes, metrics.clone()),
@@ -80,6 +96,7 @@ fn behaviour(key: &Keypair, config: &Config, metrics: &Metrics) -> Result<Behavi
     );
 
     Ok(Behaviour {
+        limits,
         kad,
         identify,
         ping: ping::Behaviour::new(ping::Config::new()),

@@ -16,6 +16,7 @@ fn gossip_from(author: PeerId) -> impl FnMut(Event) -> Option<Vec<u8>> {
             author: a,
             topic,
             data,
+            ..
         } if a == author && topic == TOPIC => Some(data),
         _ => None,
     }

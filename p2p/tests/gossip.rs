@@ -1,11 +1,12 @@
-//! The receive path of gossip: only verified envelopes are delivered; the rest are counted.
+//! The receive path of gossip: only verified envelopes are delivered; the rest are rejected
+//! and counted.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{config, init_tracing, spawn_node, wait_for, TestNode};
-use p2p::{identity::Keypair, Config, Envelope, Event, PublishError};
+use p2p::{identity::Keypair, Config, Envelope, Event, PublishError, Verdict};
 
 const TOPIC: &str = "plans";
 
@@ -73,6 +74,7 @@ async fn tampered_envelope_is_dropped_and_counted_while_a_good_one_is_delivered(
                 author,
                 topic,
                 data,
+                ..
             } => Some((author, topic, data)),
             _ => None,
         })
@@ -96,6 +98,9 @@ async fn tampered_envelope_is_dropped_and_counted_while_a_good_one_is_delivered(
     })
     .await;
     assert_eq!(b.metrics.gossip_received(), 1);
+    // Envelope failures are rejected by the layer; the good one was accepted by `next_event`.
+    assert_eq!(b.metrics.gossip_verdicts(Verdict::Reject), 3);
+    assert_eq!(b.metrics.gossip_verdicts(Verdict::Accept), 1);
     // The publisher does not receive its own messages.
     assert_eq!(a.metrics.gossip_received(), 0);
     let _ = &mut a;
@@ -153,6 +158,9 @@ async fn gossip_beyond_a_full_event_channel_is_dropped_and_counted() {
     assert!(dropped > 0, "nothing dropped with a 2-slot channel");
     assert!(delivered > 0, "nothing delivered");
     assert_eq!(delivered + dropped, SENT);
+    // Each dropped message was ignored by the layer, each delivered one accepted by the test.
+    assert_eq!(b.metrics.gossip_verdicts(Verdict::Ignore), dropped);
+    assert_eq!(b.metrics.gossip_verdicts(Verdict::Accept), delivered);
 }
 
 #[tokio::test]

@@ -1,13 +1,16 @@
 //! Swarm events of the [`EventLoop`], one `on_<protocol>_event` function per protocol.
+//!
+//! Gossip: this layer rejects messages whose envelope fails; every other message goes to the
+//! application, whose [`Verdict`] decides whether gossipsub relays it.
 
 use std::time::Instant;
 
 use libp2p::{
-    gossipsub, identify, kad,
+    connection_limits, gossipsub, identify, kad,
     request_response::{self, Message},
     swarm::{
         dial_opts::{DialOpts, PeerCondition},
-        DialError, SwarmEvent,
+        ConnectionDenied, DialError, ListenError, SwarmEvent,
     },
     Multiaddr, PeerId,
 };
@@ -16,8 +19,9 @@ use tracing::{debug, info, trace, warn};
 use super::EventLoop;
 use crate::{
     behaviour::BehaviourEvent,
-    client::{Event, RequestId},
+    client::{Event, GossipId, RequestId, Verdict},
     envelope::Envelope,
+    metrics::Direction,
     swarm::KAD_PROTOCOL,
 };
 
@@ -30,6 +34,7 @@ impl EventLoop {
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(e)) => self.on_gossipsub_event(e),
             SwarmEvent::Behaviour(BehaviourEvent::Rr(e)) => self.on_rr_event(e),
             SwarmEvent::Behaviour(BehaviourEvent::Ping(_)) => {}
+            SwarmEvent::Behaviour(BehaviourEvent::Limits(never)) => match never {},
             SwarmEvent::NewListenAddr { address, .. } => {
                 info!(%address, "listening");
                 self.deliver(Event::NewListenAddr(address));
@@ -70,6 +75,9 @@ impl EventLoop {
                 error,
             } => {
                 debug!(peer = ?peer_id, %error, "dial failed");
+                if let DialError::Denied { cause } = &error {
+                    self.count_refusal(cause, Direction::Outbound);
+                }
                 if let Some(peer) = self.bootstrap_dials.remove(&connection_id) {
                     // Reached through another connection meanwhile: not unreachable.
                     if !self.swarm.is_connected(&peer) {
@@ -77,11 +85,29 @@ impl EventLoop {
                     }
                 }
             }
+            SwarmEvent::IncomingConnectionError {
+                peer_id,
+                error: ListenError::Denied { cause },
+                ..
+            } => {
+                debug!(peer = ?peer_id, %cause, "inbound connection refused");
+                self.count_refusal(&cause, Direction::Inbound);
+            }
             SwarmEvent::ListenerError { error, .. } => warn!(%error, "listener error"),
             SwarmEvent::ListenerClosed {
                 addresses, reason, ..
             } => warn!(?addresses, ?reason, "listener closed"),
             _ => {}
+        }
+    }
+
+    /// Counts a connection refused because a connection limit was reached.
+    fn count_refusal(&self, cause: &ConnectionDenied, direction: Direction) {
+        if cause
+            .downcast_ref::<connection_limits::Exceeded>()
+            .is_some()
+        {
+            self.metrics.connection_refused(direction);
         }
     }
 
@@ -149,8 +175,9 @@ impl EventLoop {
         }
     }
 
-    /// Verifies our envelope on every message; only verified messages are delivered and
-    /// forwarded by gossipsub.
+    /// Verifies our envelope on every message: a failure is rejected here (penalising the
+    /// propagation source), a verified message is delivered and waits for the application's
+    /// verdict.
     fn on_gossipsub_event(&mut self, event: gossipsub::Event) {
         match event {
             gossipsub::Event::Message {
@@ -159,15 +186,19 @@ impl EventLoop {
                 message,
             } => {
                 let topic = message.topic.into_string();
-                let acceptance = match Envelope::open(&message.data, &topic, message.source) {
+                let id = GossipId {
+                    message: message_id,
+                    source: propagation_source,
+                };
+                match Envelope::open(&message.data, &topic, message.source) {
                     Ok(opened) => {
                         self.metrics.gossip_accepted();
                         self.deliver(Event::Gossip {
                             author: opened.author,
                             topic,
                             data: opened.payload,
+                            id,
                         });
-                        gossipsub::MessageAcceptance::Accept
                     }
                     Err(error) => {
                         let reason = error.reason();
@@ -180,13 +211,10 @@ impl EventLoop {
                             %error,
                             "dropping gossip message"
                         );
-                        gossipsub::MessageAcceptance::Reject
+                        // Just received, so gossipsub still holds it.
+                        let _ = self.report(id, Verdict::Reject);
                     }
-                };
-                self.swarm
-                    .behaviour_mut()
-                    .gossipsub
-                    .report_message_validation_result(&message_id, &propagation_source, acceptance);
+                }
             }
             gossipsub::Event::SlowPeer {
                 peer_id,

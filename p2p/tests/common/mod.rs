@@ -7,7 +7,8 @@ use std::{
 };
 
 use p2p::{
-    identity::Keypair, multiaddr::Protocol, Client, Config, Event, Metrics, Multiaddr, PeerId,
+    identity::Keypair, multiaddr::Protocol, Client, ClientError, Config, Event, GossipId, Metrics,
+    Multiaddr, PeerId, Verdict,
 };
 use tokio::{sync::mpsc, task::JoinHandle};
 
@@ -57,7 +58,9 @@ impl TestNode {
         self.client.local_peer_id()
     }
 
-    /// Next event matching `pick` within `timeout`, skipping others.
+    /// Next event matching `pick` within `timeout`, skipping others. Every gossip message read
+    /// (picked or skipped) is reported [`Verdict::Accept`] first, so it keeps propagating;
+    /// tests that judge gossip themselves read `events` directly.
     pub async fn next_event<T>(
         &mut self,
         timeout: Duration,
@@ -67,6 +70,9 @@ impl TestNode {
         loop {
             match tokio::time::timeout_at(deadline, self.events.recv()).await {
                 Ok(Some(event)) => {
+                    if let Event::Gossip { id, .. } = &event {
+                        report(&self.client, id.clone(), Verdict::Accept).await;
+                    }
                     if let Some(v) = pick(event) {
                         return Some(v);
                     }
@@ -74,6 +80,14 @@ impl TestNode {
                 Ok(None) | Err(_) => return None,
             }
         }
+    }
+}
+
+/// Reports `verdict`; a message that expired before a slow test got to it is fine.
+pub async fn report(client: &Client, id: GossipId, verdict: Verdict) {
+    match client.report(id, verdict).await {
+        Ok(()) | Err(ClientError::UnknownGossip) => {}
+        Err(e) => panic!("report failed: {e}"),
     }
 }
 

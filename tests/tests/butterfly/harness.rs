@@ -10,7 +10,9 @@ use iota_p2p::merge::butterfly::{
 };
 use iota_p2p::merge::{self, rpc, P2pTransport, Router};
 use iota_tests::wait_for;
-use p2p::{identity::Keypair, multiaddr::Protocol, Client, Config, Event, Multiaddr, PeerId};
+use p2p::{
+    identity::Keypair, multiaddr::Protocol, Client, Config, Event, Multiaddr, PeerId, Verdict,
+};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -106,8 +108,9 @@ pub(crate) async fn spawn_node(bootstrap: Option<&Multiaddr>, serving: Serving) 
     }
 }
 
-/// The node's event loop as far as merges go: gossip to the router, requests answered
-/// from spawned tasks. Ends when the node does.
+/// The node's event loop as far as merges go: gossip to the router (and accepted, so it
+/// propagates as it did before verdicts existed), requests answered from spawned tasks.
+/// Ends when the node does.
 pub(crate) async fn pump(
     client: Client,
     router: Router,
@@ -121,12 +124,15 @@ pub(crate) async fn pump(
                 author,
                 topic,
                 data,
+                id,
             } => {
                 if data.starts_with(PROBE) {
                     probes.lock().expect("lock not poisoned").insert(author);
                 } else {
                     router.on_gossip(&author, &topic, &data);
                 }
+                // Fails only for an expired message or a stopped node: nothing to do then.
+                let _ = client.report(id, Verdict::Accept).await;
             }
             Event::Request { peer, id, data } => {
                 if matches!(serving, Serving::DieOnFirstRequest)
