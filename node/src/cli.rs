@@ -85,9 +85,15 @@ pub(crate) struct NodeArgs {
     #[arg(long, env = "IOTA_DEVICE", default_value = "cpu", value_parser = parse_device)]
     pub(crate) device: training::Device,
 
-    /// Misbehave on purpose, to test that the other nodes cope.
-    #[arg(long, env = "IOTA_FAULT", value_enum, hide = true)]
-    pub(crate) fault: Option<Fault>,
+    /// Misbehave on purpose, to test that the other nodes cope (comma-separated).
+    #[arg(
+        long,
+        env = "IOTA_FAULT",
+        value_enum,
+        value_delimiter = ',',
+        hide = true
+    )]
+    pub(crate) fault: Vec<Fault>,
 
     /// Seconds between heartbeats.
     #[arg(long, env = "IOTA_HEARTBEAT_SECS", default_value_t = 1.0, value_parser = parse_positive_secs)]
@@ -99,6 +105,13 @@ pub(crate) struct NodeArgs {
 pub(crate) enum Fault {
     /// Publish an epoch plan every heartbeat, naming itself orchestrator.
     ForgePlans,
+    /// Send activations (and gradients) declaring a batch of 1 024 windows: a few KiB of
+    /// zeros on the wire that would cost the receiver hundreds of MB.
+    HugeFrames,
+    /// Claim every sample there is (`u64::MAX`) as its weight in the merge.
+    InflateSamples,
+    /// Commit and serve NaN weights in the merge.
+    NanMerge,
 }
 
 /// Options of `keygen`.

@@ -3,19 +3,49 @@
 //! `iota-p2p [flags]` runs a node; `keygen` prepares an identity; `local-swarm` starts a
 //! network of nodes on this machine. The binary's `main` calls [`main_entry`]; the
 //! [`launcher`] is public so that multi-node tests start nodes the way `local-swarm` does.
+//!
+//! # Layers
+//!
+//! Each module uses only modules of the layers below it (`tests/layers.rs` fails on any
+//! import cycle):
+//!
+//! 1. **Formats and names** — `messages` (request bodies and pipeline gossip), `topics`,
+//!    `metrics`, [`merge::rpc`] (the service tags of the shared request-response protocol).
+//! 2. **Rules** — `rules`: who may say what and when, pure and unit-tested; the router
+//!    applies them before any service sees a message.
+//! 3. **Services**, each owning its state and reached through a handle:
+//!    * consensus — `orchestration`: heartbeats, the stake election, epoch plans;
+//!    * miner — `pipeline`: the stage, the forward/backward traffic, the head's epoch;
+//!    * merge — [`merge`]: the butterfly all-reduce over libp2p and the node's merge
+//!      service (`merge::service`: merges at epoch boundaries, validators' audits);
+//!    * observe — `status` and `http`: `/status` and `/metrics`.
+//!
+//!    The miner reaches the merge service only through the `StageMerger` trait; the
+//!    services never call the router.
+//! 4. **Router** — `router`: the only consumer of the p2p layer's events. It authorises
+//!    every message, reports every gossip verdict to gossipsub, and dispatches to the
+//!    services.
+//! 5. **Node and tools** — `node` (wires the services, the router and the timers into one
+//!    task per node), `cli`, `identity`, and the tooling: `launcher`, `swarm`
+//!    (`local-swarm`).
 
 mod cli;
+#[doc(hidden)]
+pub mod fuzzing;
 mod http;
 mod identity;
 pub mod launcher;
 pub mod merge;
-mod merger;
+mod messages;
 mod metrics;
 mod node;
 mod orchestration;
 mod pipeline;
+mod router;
+mod rules;
 mod status;
 mod swarm;
+mod topics;
 
 use clap::Parser;
 

@@ -35,6 +35,7 @@ pub mod rpc;
 
 mod metrics;
 mod router;
+pub(crate) mod service;
 mod transport;
 
 #[cfg(test)]
@@ -53,7 +54,8 @@ use training::butterfly::{
 
 pub use metrics::{Direction, Metrics};
 pub use router::{
-    Feed, FeedError, Router, FEED_CAPACITY, KEPT_SERVERS, PENDING_MERGES, PENDING_PER_MERGE,
+    Feed, FeedError, Routed, Router, FEED_CAPACITY, KEPT_SERVERS, PENDING_BYTES, PENDING_MERGES,
+    PENDING_PER_MERGE,
 };
 pub use transport::{OpenError, P2pTransport, PUBLISH_PATIENCE};
 
@@ -143,6 +145,8 @@ pub struct MergeParams {
     pub samples: u64,
     /// Most requests in flight at once ([`DEFAULT_MAX_CONCURRENT_FETCHES`]).
     pub max_concurrent_fetches: usize,
+    /// Cap on every member's sample count, the same on every member (`u64::MAX`: none).
+    pub max_samples: u64,
 }
 
 /// A validator's audit of a merge.
@@ -162,6 +166,8 @@ pub struct AuditParams {
     pub seed: u64,
     /// Most requests in flight at once.
     pub max_concurrent_fetches: usize,
+    /// The merge's cap on every member's sample count.
+    pub max_samples: u64,
 }
 
 /// Why [`merge`] could not run.
@@ -219,6 +225,7 @@ pub async fn merge_over<T: Transport>(
         timing: params.timing,
         samples: params.samples,
         max_concurrent_fetches: params.max_concurrent_fetches,
+        max_samples: params.max_samples,
     };
     let merge = butterfly::Merge::new(config, values)?;
     router.register_server(params.stage, params.epoch, merge.server());
@@ -257,6 +264,7 @@ pub async fn audit(
         rate: params.rate,
         seed: params.seed,
         max_concurrent_fetches: params.max_concurrent_fetches,
+        max_samples: params.max_samples,
     };
     let report = butterfly::audit(Arc::new(transport), config).await?;
     router.metrics().record_audit(&report);

@@ -16,6 +16,17 @@ pub(crate) struct NodeMetrics {
     pub(crate) epoch: Gauge,
     /// `iota_is_orchestrator`: 1 while this node holds the orchestrator duty, else 0.
     pub(crate) is_orchestrator: Gauge,
+    /// `iota_requests_rejected_total{reason}`: inbound requests the router refused before
+    /// any service saw them, by the rule that refused them (labels: [`crate::rules::Refusal`]).
+    requests_rejected: Family<ReasonLabels, Counter>,
+    /// `iota_pending_gossip`: messages of the next epoch held until its plan arrives.
+    pub(crate) pending_gossip: Gauge,
+}
+
+/// Labels of a refusal counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
 }
 
 impl NodeMetrics {
@@ -33,7 +44,24 @@ impl NodeMetrics {
             "1 while this node holds the orchestrator duty",
             m.is_orchestrator.clone(),
         );
+        registry.register(
+            "iota_requests_rejected",
+            "Inbound requests refused by the router, by rule",
+            m.requests_rejected.clone(),
+        );
+        registry.register(
+            "iota_pending_gossip",
+            "Gossip of the next epoch held until its plan arrives",
+            m.pending_gossip.clone(),
+        );
         m
+    }
+
+    /// Counts a refused request.
+    pub(crate) fn request_rejected(&self, reason: &'static str) {
+        self.requests_rejected
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 }
 
@@ -60,6 +88,9 @@ pub(crate) struct PipelineMetrics {
     /// `iota_wire_bytes_total{direction,kind}`: pipeline bytes on the wire; direction is
     /// `sent` or `received`, kind `activation` or `gradient`.
     wire_bytes: Family<WireLabels, Counter>,
+    /// `iota_responses_rejected_total{reason}`: replies of the next stage this miner refused
+    /// before using them (a gradient of the wrong shape or sample, a malformed result).
+    responses_rejected: Family<ReasonLabels, Counter>,
 }
 
 impl PipelineMetrics {
@@ -96,10 +127,22 @@ impl PipelineMetrics {
             "Pipeline bytes on the wire",
             m.wire_bytes.clone(),
         );
+        registry.register(
+            "iota_responses_rejected",
+            "Replies of the next stage refused before use, by reason",
+            m.responses_rejected.clone(),
+        );
         m
     }
 
-    /// Counts `bytes` sent of `kind`.
+    /// Counts a refused reply of the next stage.
+    pub(crate) fn response_rejected(&self, reason: &'static str) {
+        self.responses_rejected
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Counts `bytes` of `kind` sent.
     pub(crate) fn wire_sent(&self, kind: &'static str, bytes: usize) {
         self.wire_bytes
             .get_or_create(&WireLabels {

@@ -17,9 +17,9 @@ use tokio::time::Instant;
 
 use crate::cli::{Fault, NodeArgs};
 use crate::metrics::NodeMetrics;
-use crate::orchestration::{HeartbeatRejected, Orchestration, PlanOutcome};
-use crate::pipeline::messages::{PipelineGossip, Service};
-use crate::pipeline::{Miner, MinerConfig, RunStats};
+use crate::orchestration::{unix_ms, Orchestration};
+use crate::pipeline::{Miner, MinerConfig, MinerFaults};
+use crate::router::{Next, Router, RouterParts};
 use crate::status::{NodeView, StatusSource};
 
 /// Samples each head keeps in flight.
@@ -30,21 +30,6 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// How often the election is ticked.
 const TICK: Duration = Duration::from_millis(250);
-
-/// The gossip topic that carries heartbeats of a run.
-pub(crate) fn heartbeat_topic(run: &str) -> String {
-    format!("iota/{run}/heartbeat/1")
-}
-
-/// The gossip topic that carries epoch plans of a run.
-pub(crate) fn plan_topic(run: &str) -> String {
-    format!("iota/{run}/plan/1")
-}
-
-/// The gossip topic that carries loss records, held-out losses and merge hashes of a run.
-pub(crate) fn pipeline_topic(run: &str) -> String {
-    format!("iota/{run}/pipeline/1")
-}
 
 /// Loads `--run` (or the built-in defaults).
 fn load_run_config(args: &NodeArgs) -> anyhow::Result<RunConfig> {
@@ -108,9 +93,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let heartbeat_topic = heartbeat_topic(&run_config.run_name);
-    let plan_topic = plan_topic(&run_config.run_name);
-    let pipeline_topic = pipeline_topic(&run_config.run_name);
+    let topics = crate::topics::Topics::of(&run_config.run_name);
     let bootstrap_peers: BTreeSet<PeerId> = args
         .bootstrap
         .iter()
@@ -127,16 +110,12 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let config = p2p::Config {
         listen: args.listen.clone(),
         bootstrap: args.bootstrap.clone(),
-        topics: vec![
-            heartbeat_topic.clone(),
-            plan_topic.clone(),
-            pipeline_topic.clone(),
-        ],
+        topics: topics.all(),
         ..p2p::Config::default()
     };
     let (client, mut events, event_loop) =
         p2p::spawn(keypair, config, p2p_metrics.clone()).context("starting the network")?;
-    let mut orchestration = Orchestration::new(
+    let orchestration = Orchestration::new(
         me.clone(),
         role,
         run_config.clone(),
@@ -144,7 +123,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         args.data_dir.as_deref(),
     );
     tracing::info!(peer = %local_peer_id, ?role, run = %run_config.run_name, run_hash = %orchestration.run_hash(), "node started");
-    let merger = crate::merger::NetMerger::new(client.clone(), &run_config, &mut registry);
+    let merger = crate::merge::service::NetMerger::new(client.clone(), &run_config, &mut registry);
     let miner = match role {
         Role::Miner => Some(Miner::new(
             local_peer_id.to_string(),
@@ -154,13 +133,17 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 data_dir: args.data_dir.clone(),
                 device: args.device,
                 head_window: HEAD_WINDOW,
+                faults: MinerFaults {
+                    huge_frames: args.fault.contains(&Fault::HugeFrames),
+                    inflate_samples: args.fault.contains(&Fault::InflateSamples),
+                    nan_merge: args.fault.contains(&Fault::NanMerge),
+                },
             },
             pipeline_metrics.clone(),
             merger.clone(),
         )?),
         Role::Validator => None,
     };
-    let mut stats = RunStats::default();
 
     let view = Arc::new(Mutex::new(NodeView::default()));
     let status = StatusSource {
@@ -183,14 +166,24 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         None => None,
     };
 
-    let started = Instant::now();
-    let mut live = LiveView::new(run_config.heartbeat_timeout());
+    let mut router = Router::new(RouterParts {
+        me: local_peer_id,
+        role,
+        client: client.clone(),
+        run: run_config.clone(),
+        orchestration,
+        miner: miner.clone(),
+        merger: merger.clone(),
+        p2p_metrics,
+        node_metrics,
+        pipeline_metrics,
+        bootstrap_peers,
+    })?;
     let mut heartbeat = tokio::time::interval(Duration::from_secs_f64(args.heartbeat_secs));
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut counter = 0u64;
-    let mut same_run_seen = false;
     let mut shutdown = std::pin::pin!(shutdown_signal());
 
     let outcome: anyhow::Result<()> = loop {
@@ -205,170 +198,47 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                     peer_id: local_peer_id.to_string(),
                     role,
                     counter,
-                    run_hash: orchestration.run_hash().to_hex(),
-                    epoch: orchestration.epoch(),
-                    stage: orchestration.stage(),
+                    sent_at_ms: unix_ms(std::time::SystemTime::now()),
+                    run_hash: router.orchestration.run_hash().to_hex(),
+                    epoch: router.orchestration.epoch(),
+                    stage: router.orchestration.stage(),
                 };
-                if let Err(error) = client.publish(&heartbeat_topic, beat.to_bytes()).await {
+                if let Err(error) = client.publish(&router.topics.heartbeat, beat.to_bytes()).await {
                     tracing::debug!(%error, "heartbeat not published");
                 }
-                if args.fault == Some(Fault::ForgePlans) {
-                    forge_plan(&client, &plan_topic, &run_config, &me, counter).await;
+                if args.fault.contains(&Fault::ForgePlans) {
+                    forge_plan(&client, &router.topics.plan, &run_config, &me, counter).await;
                 }
                 let now = Instant::now().into_std();
+                router.live.prune(now);
                 update_view(&view, |v| {
                     v.heartbeats_sent = counter;
-                    v.live_peers = sorted_live(&live, now);
+                    v.live_peers = sorted_live(&router.live, now);
                 });
             }
             _ = tick.tick() => {
-                let now = Instant::now().into_std();
-                let live_now: BTreeSet<String> = live
-                    .live(now)
-                    .iter()
-                    .map(|(peer, _)| peer.to_string())
-                    .chain(std::iter::once(local_peer_id.to_string()))
-                    .collect();
-                let complete = orchestration.current().is_some_and(|plan| {
-                    let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
-                    stats.epoch_done(plan.epoch, &heads, &live_now)
-                });
                 if let Some(miner) = &miner {
-                    miner.set_live(live_now.iter().cloned().collect());
-                    miner.flush_losses(&pipeline_topic).await;
-                }
-                let previous = orchestration.current().cloned();
-                if let Some(plan) = orchestration.tick(started.elapsed(), std::time::SystemTime::now(), complete) {
-                    if let Err(error) = client.publish(&plan_topic, plan).await {
-                        tracing::warn!(%error, "plan not published");
-                    }
-                    if let (Some(previous), Some(current)) = (&previous, orchestration.current()) {
-                        merger.audit(previous, current);
+                    if !miner.compute_alive() {
+                        break Err(anyhow::anyhow!(
+                            "the stage's compute thread stopped (see the log above); restart the node to rebuild the stage from its checkpoint"
+                        ));
                     }
                 }
-                let orchestrator = orchestration.orchestrator().map(|p| p.to_string());
-                let is_orchestrator = orchestration.is_orchestrator();
-                let epoch = orchestration.epoch();
-                let stage = orchestration.stage();
-                let stage_sizes = orchestration
-                    .current()
-                    .map(|p| bootstrap::stage_sizes(&p.assignment, p.stages))
-                    .unwrap_or_default();
-                node_metrics.epoch.set(epoch.map_or(-1, |e| i64::try_from(e).unwrap_or(i64::MAX)));
-                node_metrics.is_orchestrator.set(i64::from(is_orchestrator));
-                let miner_status = miner.as_ref().map(Miner::status).unwrap_or_default();
-                let epochs = stats.epochs();
-                update_view(&view, |v| {
-                    v.miner = miner_status;
-                    v.epochs = epochs;
-                    v.orchestrator = orchestrator;
-                    v.is_orchestrator = is_orchestrator;
-                    v.epoch = epoch;
-                    v.stage = stage;
-                    v.stage_sizes = stage_sizes;
-                });
+                on_tick(&mut router, &view).await;
             }
             event = events.recv() => {
                 let Some(event) = event else {
                     tracing::warn!("network event loop stopped");
                     break Ok(());
                 };
-                match event {
-                    Event::NewListenAddr(addr) => {
-                        let full = with_peer_id(addr, local_peer_id);
-                        println!("LISTEN {full}");
-                        let _ = std::io::stdout().flush();
-                        update_view(&view, |v| v.listen_addrs.push(full.to_string()));
-                    }
-                    Event::Gossip { author, topic, data } if topic == heartbeat_topic => {
-                        let Some(author_str) = peer_str(&author) else { continue };
-                        let beat = match Heartbeat::from_bytes(&data) {
-                            Ok(beat) => beat,
-                            Err(error) => {
-                                tracing::debug!(peer = %author, %error, "malformed heartbeat");
-                                p2p_metrics.reject("malformed_heartbeat");
-                                continue;
-                            }
-                        };
-                        match orchestration.on_heartbeat(&author_str, &beat, started.elapsed()) {
-                            Ok(()) => {
-                                same_run_seen = true;
-                                live.observe(author, beat, Instant::now().into_std());
-                            }
-                            Err(HeartbeatRejected::WrongRun { theirs }) => {
-                                p2p_metrics.reject("wrong_run");
-                                if bootstrap_peers.contains(&author) && !same_run_seen {
-                                    break Err(anyhow::anyhow!(
-                                        "refusing to join: the run at bootstrap peer {author} has configuration hash {theirs}, ours is {} — start with the same --run file as the rest of the run",
-                                        orchestration.run_hash()
-                                    ));
-                                }
-                                tracing::debug!(peer = %author, "heartbeat of another run ignored");
-                            }
-                            Err(HeartbeatRejected::NotAuthor) => {
-                                p2p_metrics.reject("heartbeat_not_author");
-                            }
-                        }
-                    }
-                    Event::Gossip { author, topic, data } if topic == plan_topic => {
-                        let Some(author_str) = peer_str(&author) else { continue };
-                        let previous = orchestration.current().cloned();
-                        match orchestration.on_plan(&author_str, &data, started.elapsed()) {
-                            PlanOutcome::Accepted => {
-                                tracing::info!(epoch = ?orchestration.epoch(), stage = ?orchestration.stage(), "epoch plan accepted");
-                                if role == Role::Validator {
-                                    if let (Some(previous), Some(current)) = (&previous, orchestration.current()) {
-                                        merger.audit(previous, current);
-                                    }
-                                }
-                                if let (Some(miner), Some(plan)) = (&miner, orchestration.current()) {
-                                    miner.on_plan(plan.clone()).await;
-                                }
-                            }
-                            PlanOutcome::Rejected(reason) => p2p_metrics.reject(reason),
-                        }
-                    }
-                    Event::Gossip { author, topic, data } if topic == pipeline_topic => {
-                        match PipelineGossip::from_bytes(&data) {
-                            Some(message) => {
-                                stats.observe(&author.to_string(), &message, started.elapsed());
-                                if let PipelineGossip::ValLoss { loss, .. } = &message {
-                                    pipeline_metrics.val_loss.set(f64::from(*loss));
-                                }
-                                if let Some(miner) = &miner {
-                                    miner.on_gossip(&message);
-                                }
-                            }
-                            None => p2p_metrics.reject("malformed_pipeline"),
-                        }
-                    }
-                    Event::Gossip { author, topic, data }
-                        if !merger.on_gossip(author, &topic, &data) =>
-                    {
-                        tracing::debug!(%topic, "gossip on a topic this node does not follow");
-                    }
-                    Event::Request { peer, id, data } => {
-                        let client = client.clone();
-                        match (Service::of(&data), &miner) {
-                            (Some(service), Some(miner)) => {
-                                let miner = miner.clone();
-                                tokio::spawn(async move {
-                                    let reply = miner.on_request(service, data).await;
-                                    let _ = client.respond(id, reply).await;
-                                });
-                            }
-                            _ => {
-                                let merger = merger.clone();
-                                tokio::spawn(async move {
-                                    let reply = merger
-                                        .on_request(peer, &data)
-                                        .unwrap_or_else(|| crate::merge::rpc::fallback_response(&data));
-                                    let _ = client.respond(id, reply).await;
-                                });
-                            }
-                        }
-                    }
-                    _ => {}
+                if let Event::NewListenAddr(addr) = &event {
+                    let full = with_peer_id(addr.clone(), local_peer_id);
+                    println!("LISTEN {full}");
+                    let _ = std::io::stdout().flush();
+                    update_view(&view, |v| v.listen_addrs.push(full.to_string()));
+                }
+                if let Next::Stop(error) = router.on_event(event).await {
+                    break Err(error);
                 }
             }
         }
@@ -386,6 +256,69 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         let _ = task.await;
     }
     outcome
+}
+
+/// The clock-driven part of the loop: election, the orchestrator's plans, loss records
+/// flushed, and the status view refreshed.
+async fn on_tick(router: &mut Router, view: &Mutex<NodeView>) {
+    let now = Instant::now().into_std();
+    let live_now: BTreeSet<String> = router
+        .live
+        .live(now)
+        .iter()
+        .map(|(peer, _)| peer.to_string())
+        .chain(std::iter::once(router.me.to_string()))
+        .collect();
+    let complete = router.orchestration.current().is_some_and(|plan| {
+        let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
+        router.stats.epoch_done(plan.epoch, &heads, &live_now)
+    });
+    if let Some(miner) = &router.miner {
+        miner.set_live(live_now.iter().cloned().collect());
+        miner.flush_losses(&router.topics.pipeline).await;
+    }
+    let previous = router.orchestration.current().cloned();
+    let elapsed = router.started.elapsed();
+    if let Some(plan) = router
+        .orchestration
+        .tick(elapsed, std::time::SystemTime::now(), complete)
+    {
+        if let Err(error) = router.client.publish(&router.topics.plan, plan).await {
+            tracing::warn!(%error, "plan not published");
+        }
+        if let (Some(previous), Some(current)) = (&previous, router.orchestration.current()) {
+            router.merger.audit(previous, current);
+        }
+        router.adopt_current().await;
+    }
+    let orchestration = &router.orchestration;
+    let orchestrator = orchestration.orchestrator().map(|p| p.to_string());
+    let is_orchestrator = orchestration.is_orchestrator();
+    let epoch = orchestration.epoch();
+    let stage = orchestration.stage();
+    let stage_sizes = orchestration
+        .current()
+        .map(|p| bootstrap::stage_sizes(&p.assignment, p.stages))
+        .unwrap_or_default();
+    router
+        .node_metrics
+        .epoch
+        .set(epoch.map_or(-1, |e| i64::try_from(e).unwrap_or(i64::MAX)));
+    router
+        .node_metrics
+        .is_orchestrator
+        .set(i64::from(is_orchestrator));
+    let miner_status = router.miner.as_ref().map(Miner::status).unwrap_or_default();
+    let epochs = router.stats.epochs();
+    update_view(view, |v| {
+        v.miner = miner_status;
+        v.epochs = epochs;
+        v.orchestrator = orchestrator;
+        v.is_orchestrator = is_orchestrator;
+        v.epoch = epoch;
+        v.stage = stage;
+        v.stage_sizes = stage_sizes;
+    });
 }
 
 /// Fault injection for tests: a node that is not the orchestrator publishes a plan naming

@@ -34,6 +34,22 @@ pub(crate) enum HeartbeatRejected {
     WrongRun { theirs: String },
     /// The heartbeat's own peer id field does not match its signed author.
     NotAuthor,
+    /// Too old, from the future, or not newer than the last one of its sender.
+    NotFresh(&'static str),
+    /// A miner outside the metagraph while the run's open places are taken.
+    NotRegistered,
+}
+
+impl HeartbeatRejected {
+    /// The metric label.
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            HeartbeatRejected::WrongRun { .. } => "wrong_run",
+            HeartbeatRejected::NotAuthor => "heartbeat_not_author",
+            HeartbeatRejected::NotFresh(reason) => reason,
+            HeartbeatRejected::NotRegistered => "miner_not_registered",
+        }
+    }
 }
 
 /// What happened to a plan received over gossip.
@@ -55,6 +71,7 @@ pub(crate) struct Orchestration {
     metagraph: Option<Metagraph>,
     validators: View,
     miners: BTreeMap<PeerIdStr, Duration>,
+    heartbeats: crate::rules::HeartbeatGate,
     current: Option<EpochPlan>,
     /// When this node last published a plan (as orchestrator).
     published_at: Option<Duration>,
@@ -95,6 +112,7 @@ impl Orchestration {
             metagraph,
             validators: View::new(),
             miners: BTreeMap::new(),
+            heartbeats: crate::rules::HeartbeatGate::default(),
             current,
             published_at: None,
             was_orchestrator: false,
@@ -107,12 +125,14 @@ impl Orchestration {
         &self.run_hash
     }
 
-    /// Records a heartbeat signed by `author`.
+    /// Records a heartbeat signed by `author`, received at `now` (since start) and at
+    /// `wall_ms` (this node's clock, milliseconds since the Unix epoch).
     pub(crate) fn on_heartbeat(
         &mut self,
         author: &PeerIdStr,
         beat: &Heartbeat,
         now: Duration,
+        wall_ms: u64,
     ) -> Result<(), HeartbeatRejected> {
         if beat.peer_id != author.as_str() {
             return Err(HeartbeatRejected::NotAuthor);
@@ -122,6 +142,12 @@ impl Orchestration {
                 theirs: beat.run_hash.clone(),
             });
         }
+        if beat.role == Role::Miner && !self.may_mine(author, now) {
+            return Err(HeartbeatRejected::NotRegistered);
+        }
+        self.heartbeats
+            .check(author.as_str(), beat.sent_at_ms, beat.counter, wall_ms)
+            .map_err(HeartbeatRejected::NotFresh)?;
         match beat.role {
             Role::Validator => {
                 if self
@@ -139,6 +165,55 @@ impl Orchestration {
         Ok(())
     }
 
+    /// Whether `miner` may take part: a miner of the metagraph, or one of the run's open
+    /// places (first heard, first admitted; a place frees when its miner falls silent).
+    /// Without a metagraph nobody is elected and nothing is planned, so anyone may beat.
+    fn may_mine(&self, miner: &PeerIdStr, now: Duration) -> bool {
+        let Some(metagraph) = &self.metagraph else {
+            return true;
+        };
+        if metagraph.by_peer_id(miner).is_some() || self.miners.contains_key(miner) {
+            return true;
+        }
+        let timeout = self.run.heartbeat_timeout();
+        let open_taken = self
+            .miners
+            .iter()
+            .filter(|(m, at)| {
+                now.saturating_sub(**at) < timeout && metagraph.by_peer_id(m).is_none()
+            })
+            .count();
+        open_taken < self.run.open_registration as usize
+    }
+
+    /// Forgets miners silent for two heartbeat timeouts, and stale heartbeat records, so the
+    /// tables stay as large as the live network.
+    fn prune(&mut self, now: Duration, wall_ms: u64) {
+        let keep = self.run.heartbeat_timeout() * 2;
+        self.miners.retain(|_, at| now.saturating_sub(*at) < keep);
+        self.heartbeats.prune(wall_ms);
+    }
+
+    /// Peer ids of the metagraph's validators with a permit.
+    pub(crate) fn validators(&self) -> std::collections::BTreeSet<String> {
+        self.metagraph
+            .as_ref()
+            .map(|m| {
+                m.neurons()
+                    .iter()
+                    .filter(|n| n.validator_permit)
+                    .map(|n| n.peer_id.to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Miners remembered (live or recently silent).
+    #[cfg(test)]
+    pub(crate) fn known_miners(&self) -> usize {
+        self.miners.len()
+    }
+
     /// Takes a plan received over gossip from `author`.
     pub(crate) fn on_plan(
         &mut self,
@@ -153,6 +228,24 @@ impl Orchestration {
                 return PlanOutcome::Rejected("malformed_plan");
             }
         };
+        if let Err(error) = plan.matches_run(&self.run) {
+            tracing::warn!(%author, epoch = plan.epoch, %error, "plan does not follow the run configuration");
+            return PlanOutcome::Rejected("plan_mismatches_run");
+        }
+        if !crate::merge::service::merge_start_is_plausible(&plan, std::time::SystemTime::now()) {
+            tracing::warn!(%author, epoch = plan.epoch, "plan's merge start is not near now");
+            return PlanOutcome::Rejected("plan_merge_start");
+        }
+        if let Some(metagraph) = &self.metagraph {
+            let open = plan
+                .assignment
+                .keys()
+                .filter(|m| metagraph.by_peer_id(m).is_none())
+                .count();
+            if open > self.run.open_registration as usize {
+                return PlanOutcome::Rejected("plan_unregistered_miners");
+            }
+        }
         if self.current.as_ref().is_some_and(|c| plan.epoch <= c.epoch) {
             return PlanOutcome::Rejected("stale_epoch");
         }
@@ -192,6 +285,7 @@ impl Orchestration {
             let me = self.me.clone();
             self.validators.heard(&me, now);
         }
+        self.prune(now, unix_ms(wall));
         let tracker = self.tracker.as_mut()?;
         let decision = tracker.tick(now, &self.validators);
         if decision.changed {
@@ -232,7 +326,7 @@ impl Orchestration {
                 return None;
             }
         };
-        plan.merge = Some(crate::merger::merge_field(wall));
+        plan.merge = Some(crate::merge::service::merge_field(wall));
         if let Err(rejected) = tracker.accept_plan(&self.me, &plan, now) {
             tracing::warn!(reason = rejected.reason(), "own plan not accepted");
             return None;
@@ -291,6 +385,12 @@ impl Orchestration {
     }
 }
 
+/// Milliseconds since the Unix epoch of `wall` (0 before it).
+pub(crate) fn unix_ms(wall: std::time::SystemTime) -> u64 {
+    wall.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The last accepted plan, kept as one JSON file written atomically.
 struct PlanStore {
     path: PathBuf,
@@ -328,11 +428,15 @@ mod tests {
         PeerIdStr::from_ed25519_public_key(&[i; 32])
     }
 
+    /// A fixed wall clock for the tests: heartbeat `counter` is sent `counter` seconds in.
+    const T0_MS: u64 = 1_800_000_000_000;
+
     fn beat(p: &PeerIdStr, role: Role, counter: u64, run: &RunHash) -> Heartbeat {
         Heartbeat {
             peer_id: p.to_string(),
             role,
             counter,
+            sent_at_ms: T0_MS + counter * 1000,
             run_hash: run.to_hex(),
             epoch: None,
             stage: None,
@@ -345,15 +449,23 @@ mod tests {
             ..RunConfig::default()
         };
         let validators = [peer(1), peer(2)];
-        let metagraph =
-            Metagraph::for_local_run(validators.iter().zip([100u64, 50]).map(|(p, tao)| {
-                LocalNeuron {
+        let registered_miners = (10..16).map(|i| LocalNeuron {
+            peer_id: peer(i),
+            stake: 0,
+            validator_permit: false,
+        });
+        let metagraph = Metagraph::for_local_run(
+            validators
+                .iter()
+                .zip([100u64, 50])
+                .map(|(p, tao)| LocalNeuron {
                     peer_id: p.clone(),
                     stake: tao * RAO_PER_TAO,
                     validator_permit: true,
-                }
-            }))
-            .unwrap();
+                })
+                .chain(registered_miners),
+        )
+        .unwrap();
         let nodes = validators
             .iter()
             .map(|p| {
@@ -379,11 +491,16 @@ mod tests {
             let now = Duration::from_secs(s);
             for node in nodes.iter_mut() {
                 for v in &ids {
-                    node.on_heartbeat(v, &beat(v, Role::Validator, s, &hash), now)
-                        .unwrap();
+                    node.on_heartbeat(
+                        v,
+                        &beat(v, Role::Validator, s, &hash),
+                        now,
+                        T0_MS + s * 1000,
+                    )
+                    .unwrap();
                 }
                 for m in &miners {
-                    node.on_heartbeat(m, &beat(m, Role::Miner, s, &hash), now)
+                    node.on_heartbeat(m, &beat(m, Role::Miner, s, &hash), now, T0_MS + s * 1000)
                         .unwrap();
                 }
             }
@@ -419,7 +536,12 @@ mod tests {
         let hash = run.hash();
         let now = Duration::from_secs(1);
         nodes[1]
-            .on_heartbeat(&ids[0], &beat(&ids[0], Role::Validator, 1, &hash), now)
+            .on_heartbeat(
+                &ids[0],
+                &beat(&ids[0], Role::Validator, 1, &hash),
+                now,
+                T0_MS + 1000,
+            )
             .unwrap();
         let _ = nodes[1].tick(now, std::time::SystemTime::now(), false);
         let miner = peer(10);
@@ -438,7 +560,12 @@ mod tests {
         }
         .hash();
         assert!(matches!(
-            nodes[1].on_heartbeat(&miner, &beat(&miner, Role::Miner, 1, &other), now),
+            nodes[1].on_heartbeat(
+                &miner,
+                &beat(&miner, Role::Miner, 1, &other),
+                now,
+                T0_MS + 1000
+            ),
             Err(HeartbeatRejected::WrongRun { .. })
         ));
     }
@@ -453,5 +580,133 @@ mod tests {
         let node = Orchestration::new(ids[1].clone(), Role::Validator, run, None, Some(&dir));
         assert_eq!(node.epoch(), Some(42));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn miners_outside_the_metagraph_get_only_the_open_places() {
+        let (mut nodes, run, _) = setup();
+        let hash = run.hash();
+        let now = Duration::from_secs(1);
+        let strangers: Vec<PeerIdStr> = (50..53).map(peer).collect();
+        for stranger in &strangers {
+            assert_eq!(
+                nodes[0].on_heartbeat(
+                    stranger,
+                    &beat(stranger, Role::Miner, 1, &hash),
+                    now,
+                    T0_MS + 1000
+                ),
+                Err(HeartbeatRejected::NotRegistered)
+            );
+        }
+        assert_eq!(nodes[0].known_miners(), 0);
+        let mut open = Orchestration::new(
+            peer(1),
+            Role::Validator,
+            RunConfig {
+                open_registration: 2,
+                ..run.clone()
+            },
+            nodes[0].metagraph.clone(),
+            None,
+        );
+        let open_hash = *open.run_hash();
+        let admitted: Vec<bool> = strangers
+            .iter()
+            .map(|m| {
+                open.on_heartbeat(m, &beat(m, Role::Miner, 1, &open_hash), now, T0_MS + 1000)
+                    .is_ok()
+            })
+            .collect();
+        assert_eq!(admitted, [true, true, false], "two open places");
+        // A place frees when its miner falls silent.
+        let later = now + run.heartbeat_timeout() * 3;
+        let _ = open.tick(later, std::time::SystemTime::now(), false);
+        let m = &strangers[2];
+        assert!(open
+            .on_heartbeat(m, &beat(m, Role::Miner, 9, &open_hash), later, T0_MS + 9000)
+            .is_ok());
+    }
+
+    #[test]
+    fn a_replayed_validator_heartbeat_does_not_keep_it_elected() {
+        let (mut nodes, run, ids) = setup();
+        let hash = run.hash();
+        let beat0 = beat(&ids[0], Role::Validator, 1, &hash);
+        let now = Duration::from_secs(1);
+        nodes[1]
+            .on_heartbeat(&ids[0], &beat0, now, T0_MS + 1000)
+            .unwrap();
+        let _ = nodes[1].tick(now, std::time::SystemTime::now(), false);
+        assert_eq!(nodes[1].orchestrator(), Some(&ids[0]));
+        // The orchestrator dies; an attacker replays its heartbeat, soon and much later.
+        for secs in [2u64, 4, 8, 30] {
+            let at = Duration::from_secs(secs);
+            let wall = T0_MS + secs * 1000;
+            let replay = nodes[1].on_heartbeat(&ids[0], &beat0, at, wall);
+            assert!(
+                matches!(replay, Err(HeartbeatRejected::NotFresh(_))),
+                "replay at {secs} s: {replay:?}"
+            );
+            nodes[1]
+                .on_heartbeat(
+                    &ids[1],
+                    &beat(&ids[1], Role::Validator, secs, &hash),
+                    at,
+                    wall,
+                )
+                .unwrap();
+            let _ = nodes[1].tick(at, std::time::SystemTime::now(), false);
+        }
+        assert_eq!(
+            nodes[1].orchestrator(),
+            Some(&ids[1]),
+            "the live validator took over"
+        );
+    }
+
+    #[test]
+    fn a_plan_off_the_run_configuration_is_refused() {
+        let (mut nodes, run, ids) = setup();
+        let hash = run.hash();
+        let now = Duration::from_secs(1);
+        nodes[1]
+            .on_heartbeat(
+                &ids[0],
+                &beat(&ids[0], Role::Validator, 1, &hash),
+                now,
+                T0_MS + 1000,
+            )
+            .unwrap();
+        let _ = nodes[1].tick(now, std::time::SystemTime::now(), false);
+        let miners: BTreeSet<PeerIdStr> = (10..16).map(peer).collect();
+        let mut plan = next_plan(&run, &ids[0], None, None, &miners).unwrap();
+        plan.merge = Some(crate::merge::service::merge_field(
+            std::time::SystemTime::now(),
+        ));
+        let mut forged = plan.clone();
+        forged.lr *= 100.0;
+        assert!(matches!(
+            nodes[1].on_plan(&ids[0], &forged.to_json().unwrap(), now),
+            PlanOutcome::Rejected("plan_mismatches_run")
+        ));
+        let mut late = plan.clone();
+        late.merge = Some(crate::merge::service::merge_field(
+            std::time::SystemTime::now() + Duration::from_secs(3600),
+        ));
+        assert!(matches!(
+            nodes[1].on_plan(&ids[0], &late.to_json().unwrap(), now),
+            PlanOutcome::Rejected("plan_merge_start")
+        ));
+        let mut crowded = plan.clone();
+        crowded.assignment.insert(peer(77), 0);
+        assert!(matches!(
+            nodes[1].on_plan(&ids[0], &crowded.to_json().unwrap(), now),
+            PlanOutcome::Rejected("plan_unregistered_miners")
+        ));
+        assert!(matches!(
+            nodes[1].on_plan(&ids[0], &plan.to_json().unwrap(), now),
+            PlanOutcome::Accepted
+        ));
     }
 }

@@ -20,7 +20,6 @@
 
 mod head;
 mod hop;
-pub(crate) mod messages;
 mod stats;
 
 use std::collections::{BTreeMap, HashMap};
@@ -34,11 +33,12 @@ use training::checkpoint::CheckpointKey;
 use training::worker::{StageInput, WorkerConfig};
 use training::{CheckpointStore, Corpus, StageConfig, StageHandle};
 
-use crate::metrics::PipelineMetrics;
-use messages::{
-    EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, PipelineGossip, Service,
+use crate::merge::service::{MergeRequest, StageMerger};
+use crate::messages::{
+    self, EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, PipelineGossip, Service,
     WeightsReply, WeightsRequest,
 };
+use crate::metrics::PipelineMetrics;
 pub(crate) use stats::{EpochStats, RunStats};
 
 /// How long one hop (and everything after it) may take before the sender gives up.
@@ -61,6 +61,31 @@ pub(crate) struct MinerConfig {
     pub(crate) device: training::Device,
     /// Samples each head keeps in flight.
     pub(crate) head_window: usize,
+    /// Misbehaviour on purpose (tests of the other nodes' defences); all off normally.
+    pub(crate) faults: MinerFaults,
+}
+
+/// The ways a miner can be told to misbehave (the node's hidden `--fault` modes).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MinerFaults {
+    /// Frames declaring a batch of 1 024 windows instead of the run's.
+    pub(crate) huge_frames: bool,
+    /// A merge weight of `u64::MAX` samples.
+    pub(crate) inflate_samples: bool,
+    /// NaN weights committed and served in the merge.
+    pub(crate) nan_merge: bool,
+}
+
+/// A frame like `frame` (same run, sample, stage and kind) but of `windows` windows of
+/// zeros: what a `huge-frames` miner sends.
+fn inflated_frame(frame: &[u8], windows: usize) -> Option<Vec<u8>> {
+    let header =
+        training::wire::decode_header(frame, &training::wire::DecodeLimits::default()).ok()?;
+    let mut shape = header.shape.clone();
+    *shape.first_mut()? = windows;
+    let n: usize = shape.iter().product();
+    let codec = training::wire::Codec::new(header.dtype);
+    training::wire::encode(&codec, &header.meta, &shape, &vec![0.0; n]).ok()
 }
 
 /// The part of a miner the request handlers and tasks share.
@@ -70,6 +95,8 @@ pub(crate) struct Shared {
     client: p2p::Client,
     cfg: MinerConfig,
     run_id: u64,
+    /// The exact shape of every frame of the run.
+    frames: crate::rules::FrameRules,
     corpus: Arc<Corpus>,
     metrics: PipelineMetrics,
     state: Mutex<State>,
@@ -83,36 +110,6 @@ pub(crate) struct Shared {
     live: Mutex<Vec<String>>,
     merger: Arc<dyn StageMerger>,
     val: Vec<training::Batch>,
-}
-
-/// Averages the replicas of a stage at an epoch boundary (the butterfly all-reduce over the
-/// network in the node; anything with the same contract in tests).
-pub(crate) trait StageMerger: Send + Sync + 'static {
-    /// Merges `weights` of this replica of `stage` with the other `members` (sorted peer ids,
-    /// this node included) for the merge that closes `epoch`; returns the merged weights.
-    fn merge(
-        &self,
-        request: MergeRequest,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<Vec<f32>>> + Send + '_>>;
-}
-
-/// What a [`StageMerger`] is asked to merge.
-#[derive(Debug, Clone)]
-pub(crate) struct MergeRequest {
-    /// Epoch the merge closes.
-    pub(crate) epoch: u64,
-    /// Stage merged.
-    pub(crate) stage: u32,
-    /// The epoch's seed (it draws the butterfly partners).
-    pub(crate) seed: u64,
-    /// The stage's replicas in the epoch's plan, sorted.
-    pub(crate) members: Vec<String>,
-    /// This replica's weights.
-    pub(crate) weights: Vec<f32>,
-    /// Samples this replica processed in the epoch (its weight in the average).
-    pub(crate) samples: u64,
-    /// Wall-clock start of the merge (the same on every member).
-    pub(crate) start: std::time::SystemTime,
 }
 
 /// The miner's current stage and plan.
@@ -161,9 +158,8 @@ impl Miner {
             cfg.run.seq_len as usize,
             VAL_BATCHES,
         )?;
-        let run_hash = cfg.run.hash();
-        let mut id = [0u8; 8];
-        id.copy_from_slice(&run_hash.as_bytes()[..8]);
+        let frames_run_id = run_id(&cfg.run);
+        let frames = crate::rules::FrameRules::new(&cfg.run, frames_run_id)?;
         let store = match &cfg.data_dir {
             Some(dir) => Some(CheckpointStore::open(&dir.join("checkpoints"))?),
             None => None,
@@ -175,7 +171,8 @@ impl Miner {
                 peer,
                 client,
                 cfg,
-                run_id: u64::from_le_bytes(id),
+                run_id: frames_run_id,
+                frames,
                 corpus,
                 metrics,
                 state: Mutex::new(State::default()),
@@ -248,6 +245,16 @@ impl Miner {
         }
     }
 
+    /// Whether the stage's compute thread, if one was started, still runs. A thread that
+    /// died (a failed allocation, a libtorch abort caught as a panic) leaves a miner that
+    /// would heartbeat and fail every sample: the node stops instead.
+    pub(crate) fn compute_alive(&self) -> bool {
+        lock(&self.shared.state)
+            .thread
+            .as_ref()
+            .is_none_or(|t| !t.is_finished())
+    }
+
     /// Records what other miners gossip.
     pub(crate) fn on_gossip(&self, message: &PipelineGossip) {
         if let PipelineGossip::Merged {
@@ -306,6 +313,13 @@ impl Miner {
     }
 }
 
+/// The id every frame of `run` carries: the first 8 bytes of its configuration hash.
+pub(crate) fn run_id(run: &RunConfig) -> u64 {
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&run.hash().as_bytes()[..8]);
+    u64::from_le_bytes(id)
+}
+
 /// Locks a std mutex, recovering the data of a poisoned one.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -319,7 +333,7 @@ async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()
     };
     if let (Some(prev), Some(worker), Some(stage)) = (&previous, &worker, old_stage) {
         if prev.epoch < plan.epoch && prev.stage_of(&shared.peer) == Some(stage) {
-            let start = crate::merger::merge_start(&plan);
+            let start = crate::merge::service::merge_start(&plan);
             merge_and_checkpoint(shared, prev, stage, worker, start).await?;
         }
     }
@@ -375,8 +389,10 @@ async fn build_stage(
     stage_cfg.optimizer.lr = plan.lr;
     stage_cfg.max_in_flight = MAX_IN_FLIGHT * 2;
     let codec = training::wire::Codec::new(wire);
-    let (handle, thread) =
-        StageHandle::spawn(WorkerConfig::new(stage_cfg, codec, shared.run_id)).await?;
+    let mut worker_cfg = WorkerConfig::new(stage_cfg, codec, shared.run_id);
+    // Nothing larger than the run's own frames is ever decompressed.
+    worker_cfg.limits = shared.frames.limits();
+    let (handle, thread) = StageHandle::spawn(worker_cfg).await?;
     // The previous stage's thread (if any) ends once its last handle is dropped.
     lock(&shared.state).thread = Some(thread);
 
@@ -487,8 +503,15 @@ async fn merge_and_checkpoint(
     start: std::time::SystemTime,
 ) -> anyhow::Result<()> {
     let members: Vec<String> = plan.miners_of(stage).map(|p| p.to_string()).collect();
-    let weights = worker.flat_params().await?;
-    let samples = shared.epoch_processed.swap(0, Ordering::Relaxed).max(1);
+    let mut weights = worker.flat_params().await?;
+    let mut samples = shared.epoch_processed.swap(0, Ordering::Relaxed).max(1);
+    let faults = shared.cfg.faults;
+    if faults.inflate_samples {
+        samples = u64::MAX;
+    }
+    if faults.nan_merge {
+        weights.iter_mut().step_by(97).for_each(|w| *w = f32::NAN);
+    }
     let merged = shared
         .merger
         .merge(MergeRequest {
@@ -499,6 +522,7 @@ async fn merge_and_checkpoint(
             weights,
             samples,
             start,
+            max_samples: crate::merge::service::max_samples(plan),
         })
         .await?;
     worker.set_flat_params(merged).await?;
@@ -522,7 +546,7 @@ async fn merge_and_checkpoint(
         wire_bytes: shared.metrics.wire_bytes_sent(),
     };
     if let Some(bytes) = message.to_bytes() {
-        let topic = crate::node::pipeline_topic(&shared.cfg.run.run_name);
+        let topic = crate::topics::Topics::of(&shared.cfg.run.run_name).pipeline;
         if let Err(error) = shared.client.publish(&topic, bytes).await {
             tracing::debug!(%error, "merge hash not published");
         }

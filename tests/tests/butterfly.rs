@@ -78,6 +78,7 @@ impl Inputs {
             timing: self.timing,
             samples: self.samples[&node.id()],
             max_concurrent_fetches: merge::DEFAULT_MAX_CONCURRENT_FETCHES,
+            max_samples: u64::MAX,
         }
     }
 
@@ -459,6 +460,7 @@ async fn colluding_holders_pass_the_members_but_not_a_validators_audit() {
         rate: 1.0,
         seed: 99,
         max_concurrent_fetches: merge::DEFAULT_MAX_CONCURRENT_FETCHES,
+        max_samples: u64::MAX,
     };
     let (client, router) = (validator.client.clone(), validator.router.clone());
     let auditor: JoinHandle<AuditReport> = tokio::spawn(async move {

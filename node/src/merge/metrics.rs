@@ -42,6 +42,7 @@ fn kind_label(kind: MisbehaviourKind) -> &'static str {
     match kind {
         MisbehaviourKind::WrongAverage => "wrong_average",
         MisbehaviourKind::Equivocation => "equivocation",
+        MisbehaviourKind::NonFinite => "non_finite",
         _ => "other",
     }
 }

@@ -11,7 +11,8 @@
 //!   [`PENDING_PER_MERGE`] messages for each of at most [`PENDING_MERGES`] merges; when full,
 //!   a merge with a lower epoch pushes out the highest one, so a flood of far-future epochs
 //!   cannot displace the next real merge; opening a merge drops what is kept for older
-//!   epochs of its stage, and gossip for a merge whose feed has closed is dropped;
+//!   epochs of its stage, and gossip for a merge whose feed has closed is dropped; what is
+//!   kept is also bounded in bytes ([`PENDING_BYTES`] over all merges);
 //! - every feed is a bounded channel of [`FEED_CAPACITY`] messages; the router never waits
 //!   on it (a full feed drops the message, counted in the merge's deadlines);
 //! - the servers of the last [`KEPT_SERVERS`] merges stay registered after their merges end
@@ -37,6 +38,10 @@ pub const FEED_CAPACITY: usize = 4096;
 pub const PENDING_PER_MERGE: usize = FEED_CAPACITY;
 /// Merges for which gossip is kept before they open.
 pub const PENDING_MERGES: usize = 4;
+/// Bytes of gossip kept, over all merges, before they open: a full stage's commitments and
+/// claims take a few hundred KiB, so this leaves room for many while a flood of 63 KiB
+/// messages cannot grow the node past it.
+pub const PENDING_BYTES: usize = 16 << 20;
 /// Closed merges remembered, so that their late gossip is dropped rather than kept.
 const REMEMBERED_CLOSED: usize = 16;
 
@@ -75,8 +80,34 @@ struct Shared {
 struct State {
     servers: BTreeMap<Key, Server>,
     feeds: BTreeMap<Key, mpsc::Sender<Received>>,
-    pending: BTreeMap<Key, Vec<Received>>,
+    pending: BTreeMap<Key, Vec<(usize, Received)>>,
+    /// Bytes (as received) of everything in `pending`.
+    pending_bytes: usize,
     closed: BTreeSet<Key>,
+}
+
+impl State {
+    /// Drops the merges `drop` selects from `pending`, keeping `pending_bytes` in step.
+    fn drop_pending(&mut self, drop: impl Fn(&Key) -> bool) {
+        let keys: Vec<Key> = self.pending.keys().filter(|k| drop(k)).copied().collect();
+        for key in keys {
+            if let Some(kept) = self.pending.remove(&key) {
+                let bytes: usize = kept.iter().map(|(len, _)| len).sum();
+                self.pending_bytes = self.pending_bytes.saturating_sub(bytes);
+            }
+        }
+    }
+}
+
+/// What became of a gossip message handed to [`Router::route_gossip`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routed {
+    /// Not on a butterfly topic of this run: another part of the node decides.
+    NotButterfly,
+    /// Delivered to its merge, or kept for it.
+    Delivered,
+    /// Refused, with the reason (a metric label).
+    Refused(&'static str),
 }
 
 impl std::fmt::Debug for Router {
@@ -131,6 +162,14 @@ impl Router {
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes kept for merges not yet open: the running total, and the sum over what is kept.
+    #[cfg(test)]
+    pub(crate) fn pending_bytes(&self) -> (usize, usize) {
+        let state = self.state();
+        let kept = state.pending.values().flatten().map(|(len, _)| len).sum();
+        (state.pending_bytes, kept)
     }
 
     /// The run this router serves.
@@ -197,11 +236,14 @@ impl Router {
             return Err(FeedError::AlreadyOpen { stage, epoch });
         }
         let (sender, receiver) = mpsc::channel(FEED_CAPACITY);
-        for message in state.pending.remove(&key).unwrap_or_default() {
+        let kept = state.pending.remove(&key).unwrap_or_default();
+        let bytes: usize = kept.iter().map(|(len, _)| len).sum();
+        state.pending_bytes = state.pending_bytes.saturating_sub(bytes);
+        for (_, message) in kept {
             // PENDING_PER_MERGE equals the capacity, so everything kept fits.
             let _ = sender.try_send(message);
         }
-        state.pending.retain(|(s, e), _| *s != stage || *e >= epoch);
+        state.drop_pending(|(s, e)| *s == stage && *e < epoch);
         state.closed.remove(&key);
         state.feeds.insert(key, sender);
         Ok(Feed {
@@ -215,8 +257,14 @@ impl Router {
     /// it was on a butterfly topic of this run (then it is consumed, delivered or dropped);
     /// `false` leaves it to other parts of the node.
     pub fn on_gossip(&self, author: &PeerId, topic: &str, data: &[u8]) -> bool {
+        self.route_gossip(author, topic, data) != Routed::NotButterfly
+    }
+
+    /// [`Router::on_gossip`], saying whether the message was delivered or refused, so the
+    /// node can report a verdict to gossipsub.
+    pub fn route_gossip(&self, author: &PeerId, topic: &str, data: &[u8]) -> Routed {
         let Some(stage) = self.stage_of(topic) else {
-            return false;
+            return Routed::NotButterfly;
         };
         let metrics = &self.shared.metrics;
         metrics.received(data.len());
@@ -224,18 +272,18 @@ impl Router {
             Ok(message) => message,
             Err(error) => {
                 tracing::debug!(peer = %author, %error, "undecodable butterfly gossip");
-                return true;
+                return Routed::Refused("malformed_butterfly");
             }
         };
         let from = author.to_string();
         if message.author() != from {
             tracing::debug!(peer = %author, claimed = message.author(), "butterfly gossip not by its signer");
-            return true;
+            return Routed::Refused("butterfly_not_author");
         }
         let (epoch, message_stage) = message.merge();
         if message_stage != stage {
             tracing::debug!(peer = %author, stage, message_stage, "butterfly gossip on another stage's topic");
-            return true;
+            return Routed::Refused("butterfly_wrong_stage");
         }
         if let Gossip::Misbehaviour(report) = &message {
             metrics.report_received(report.kind);
@@ -248,11 +296,11 @@ impl Router {
                 "misbehaviour reported"
             );
         }
-        self.deliver((stage, epoch), Received { from, message });
-        true
+        self.deliver((stage, epoch), data.len(), Received { from, message });
+        Routed::Delivered
     }
 
-    fn deliver(&self, key: Key, received: Received) {
+    fn deliver(&self, key: Key, len: usize, received: Received) {
         let mut state = self.state();
         if let Some(sender) = state.feeds.get(&key) {
             match sender.try_send(received) {
@@ -281,14 +329,23 @@ impl Router {
                 .copied();
             match highest {
                 Some(h) if (h.1, h.0) > (key.1, key.0) => {
-                    state.pending.remove(&h);
+                    state.drop_pending(|k| *k == h);
                 }
                 _ => return,
             }
         }
+        if state.pending_bytes.saturating_add(len) > PENDING_BYTES {
+            tracing::debug!(
+                stage = key.0,
+                epoch = key.1,
+                "butterfly gossip kept for later is at its byte bound; dropped"
+            );
+            return;
+        }
         let kept = state.pending.entry(key).or_default();
         if kept.len() < PENDING_PER_MERGE {
-            kept.push(received);
+            kept.push((len, received));
+            state.pending_bytes += len;
         }
     }
 

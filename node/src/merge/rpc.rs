@@ -46,6 +46,10 @@ pub enum ErrorCode {
     UnknownService,
     /// The request was empty, or its service could not parse it.
     Malformed,
+    /// The sender may not make this request now (see the router's rules).
+    Refused,
+    /// The sender, or all senders together, have too many requests in progress.
+    Busy,
 }
 
 impl ErrorCode {
@@ -54,6 +58,8 @@ impl ErrorCode {
         match self {
             ErrorCode::UnknownService => 1,
             ErrorCode::Malformed => 2,
+            ErrorCode::Refused => 3,
+            ErrorCode::Busy => 4,
         }
     }
 
@@ -62,6 +68,8 @@ impl ErrorCode {
         match byte {
             1 => Some(ErrorCode::UnknownService),
             2 => Some(ErrorCode::Malformed),
+            3 => Some(ErrorCode::Refused),
+            4 => Some(ErrorCode::Busy),
             _ => None,
         }
     }

@@ -14,7 +14,38 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 use crate::merge::{self, AuditParams, MergeParams, Router};
-use crate::pipeline::{MergeRequest, StageMerger};
+
+/// Averages the replicas of a stage at an epoch boundary (the butterfly all-reduce over the
+/// network in the node; anything with the same contract in tests).
+pub(crate) trait StageMerger: Send + Sync + 'static {
+    /// Merges `weights` of this replica of `stage` with the other `members` (sorted peer ids,
+    /// this node included) for the merge that closes `epoch`; returns the merged weights.
+    fn merge(
+        &self,
+        request: MergeRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<Vec<f32>>> + Send + '_>>;
+}
+
+/// What a [`StageMerger`] is asked to merge.
+#[derive(Debug, Clone)]
+pub(crate) struct MergeRequest {
+    /// Epoch the merge closes.
+    pub(crate) epoch: u64,
+    /// Stage merged.
+    pub(crate) stage: u32,
+    /// The epoch's seed (it draws the butterfly partners).
+    pub(crate) seed: u64,
+    /// The stage's replicas in the epoch's plan, sorted.
+    pub(crate) members: Vec<String>,
+    /// This replica's weights.
+    pub(crate) weights: Vec<f32>,
+    /// Samples this replica processed in the epoch (its weight in the average).
+    pub(crate) samples: u64,
+    /// Wall-clock start of the merge (the same on every member).
+    pub(crate) start: std::time::SystemTime,
+    /// Cap on every member's sample count: the most samples the epoch's plan can feed.
+    pub(crate) max_samples: u64,
+}
 
 /// Key of the merge start in [`EpochPlan::merge`].
 const START_KEY: &str = "merge_start_unix_ms";
@@ -43,10 +74,40 @@ pub(crate) fn merge_start(plan: &EpochPlan) -> SystemTime {
         .as_ref()
         .and_then(|m| m.get(START_KEY))
         .and_then(serde_json::Value::as_u64)
-        .map_or_else(
-            || SystemTime::now() + MERGE_DELAY,
-            |ms| UNIX_EPOCH + Duration::from_millis(ms),
-        )
+        .and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms)))
+        .unwrap_or_else(|| SystemTime::now() + MERGE_DELAY)
+}
+
+/// How far from now a plan may place the merge it opens with: a plan takes well under a
+/// second to spread, and clocks agree within that; a start far off would stall the stage.
+const MAX_MERGE_START_SKEW: Duration = Duration::from_secs(60);
+
+/// Whether `plan`'s merge start (if it names one) lies within [`MAX_MERGE_START_SKEW`] of
+/// `now`.
+pub(crate) fn merge_start_is_plausible(plan: &EpochPlan, now: SystemTime) -> bool {
+    let Some(value) = plan.merge.as_ref() else {
+        return true;
+    };
+    let Some(ms) = value.get(START_KEY).and_then(serde_json::Value::as_u64) else {
+        return false;
+    };
+    let Some(start) = UNIX_EPOCH.checked_add(Duration::from_millis(ms)) else {
+        return false;
+    };
+    let gap = match start.duration_since(now) {
+        Ok(ahead) => ahead,
+        Err(behind) => behind.duration(),
+    };
+    gap <= MAX_MERGE_START_SKEW
+}
+
+/// The most samples a member's weight in the merge closing `plan`'s epoch may rest on: every
+/// sample the epoch's heads draw. A member's count is its own word, so it is capped at what
+/// the plan can feed: no member outweighs a whole epoch's work (a count of `u64::MAX` would
+/// otherwise replace the stage with its sender's weights).
+pub(crate) fn max_samples(plan: &EpochPlan) -> u64 {
+    let heads = plan.miners_of(0).count() as u64;
+    plan.epoch_samples.saturating_mul(heads.max(1))
 }
 
 /// Merges replicas, and audits merges, over the network.
@@ -54,6 +115,18 @@ pub(crate) struct NetMerger {
     client: p2p::Client,
     router: Router,
     run: RunConfig,
+    /// Who may fetch partitions: the router keeps it up to date from the plans.
+    readers: std::sync::Mutex<Readers>,
+}
+
+/// The peers a merge's partitions are served to: the members of that stage in the plans of
+/// recent epochs, and the validators (who audit merges).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Readers {
+    /// (epoch, stage) → members.
+    pub(crate) members: std::collections::BTreeMap<(u64, u32), std::collections::BTreeSet<String>>,
+    /// Validators with a permit.
+    pub(crate) validators: std::collections::BTreeSet<String>,
 }
 
 impl NetMerger {
@@ -67,17 +140,57 @@ impl NetMerger {
             client,
             router: Router::new(&run.run_name, merge::Metrics::new(registry)),
             run: run.clone(),
+            readers: std::sync::Mutex::new(Readers::default()),
         })
     }
 
-    /// Routes all-reduce gossip; `false` when the topic is not the all-reduce's.
-    pub(crate) fn on_gossip(&self, author: PeerId, topic: &str, data: &[u8]) -> bool {
-        self.router.on_gossip(&author, topic, data)
+    /// Routes all-reduce gossip.
+    pub(crate) fn on_gossip(&self, author: PeerId, topic: &str, data: &[u8]) -> merge::Routed {
+        self.router.route_gossip(&author, topic, data)
     }
 
-    /// Answers an all-reduce request; `None` when the body is for another service.
-    pub(crate) fn on_request(&self, peer: PeerId, data: &[u8]) -> Option<Vec<u8>> {
-        self.router.on_request(&peer, data)
+    /// Sets who may fetch partitions.
+    pub(crate) fn set_readers(&self, readers: Readers) {
+        *self
+            .readers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = readers;
+    }
+
+    /// Whether `peer` may fetch partitions of the merge of `stage` closing `epoch`.
+    pub(crate) fn may_read(&self, peer: &PeerId, epoch: u64, stage: u32) -> bool {
+        let peer = peer.to_string();
+        let readers = self
+            .readers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        readers.validators.contains(&peer)
+            || readers
+                .members
+                .get(&(epoch, stage))
+                .is_some_and(|m| m.contains(&peer))
+    }
+
+    /// Answers an all-reduce request; `None` when the body is for another service. A
+    /// request from a peer that is neither a member of that merge nor a validator is
+    /// refused (`Err` with the metric label).
+    pub(crate) fn on_request(
+        &self,
+        peer: PeerId,
+        data: &[u8],
+    ) -> Option<Result<Vec<u8>, &'static str>> {
+        if let Ok((merge::rpc::BUTTERFLY, payload)) = merge::rpc::split(data) {
+            if let Ok(request) = merge::butterfly::Request::decode(payload) {
+                let (epoch, stage) = match &request {
+                    merge::butterfly::Request::Input { epoch, stage, .. }
+                    | merge::butterfly::Request::Averaged { epoch, stage, .. } => (*epoch, *stage),
+                };
+                if !self.may_read(&peer, epoch, stage) {
+                    return Some(Err("not_a_merge_member"));
+                }
+            }
+        }
+        self.router.on_request(&peer, data).map(Ok)
     }
 
     /// Subscribes to the all-reduce gossip of `stage`, so the members' commitments are heard.
@@ -126,6 +239,7 @@ impl NetMerger {
                     rate: this.run.audit_rate,
                     seed: closed.seed,
                     max_concurrent_fetches: merge::DEFAULT_MAX_CONCURRENT_FETCHES,
+                    max_samples: max_samples(&closed),
                 };
                 match merge::audit(&this.client, &this.router, params).await {
                     Ok(report) => {
@@ -182,6 +296,7 @@ impl StageMerger for NetMerger {
                 timing: self.timing(request.start, len),
                 samples: request.samples,
                 max_concurrent_fetches: merge::DEFAULT_MAX_CONCURRENT_FETCHES,
+                max_samples: request.max_samples,
             };
             let outcome = merge::merge(&self.client, &self.router, params, request.weights).await?;
             Ok(outcome.values)

@@ -156,6 +156,7 @@ fn server_for(epoch: u64, values: Vec<f32>) -> (Merge, Arc<butterfly::Plan>) {
         ),
         samples: 1,
         max_concurrent_fetches: 1,
+        max_samples: u64::MAX,
     };
     (Merge::new(config, values).unwrap(), plan)
 }
@@ -268,4 +269,37 @@ fn timings_follow_the_wall_clock_schedule() {
     assert_eq!(ahead.done_by, mono + Duration::from_secs(13));
     let behind = timing_at(wall - Duration::from_secs(1), phase, phase, (wall, mono));
     assert_eq!(behind.commit_by, mono + Duration::from_secs(1));
+}
+
+#[test]
+fn gossip_kept_before_a_merge_opens_is_bounded_in_bytes() {
+    let router = router();
+    let a = peer();
+    // Large, distinct commitments for merges not yet open: far more than the byte bound.
+    let large = |epoch: u64, salt: u8| {
+        Gossip::Commitment(Commitment {
+            epoch,
+            stage: 2,
+            member: a.to_string(),
+            samples: 3,
+            partition_hashes: vec![Hash::of_bytes(&[salt]); 1000],
+        })
+        .encode()
+    };
+    assert!(large(7, 0).len() > 30 * 1024);
+    let mut delivered = 0;
+    for i in 0..2000u32 {
+        let bytes = large(7 + u64::from(i % 3), (i % 251) as u8);
+        if router.route_gossip(&a, &topic(RUN, 2), &bytes) == Routed::Delivered {
+            delivered += 1;
+        }
+    }
+    assert_eq!(delivered, 2000, "each message was valid and routed");
+    let (total, kept) = router.pending_bytes();
+    assert!(total <= PENDING_BYTES, "{total} bytes kept");
+    assert!(
+        total > PENDING_BYTES / 2,
+        "the bound, not something else, stopped it"
+    );
+    assert_eq!(kept, total);
 }

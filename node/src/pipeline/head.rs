@@ -9,20 +9,9 @@ use training::worker::EvalOutput;
 use training::StageHandle;
 
 use super::hop::{after_backward, send_eval, send_forward, val_batch};
-use super::messages::{ForwardHeader, PipelineGossip};
 use super::{lock, tokens_input, Shared, VAL_BATCHES};
-
-/// The id of the `counter`-th sample head `index` draws in the epoch seeded `seed`.
-pub(crate) fn sample_id(seed: u64, index: u64, counter: u64) -> u64 {
-    let mut h = blake3::Hasher::new();
-    h.update(b"iota/sample/v1");
-    h.update(&seed.to_le_bytes());
-    h.update(&index.to_le_bytes());
-    h.update(&counter.to_le_bytes());
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&h.finalize().as_bytes()[..8]);
-    u64::from_le_bytes(id)
-}
+use crate::messages::{ForwardHeader, PipelineGossip};
+use crate::rules::sample_id;
 
 /// Runs this head's part of `plan`'s epoch.
 pub(crate) async fn run_epoch(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle) {
@@ -30,7 +19,7 @@ pub(crate) async fn run_epoch(shared: Arc<Shared>, plan: EpochPlan, worker: Stag
     let Some(index) = heads.iter().position(|h| *h == shared.me) else {
         return;
     };
-    let topic = crate::node::pipeline_topic(&shared.cfg.run.run_name);
+    let topic = crate::topics::Topics::of(&shared.cfg.run.run_name).pipeline;
     if index == 0 {
         match evaluate(&shared, &plan, &worker).await {
             Ok(loss) => {

@@ -10,13 +10,18 @@ use bootstrap::EpochPlan;
 use rand::{Rng, SeedableRng};
 use training::worker::{EvalOutput, StageInput};
 
-use super::messages::{
+use super::{eval_body, eval_reply, forward_body, forward_reply, lock, Shared, HOP_TIMEOUT};
+use crate::messages::{
     self, EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, Service,
 };
-use super::{eval_body, eval_reply, forward_body, forward_reply, lock, Shared, HOP_TIMEOUT};
+use crate::rules::Expect;
+use training::wire::FrameKind;
 
 /// Optimizer steps over which the learning rate ramps up to the plan's.
 const WARMUP_STEPS: u64 = 30;
+
+/// Windows a `huge-frames` miner declares in its frames.
+const HUGE_WINDOWS: usize = 1024;
 
 /// Replicas tried for one hop before the sample is dropped.
 const ATTEMPTS: usize = 3;
@@ -104,7 +109,13 @@ pub(crate) async fn send_forward(
     header: &ForwardHeader,
     frame: &[u8],
 ) -> Result<(f32, Vec<String>, Vec<u8>), String> {
-    let body = forward_body(header, frame);
+    let inflated = shared
+        .cfg
+        .faults
+        .huge_frames
+        .then(|| super::inflated_frame(frame, HUGE_WINDOWS))
+        .flatten();
+    let body = forward_body(header, inflated.as_deref().unwrap_or(frame));
     let mut tried = BTreeSet::new();
     let mut last = String::from("no live replica of the next stage");
     for attempt in 0..ATTEMPTS {
@@ -135,6 +146,25 @@ pub(crate) async fn send_forward(
         shared.metrics.wire_received("gradient", reply.len());
         match messages::decode::<ForwardReply>(Service::Forward, &reply) {
             Ok((ForwardReply::Done { loss, pathway }, grad)) => {
+                // The gradient must be for this very sample, of the boundary's exact shape:
+                // checked on its header before the compute thread decodes it.
+                let expect = Expect {
+                    sample: Some(header.sample),
+                    boundary: stage - 1,
+                    kind: FrameKind::Gradient,
+                };
+                if let Err(refusal) = shared.frames.check(grad, expect) {
+                    shared.metrics.response_rejected(refusal.reason());
+                    penalise(shared, &peer);
+                    last = format!("{peer}: gradient refused ({})", refusal.reason());
+                    continue;
+                }
+                if !loss.is_finite() || pathway.len() < stage as usize + 1 {
+                    shared.metrics.response_rejected("malformed_result");
+                    penalise(shared, &peer);
+                    last = format!("{peer}: malformed result");
+                    continue;
+                }
                 observe(shared, &peer, started.elapsed());
                 return Ok((loss, pathway, grad.to_vec()));
             }
@@ -227,7 +257,10 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
                         loss: out.loss,
                     },
                 ));
-                let grad = out.grad_frame.unwrap_or_default();
+                let mut grad = out.grad_frame.unwrap_or_default();
+                if shared.cfg.faults.huge_frames {
+                    grad = super::inflated_frame(&grad, HUGE_WINDOWS).unwrap_or(grad);
+                }
                 forward_reply(
                     &ForwardReply::Done {
                         loss: out.loss,
@@ -308,6 +341,10 @@ pub(crate) async fn send_eval(
 /// Serves an evaluation request from the previous stage.
 pub(crate) async fn serve_eval(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
     let failed = |reason: String| eval_reply(&EvalReply::Failed(reason));
+    // Evaluations share the forward passes' bound on work in progress.
+    let Ok(_permit) = shared.permits.clone().try_acquire_owned() else {
+        return failed("busy".into());
+    };
     let (header, frame) = match messages::decode::<EvalHeader>(Service::Eval, body) {
         Ok(decoded) => decoded,
         Err(error) => return failed(error.to_string()),

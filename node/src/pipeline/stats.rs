@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::messages::PipelineGossip;
+use crate::messages::PipelineGossip;
 
 /// One epoch as heard so far (also read back by `local-swarm` from `/status`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -73,11 +73,14 @@ impl RunStats {
                     if !r.loss.is_finite() {
                         continue;
                     }
-                    e.samples += 1;
-                    e.tokens += tokens_per_sample;
+                    // Counters saturate: the router admits only checked records, and a
+                    // counter that wraps would still be the worse failure.
+                    e.samples = e.samples.saturating_add(1);
+                    e.tokens = e.tokens.saturating_add(*tokens_per_sample);
                     e.loss_sum += f64::from(r.loss);
                     for peer in &r.pathway {
-                        *e.samples_by_miner.entry(peer.clone()).or_default() += 1;
+                        let n = e.samples_by_miner.entry(peer.clone()).or_default();
+                        *n = n.saturating_add(1);
                     }
                 }
                 e.train_loss = (e.samples > 0).then(|| e.loss_sum / e.samples as f64);
@@ -89,7 +92,7 @@ impl RunStats {
             PipelineGossip::HeadDone { dropped, .. } => {
                 if !e.heads_done.iter().any(|h| h == author) {
                     e.heads_done.push(author.to_string());
-                    e.dropped += dropped;
+                    e.dropped = e.dropped.saturating_add(*dropped);
                 }
             }
             PipelineGossip::Merged {
@@ -130,8 +133,8 @@ impl RunStats {
 
 #[cfg(test)]
 mod tests {
-    use super::super::messages::LossRecord;
     use super::*;
+    use crate::messages::LossRecord;
 
     #[test]
     fn epoch_closes_when_every_live_head_is_done() {

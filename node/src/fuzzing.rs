@@ -1,0 +1,162 @@
+//! Exists only so that the fuzz benchmark (`node/benches/fuzz.rs`) can reach the crate's
+//! private decoders; not an API. Each function decodes a request-response body or a gossip
+//! message exactly as the node does and says whether it was accepted, and
+//! [`pipeline_samples`] gives valid encodings to mutate. Nothing here has logic of its own.
+
+use crate::messages::{
+    self, EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, PipelineGossip, Service,
+    WeightsReply, WeightsRequest,
+};
+
+/// [`messages::decode`] of a forward request, as the next stage does.
+pub fn forward_request(body: &[u8]) -> bool {
+    messages::decode::<ForwardHeader>(Service::Forward, body).is_ok()
+}
+
+/// [`messages::decode`] of a forward reply, as the previous stage does.
+pub fn forward_reply(body: &[u8]) -> bool {
+    messages::decode::<ForwardReply>(Service::Forward, body).is_ok()
+}
+
+/// [`messages::decode`] of an evaluation request.
+pub fn eval_request(body: &[u8]) -> bool {
+    messages::decode::<EvalHeader>(Service::Eval, body).is_ok()
+}
+
+/// [`messages::decode`] of an evaluation reply.
+pub fn eval_reply(body: &[u8]) -> bool {
+    messages::decode::<EvalReply>(Service::Eval, body).is_ok()
+}
+
+/// [`messages::decode`] of a weights request.
+pub fn weights_request(body: &[u8]) -> bool {
+    messages::decode::<WeightsRequest>(Service::Weights, body).is_ok()
+}
+
+/// [`messages::decode`] of a weights reply, then [`messages::f32_from_bytes`] of its payload
+/// when it carries weights, as a joining replica does.
+pub fn weights_reply(body: &[u8]) -> bool {
+    match messages::decode::<WeightsReply>(Service::Weights, body) {
+        Ok((WeightsReply::Weights { .. }, payload)) => messages::f32_from_bytes(payload).is_some(),
+        Ok((WeightsReply::NotHeld, _)) => true,
+        Err(_) => false,
+    }
+}
+
+/// [`PipelineGossip::from_bytes`], as the node's gossip handler does.
+pub fn pipeline_gossip(bytes: &[u8]) -> bool {
+    PipelineGossip::from_bytes(bytes).is_some()
+}
+
+/// Valid encodings of every message the functions above decode: request and reply bodies
+/// of each service, then gossip messages.
+pub fn pipeline_samples() -> Vec<Vec<u8>> {
+    let peers = |n: usize| {
+        (0..n)
+            .map(|i| format!("12D3KooWPeer{i}"))
+            .collect::<Vec<_>>()
+    };
+    let frame = b"IOTW\x01\x00\x01\x02 stand-in for an activation frame";
+    let weights: Vec<f32> = (0..64).map(|i| i as f32 * 0.25 - 3.0).collect();
+    let bodies = [
+        body(
+            Service::Forward,
+            &ForwardHeader {
+                epoch: 3,
+                sample: 42,
+                pathway: peers(1),
+            },
+            frame,
+        ),
+        body(
+            Service::Forward,
+            &ForwardHeader {
+                epoch: 0,
+                sample: 0,
+                pathway: vec![],
+            },
+            b"",
+        ),
+        body(
+            Service::Forward,
+            &ForwardReply::Done {
+                loss: 2.5,
+                pathway: peers(3),
+            },
+            frame,
+        ),
+        body(
+            Service::Forward,
+            &ForwardReply::Failed {
+                reason: "busy".into(),
+            },
+            b"",
+        ),
+        body(Service::Eval, &EvalHeader { batch: 7 }, frame),
+        body(Service::Eval, &EvalReply::Loss(1.75), b""),
+        body(
+            Service::Eval,
+            &EvalReply::Failed("no stage yet".into()),
+            b"",
+        ),
+        body(Service::Weights, &WeightsRequest { stage: 2 }, b""),
+        body(
+            Service::Weights,
+            &WeightsReply::Weights {
+                stage: 2,
+                epoch: Some(5),
+                hash: "ab".repeat(32),
+            },
+            &messages::f32_bytes(&weights),
+        ),
+        body(
+            Service::Weights,
+            &WeightsReply::Weights {
+                stage: 0,
+                epoch: None,
+                hash: String::new(),
+            },
+            b"",
+        ),
+        body(Service::Weights, &WeightsReply::NotHeld, b""),
+    ];
+    let records = (0..16)
+        .map(|i| LossRecord {
+            sample: i,
+            pathway: peers(3),
+            loss: 3.0 - i as f32 / 8.0,
+        })
+        .collect();
+    let gossip = [
+        PipelineGossip::Losses {
+            epoch: 4,
+            tokens_per_sample: 1024,
+            records,
+        },
+        PipelineGossip::ValLoss {
+            epoch: 4,
+            loss: 1.9,
+        },
+        PipelineGossip::HeadDone {
+            epoch: 4,
+            samples: 100,
+            dropped: 2,
+        },
+        PipelineGossip::Merged {
+            epoch: 4,
+            stage: 1,
+            hash: "cd".repeat(32),
+            wire_bytes: 1 << 20,
+        },
+    ];
+    bodies
+        .into_iter()
+        .chain(gossip.iter().map(PipelineGossip::to_bytes))
+        .flatten()
+        .collect()
+}
+
+/// `messages::encode`, `None` if the header does not serialise within its limit.
+fn body<H: serde::Serialize>(service: Service, header: &H, payload: &[u8]) -> Option<Vec<u8>> {
+    messages::encode(service, header, payload).ok()
+}

@@ -1,0 +1,416 @@
+//! The router: the only consumer of the p2p layer's events. It decodes every message,
+//! decides with [`crate::rules`] (and the consensus state) whether its sender may say it
+//! now, reports the verdict of every gossip message back to gossipsub, and only then hands
+//! the message to the service that owns it: consensus (heartbeats, plans), the run's
+//! statistics, the miner, or the merge service.
+//!
+//! Nothing reaches a service unchecked: a forged or out-of-place message is dropped here,
+//! counted under `iota_gossip_rejected_total{reason}` or `iota_requests_rejected_total{reason}`,
+//! and, for gossip, not relayed. Requests are bounded per peer and in total before any
+//! decoding, and a frame's shape is checked on its header before anything is decompressed.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use bootstrap::{PeerIdStr, RunConfig};
+use p2p::{Event, Heartbeat, LiveView, PeerId, Role};
+use tokio::time::Instant;
+use training::wire::FrameKind;
+
+use crate::merge::rpc;
+use crate::merge::service::NetMerger;
+use crate::messages::{self, EvalHeader, ForwardHeader, PipelineGossip, Service};
+use crate::metrics::{NodeMetrics, PipelineMetrics};
+use crate::orchestration::{HeartbeatRejected, Orchestration, PlanOutcome};
+use crate::pipeline::{Miner, RunStats};
+use crate::rules::{
+    self, Expect, FrameRules, PipelineRules, PlanBook, Refusal, RequestBudget, Verdict,
+};
+use crate::topics::Topics;
+
+/// Gossip of the next epoch kept until its plan arrives (then checked again).
+const MAX_PENDING: usize = 256;
+
+/// What the event loop should do after an event.
+pub(crate) enum Next {
+    /// Keep going.
+    Continue,
+    /// Stop the node with this error.
+    Stop(anyhow::Error),
+}
+
+/// Everything the router decides with, and the services it hands messages to.
+pub(crate) struct Router {
+    pub(crate) me: PeerId,
+    pub(crate) me_str: PeerIdStr,
+    pub(crate) role: Role,
+    pub(crate) client: p2p::Client,
+    pub(crate) topics: Topics,
+    pub(crate) orchestration: Orchestration,
+    pub(crate) book: PlanBook,
+    pub(crate) pipeline_rules: PipelineRules,
+    pub(crate) frames: FrameRules,
+    pub(crate) budget: RequestBudget,
+    pending: VecDeque<(PeerId, PipelineGossip)>,
+    pub(crate) stats: RunStats,
+    pub(crate) live: LiveView,
+    pub(crate) miner: Option<Miner>,
+    pub(crate) merger: Arc<NetMerger>,
+    pub(crate) p2p_metrics: p2p::Metrics,
+    pub(crate) node_metrics: NodeMetrics,
+    pub(crate) pipeline_metrics: PipelineMetrics,
+    pub(crate) bootstrap_peers: BTreeSet<PeerId>,
+    same_run_seen: bool,
+    pub(crate) started: Instant,
+}
+
+/// The parts a [`Router`] is built from.
+pub(crate) struct RouterParts {
+    pub(crate) me: PeerId,
+    pub(crate) role: Role,
+    pub(crate) client: p2p::Client,
+    pub(crate) run: RunConfig,
+    pub(crate) orchestration: Orchestration,
+    pub(crate) miner: Option<Miner>,
+    pub(crate) merger: Arc<NetMerger>,
+    pub(crate) p2p_metrics: p2p::Metrics,
+    pub(crate) node_metrics: NodeMetrics,
+    pub(crate) pipeline_metrics: PipelineMetrics,
+    pub(crate) bootstrap_peers: BTreeSet<PeerId>,
+}
+
+impl Router {
+    /// A router for `parts`; its plan book starts from the plan consensus holds (a restart).
+    pub(crate) fn new(parts: RouterParts) -> anyhow::Result<Router> {
+        let me_str = PeerIdStr::parse(&parts.me.to_string())?;
+        let mut book = PlanBook::default();
+        if let Some(plan) = parts.orchestration.current() {
+            book.insert(plan.clone());
+        }
+        Ok(Router {
+            me: parts.me,
+            me_str,
+            role: parts.role,
+            client: parts.client,
+            topics: Topics::of(&parts.run.run_name),
+            frames: FrameRules::new(&parts.run, crate::pipeline::run_id(&parts.run))?,
+            pipeline_rules: PipelineRules::new(&parts.run),
+            live: LiveView::new(parts.run.heartbeat_timeout()),
+            orchestration: parts.orchestration,
+            book,
+            budget: RequestBudget::default(),
+            pending: VecDeque::new(),
+            stats: RunStats::default(),
+            miner: parts.miner,
+            merger: parts.merger,
+            p2p_metrics: parts.p2p_metrics,
+            node_metrics: parts.node_metrics,
+            pipeline_metrics: parts.pipeline_metrics,
+            bootstrap_peers: parts.bootstrap_peers,
+            same_run_seen: false,
+            started: Instant::now(),
+        })
+    }
+
+    /// Routes one event of the p2p layer.
+    pub(crate) async fn on_event(&mut self, event: Event) -> Next {
+        match event {
+            Event::Gossip {
+                author,
+                topic,
+                data,
+                id,
+            } => {
+                let (verdict, next) = self.on_gossip(author, &topic, &data).await;
+                if let Some(reason) = verdict.reason() {
+                    self.p2p_metrics.reject(reason);
+                }
+                let verdict = match verdict {
+                    Verdict::Accept => p2p::Verdict::Accept,
+                    Verdict::Ignore(_) => p2p::Verdict::Ignore,
+                    Verdict::Reject(_) => p2p::Verdict::Reject,
+                };
+                if let Err(error) = self.client.report(id, verdict).await {
+                    tracing::debug!(%error, "gossip verdict not reported");
+                }
+                next
+            }
+            Event::Request { peer, id, data } => {
+                self.on_request(peer, id, data);
+                Next::Continue
+            }
+            _ => Next::Continue,
+        }
+    }
+
+    /// Judges and dispatches one gossip message.
+    async fn on_gossip(&mut self, author: PeerId, topic: &str, data: &[u8]) -> (Verdict, Next) {
+        let Ok(author_str) = PeerIdStr::parse(&author.to_string()) else {
+            return (Verdict::Reject("bad_author"), Next::Continue);
+        };
+        if topic == self.topics.heartbeat {
+            self.on_heartbeat(author, &author_str, data)
+        } else if topic == self.topics.plan {
+            (self.on_plan(&author_str, data).await, Next::Continue)
+        } else if topic == self.topics.pipeline {
+            let Some(message) = PipelineGossip::from_bytes(data) else {
+                return (Verdict::Reject("malformed_pipeline"), Next::Continue);
+            };
+            (self.on_pipeline(author, message), Next::Continue)
+        } else {
+            (self.on_merge_gossip(author, topic, data), Next::Continue)
+        }
+    }
+
+    fn on_heartbeat(
+        &mut self,
+        author: PeerId,
+        author_str: &PeerIdStr,
+        data: &[u8],
+    ) -> (Verdict, Next) {
+        let beat = match Heartbeat::from_bytes(data) {
+            Ok(beat) => beat,
+            Err(error) => {
+                tracing::debug!(peer = %author, %error, "malformed heartbeat");
+                return (Verdict::Reject("malformed_heartbeat"), Next::Continue);
+            }
+        };
+        let wall_ms = crate::orchestration::unix_ms(std::time::SystemTime::now());
+        match self
+            .orchestration
+            .on_heartbeat(author_str, &beat, self.started.elapsed(), wall_ms)
+        {
+            Ok(()) => {
+                self.same_run_seen = true;
+                self.live.observe(author, beat, Instant::now().into_std());
+                (Verdict::Accept, Next::Continue)
+            }
+            Err(HeartbeatRejected::WrongRun { theirs }) => {
+                if self.bootstrap_peers.contains(&author) && !self.same_run_seen {
+                    let error = anyhow::anyhow!(
+                        "refusing to join: the run at bootstrap peer {author} has configuration hash {theirs}, ours is {} — start with the same --run file as the rest of the run",
+                        self.orchestration.run_hash()
+                    );
+                    return (Verdict::Ignore("wrong_run"), Next::Stop(error));
+                }
+                tracing::debug!(peer = %author, "heartbeat of another run ignored");
+                (Verdict::Ignore("wrong_run"), Next::Continue)
+            }
+            Err(rejected @ HeartbeatRejected::NotFresh(_)) => {
+                // A late heartbeat can be honest (a slow mesh); never relay it.
+                (Verdict::Ignore(rejected.reason()), Next::Continue)
+            }
+            Err(rejected) => (Verdict::Reject(rejected.reason()), Next::Continue),
+        }
+    }
+
+    async fn on_plan(&mut self, author: &PeerIdStr, data: &[u8]) -> Verdict {
+        let previous = self.orchestration.current().cloned();
+        match self
+            .orchestration
+            .on_plan(author, data, self.started.elapsed())
+        {
+            PlanOutcome::Accepted => {
+                tracing::info!(epoch = ?self.orchestration.epoch(), stage = ?self.orchestration.stage(), "epoch plan accepted");
+                if self.role == Role::Validator {
+                    if let (Some(previous), Some(current)) =
+                        (&previous, self.orchestration.current())
+                    {
+                        self.merger.audit(previous, current);
+                    }
+                }
+                self.adopt_current().await;
+                Verdict::Accept
+            }
+            // Plans of an orchestrator this node has not heard yet, or already replaced,
+            // are not proof of malice; forgeries by the wrong author are.
+            PlanOutcome::Rejected(reason @ ("stale_epoch" | "no_metagraph")) => {
+                Verdict::Ignore(reason)
+            }
+            PlanOutcome::Rejected(reason) => Verdict::Reject(reason),
+        }
+    }
+
+    /// Takes the plan consensus now holds into the plan book and the miner, and checks the
+    /// gossip that waited for it.
+    pub(crate) async fn adopt_current(&mut self) {
+        let Some(plan) = self.orchestration.current().cloned() else {
+            return;
+        };
+        self.book.insert(plan.clone());
+        self.merger.set_readers(self.readers());
+        if let Some(miner) = &self.miner {
+            miner.on_plan(plan).await;
+        }
+        let waiting: Vec<(PeerId, PipelineGossip)> = self.pending.drain(..).collect();
+        for (author, message) in waiting {
+            let verdict = self.on_pipeline(author, message);
+            if let Some(reason) = verdict.reason() {
+                self.p2p_metrics.reject(reason);
+            }
+        }
+        self.node_metrics
+            .pending_gossip
+            .set(i64::try_from(self.pending.len()).unwrap_or(i64::MAX));
+    }
+
+    /// Who may fetch merge partitions now: each recent plan's stage members, and the
+    /// validators of the metagraph.
+    fn readers(&self) -> crate::merge::service::Readers {
+        let mut readers = crate::merge::service::Readers {
+            validators: self.orchestration.validators(),
+            ..Default::default()
+        };
+        for epoch in self.book.epochs() {
+            if let Some(plan) = self.book.get(epoch) {
+                for (miner, stage) in &plan.assignment {
+                    readers
+                        .members
+                        .entry((epoch, *stage))
+                        .or_default()
+                        .insert(miner.to_string());
+                }
+            }
+        }
+        readers
+    }
+
+    fn on_pipeline(&mut self, author: PeerId, message: PipelineGossip) -> Verdict {
+        let author_str = author.to_string();
+        let verdict = self.pipeline_rules.check(&self.book, &author_str, &message);
+        match verdict {
+            Verdict::Accept => {
+                self.stats
+                    .observe(&author_str, &message, self.started.elapsed());
+                if let PipelineGossip::ValLoss { loss, .. } = &message {
+                    self.pipeline_metrics.val_loss.set(f64::from(*loss));
+                }
+                if let Some(miner) = &self.miner {
+                    miner.on_gossip(&message);
+                }
+            }
+            Verdict::Ignore("no_plan_for_epoch") => {
+                if self.pending.len() >= MAX_PENDING {
+                    self.pending.pop_front();
+                }
+                self.pending.push_back((author, message));
+                self.node_metrics
+                    .pending_gossip
+                    .set(i64::try_from(self.pending.len()).unwrap_or(i64::MAX));
+            }
+            _ => {
+                tracing::debug!(peer = %author, ?verdict, "pipeline gossip refused");
+            }
+        }
+        verdict
+    }
+
+    fn on_merge_gossip(&mut self, author: PeerId, topic: &str, data: &[u8]) -> Verdict {
+        match self.merger.on_gossip(author, topic, data) {
+            crate::merge::Routed::Delivered => Verdict::Accept,
+            crate::merge::Routed::Refused(reason) => Verdict::Reject(reason),
+            crate::merge::Routed::NotButterfly => {
+                tracing::debug!(%topic, "gossip on a topic this node does not follow");
+                Verdict::Ignore("unknown_topic")
+            }
+        }
+    }
+
+    /// Answers a refused request at once and counts it.
+    fn refuse(&self, id: p2p::RequestId, refusal: Refusal) {
+        self.node_metrics.request_rejected(refusal.reason());
+        let code = match refusal {
+            Refusal::TooManyRequests => rpc::ErrorCode::Busy,
+            Refusal::FrameMalformed => rpc::ErrorCode::Malformed,
+            _ => rpc::ErrorCode::Refused,
+        };
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            let _ = client.respond(id, rpc::error_response(code)).await;
+        });
+    }
+
+    /// Checks a request against the rules; serves it from a task when it passes.
+    fn on_request(&mut self, peer: PeerId, id: p2p::RequestId, data: Vec<u8>) {
+        let peer_str = peer.to_string();
+        let slot = match self.budget.acquire(&peer_str) {
+            Ok(slot) => slot,
+            Err(refusal) => return self.refuse(id, refusal),
+        };
+        let client = self.client.clone();
+        let service = Service::of(&data);
+        let miner = match (service, &self.miner) {
+            (Some(_), Some(miner)) => miner.clone(),
+            (Some(_), None) => return self.refuse(id, Refusal::WrongStage),
+            (None, _) => {
+                let merger = self.merger.clone();
+                let metrics = self.node_metrics.clone();
+                tokio::spawn(async move {
+                    let reply = match merger.on_request(peer, &data) {
+                        Some(Ok(reply)) => reply,
+                        Some(Err(reason)) => {
+                            metrics.request_rejected(reason);
+                            rpc::error_response(rpc::ErrorCode::Refused)
+                        }
+                        None => rpc::fallback_response(&data),
+                    };
+                    let _ = client.respond(id, reply).await;
+                    drop(slot);
+                });
+                return;
+            }
+        };
+        let checked = match service {
+            Some(Service::Forward) => self.check_forward(&peer_str, &data),
+            Some(Service::Eval) => self.check_eval(&peer_str, &data),
+            Some(Service::Weights) => self.check_weights(&peer_str, &data),
+            None => Err(Refusal::FrameMalformed),
+        };
+        if let Err(refusal) = checked {
+            tracing::debug!(%peer, reason = refusal.reason(), "request refused");
+            return self.refuse(id, refusal);
+        }
+        let Some(service) = service else {
+            return self.refuse(id, Refusal::FrameMalformed);
+        };
+        tokio::spawn(async move {
+            let reply = miner.on_request(service, data).await;
+            let _ = client.respond(id, reply).await;
+            drop(slot);
+        });
+    }
+
+    fn check_forward(&self, peer: &str, data: &[u8]) -> Result<(), Refusal> {
+        let (header, frame) = messages::decode::<ForwardHeader>(Service::Forward, data)
+            .map_err(|_| Refusal::FrameMalformed)?;
+        let stage = rules::check_forward(&self.book, self.me_str.as_str(), peer, &header)?;
+        self.frames.check(
+            frame,
+            Expect {
+                sample: Some(header.sample),
+                boundary: stage - 1,
+                kind: FrameKind::Activation,
+            },
+        )
+    }
+
+    fn check_eval(&self, peer: &str, data: &[u8]) -> Result<(), Refusal> {
+        let (_header, frame) = messages::decode::<EvalHeader>(Service::Eval, data)
+            .map_err(|_| Refusal::FrameMalformed)?;
+        let stage = rules::check_eval(&self.book, self.me_str.as_str(), peer)?;
+        self.frames.check(
+            frame,
+            Expect {
+                sample: None,
+                boundary: stage - 1,
+                kind: FrameKind::Activation,
+            },
+        )
+    }
+
+    fn check_weights(&self, peer: &str, data: &[u8]) -> Result<(), Refusal> {
+        let (request, _) = messages::decode::<messages::WeightsRequest>(Service::Weights, data)
+            .map_err(|_| Refusal::FrameMalformed)?;
+        rules::check_weights(&self.book, peer, request.stage)
+    }
+}
