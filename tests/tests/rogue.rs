@@ -662,7 +662,8 @@ async fn plan_members_that_misbehave_are_refused_and_named() {
             .and_then(|r| r["val_loss"].as_f64())
             .unwrap_or(f64::NAN)
     };
-    if !(val(last) < val(0) - 0.3) {
+    let fell = val(last) < val(0) - 0.3;
+    if !fell {
         failures.push(format!(
             "held-out loss did not fall: {} -> {}",
             val(0),
