@@ -60,7 +60,11 @@ async fn stake_elects_the_orchestrator_and_failover_keeps_epochs_moving() {
         .iter()
         .map(|v| v.to_string())
         .chain(miners.iter().cloned())
-        .chain(["rich-no-permit".to_string(), "unlisted".to_string()])
+        .chain([
+            "rich-no-permit".to_string(),
+            "unlisted".to_string(),
+            "forger".to_string(),
+        ])
         .map(|name| {
             let id = keygen(&dir, &name);
             (name, id)
@@ -82,6 +86,12 @@ async fn stake_elects_the_orchestrator_and_failover_keeps_epochs_moving() {
         stake: 1000 * RAO_PER_TAO,
         validator_permit: false,
     });
+    // The miners are registered (no stake): only the metagraph's miners get stages.
+    neurons.extend(miners.iter().map(|m| LocalNeuron {
+        peer_id: PeerIdStr::parse(&ids[m]).unwrap(),
+        stake: 0,
+        validator_permit: false,
+    }));
     let metagraph = Metagraph::for_local_run(neurons).unwrap();
     let metagraph_path = dir.join("metagraph.json");
     std::fs::write(&metagraph_path, metagraph.to_json()).unwrap();
@@ -119,17 +129,16 @@ async fn stake_elects_the_orchestrator_and_failover_keeps_epochs_moving() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         others.push(start_node(&dir, name, &args).await.unwrap());
     }
-    for (i, name) in miners.iter().enumerate() {
-        // One miner forges plans naming itself orchestrator.
-        let extra: Vec<&str> = if i == 5 {
-            vec!["--fault", "forge-plans"]
-        } else {
-            vec![]
-        };
-        let args = with_boot(&extra);
+    for name in &miners {
+        let args = with_boot(&[]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         others.push(start_node(&dir, name, &args).await.unwrap());
     }
+    // A stranger outside the metagraph forges plans naming itself orchestrator: its plans
+    // are dropped and counted, it gets no stage, and peer scoring cuts it off.
+    let forger_args = with_boot(&["--fault", "forge-plans"]);
+    let forger_args: Vec<&str> = forger_args.iter().map(String::as_str).collect();
+    let forger = start_node(&dir, "forger", &forger_args).await.unwrap();
 
     let everyone: Vec<&NodeProcess> = std::iter::once(&v100).chain(others.iter()).collect();
     let first_epoch = wait_for_agreement(
@@ -161,6 +170,11 @@ async fn stake_elects_the_orchestrator_and_failover_keeps_epochs_moving() {
     assert!(
         rejected_forgeries > 0.0,
         "forged plans were dropped and counted"
+    );
+    let forger_status = forger.status().await.unwrap();
+    assert!(
+        forger_status["stage"].is_null(),
+        "the forger holds no stage: {forger_status}"
     );
     let orchestrator_metric = v100.metrics().await.unwrap();
     assert!(orchestrator_metric.contains("iota_is_orchestrator 1"));
@@ -241,6 +255,7 @@ async fn stake_elects_the_orchestrator_and_failover_keeps_epochs_moving() {
     )
     .await;
 
+    forger.kill().await.unwrap();
     for node in others {
         let name = node.name.clone();
         let status = node.stop(Duration::from_secs(10)).await.unwrap();
