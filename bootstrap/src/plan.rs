@@ -24,9 +24,10 @@ use crate::assignment::{assign, Assignment, AssignmentError};
 use crate::peer_id::PeerIdStr;
 use crate::run_config::{RunConfig, RunHash, MAX_STAGES};
 
-/// Largest encoded plan, in bytes: about 15 000 miners' assignments, with room for the merge
-/// plan.
-pub const MAX_PLAN_BYTES: usize = 1 << 20;
+/// Largest encoded plan, in bytes: a plan travels in one gossip envelope (63 KiB), and
+/// [`MAX_PLAN_MINERS`] assignments take about half of that. Nothing larger is parsed, so the
+/// parser's working memory stays within a small multiple of it.
+pub const MAX_PLAN_BYTES: usize = 64 << 10;
 
 /// Most miners one plan assigns. An assignment entry is a quoted peer id and a stage, about
 /// 58 bytes of JSON, so 512 of them keep a plan near 30 KiB: inside the 63 KiB gossip

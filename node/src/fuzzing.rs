@@ -8,6 +8,12 @@ use crate::messages::{
     WeightsReply, WeightsRequest,
 };
 
+/// [`messages::MAX_HEADER_BYTES`]: the largest JSON header of a request-response body.
+pub const MAX_HEADER_BYTES: usize = messages::MAX_HEADER_BYTES;
+
+/// [`messages::MAX_GOSSIP_BYTES`]: the largest pipeline gossip message.
+pub const MAX_GOSSIP_BYTES: usize = messages::MAX_GOSSIP_BYTES;
+
 /// [`messages::decode`] of a forward request, as the next stage does.
 pub fn forward_request(body: &[u8]) -> bool {
     messages::decode::<ForwardHeader>(Service::Forward, body).is_ok()
