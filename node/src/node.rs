@@ -277,6 +277,7 @@ async fn on_tick(router: &mut Router, view: &Mutex<NodeView>) {
         miner.set_live(live_now.iter().cloned().collect());
         miner.flush_losses(&router.topics.pipeline).await;
     }
+    router.retry_pending_plans().await;
     let previous = router.orchestration.current().cloned();
     let elapsed = router.started.elapsed();
     if let Some(plan) = router

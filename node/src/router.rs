@@ -31,6 +31,12 @@ use crate::topics::Topics;
 /// Gossip of the next epoch kept until its plan arrives (then checked again).
 const MAX_PENDING: usize = 256;
 
+/// Plans kept while their author is not yet known as the orchestrator.
+const MAX_PENDING_PLANS: usize = 4;
+
+/// How long such a plan is kept: a few heartbeats.
+const PENDING_PLAN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What the event loop should do after an event.
 pub(crate) enum Next {
     /// Keep going.
@@ -52,6 +58,7 @@ pub(crate) struct Router {
     pub(crate) frames: FrameRules,
     pub(crate) budget: RequestBudget,
     pending: VecDeque<(PeerId, PipelineGossip)>,
+    pending_plans: VecDeque<(PeerIdStr, Vec<u8>, Instant)>,
     pub(crate) stats: RunStats,
     pub(crate) live: LiveView,
     pub(crate) miner: Option<Miner>,
@@ -100,6 +107,7 @@ impl Router {
             book,
             budget: RequestBudget::default(),
             pending: VecDeque::new(),
+            pending_plans: VecDeque::new(),
             stats: RunStats::default(),
             miner: parts.miner,
             merger: parts.merger,
@@ -228,8 +236,45 @@ impl Router {
             PlanOutcome::Rejected(reason @ ("stale_epoch" | "no_metagraph")) => {
                 Verdict::Ignore(reason)
             }
+            PlanOutcome::Rejected(reason @ "not_orchestrator")
+                if self.orchestration.validators().contains(author.as_str()) =>
+            {
+                // A permitted validator's plan: this node may not have heard its heartbeats
+                // yet (it just started), or an election is changing hands. Keep the plan
+                // and check it again on the next ticks instead of losing the epoch.
+                if self.orchestration.orchestrator().is_none() {
+                    if self.pending_plans.len() >= MAX_PENDING_PLANS {
+                        self.pending_plans.pop_front();
+                    }
+                    self.pending_plans
+                        .push_back((author.clone(), data.to_vec(), Instant::now()));
+                }
+                Verdict::Ignore(reason)
+            }
             PlanOutcome::Rejected(reason) => Verdict::Reject(reason),
         }
+    }
+
+    /// Checks again the plans kept because their author was not yet known as the
+    /// orchestrator; drops those older than [`PENDING_PLAN_PATIENCE`].
+    pub(crate) async fn retry_pending_plans(&mut self) {
+        if self.pending_plans.is_empty() || self.orchestration.orchestrator().is_none() {
+            self.pending_plans
+                .retain(|(_, _, at)| at.elapsed() < PENDING_PLAN_PATIENCE);
+            return;
+        }
+        let waiting: Vec<(PeerIdStr, Vec<u8>, Instant)> = self.pending_plans.drain(..).collect();
+        for (author, data, at) in waiting {
+            if at.elapsed() >= PENDING_PLAN_PATIENCE {
+                continue;
+            }
+            let verdict = self.on_plan(&author, &data).await;
+            if let Some(reason) = verdict.reason() {
+                tracing::debug!(%author, reason, "kept plan checked again and dropped");
+            }
+        }
+        // A plan checked again is either adopted or dropped now: nothing goes back.
+        self.pending_plans.clear();
     }
 
     /// Takes the plan consensus now holds into the plan book and the miner, and checks the

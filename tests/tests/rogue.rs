@@ -222,8 +222,13 @@ fn logged_val_losses(log: &str) -> Vec<f64> {
         .collect()
 }
 
+/// One swarm at a time: two 7-node swarms on two cores would test the machine, not the
+/// defences.
+static ONE_SWARM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
+    let _swarm = ONE_SWARM.lock().await;
     let dir = scratch_dir("rogue");
     let run = test_run();
     let names: Vec<String> = std::iter::once("validator".to_string())
@@ -542,6 +547,7 @@ async fn metric_sum(nodes: &[&NodeProcess], name: &str, labels: &[&str]) -> f64 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_members_that_misbehave_are_refused_and_named() {
+    let _swarm = ONE_SWARM.lock().await;
     let dir = scratch_dir("rogue-members");
     let run = RunConfig {
         run_name: "rogue-members".into(),
@@ -584,7 +590,8 @@ async fn plan_members_that_misbehave_are_refused_and_named() {
     }
     let mut failures: Vec<String> = Vec::new();
     let last = 4;
-    for e in 1..=last {
+    wait_for_val_loss(&validator, 1, Duration::from_secs(240)).await;
+    for e in 2..=last {
         match val_loss_within(&validator, e, Duration::from_secs(EPOCH_TIMEOUT_SECS)).await {
             Some(took) if took < Duration::from_secs(EPOCH_TIMEOUT_SECS / 2) => {}
             Some(took) => failures.push(format!(
@@ -656,19 +663,21 @@ async fn plan_members_that_misbehave_are_refused_and_named() {
             }
         }
     }
-    let val = |e: u64| {
-        rows.iter()
-            .find(|r| r["epoch"] == e)
-            .and_then(|r| r["val_loss"].as_f64())
-            .unwrap_or(f64::NAN)
-    };
-    let fell = val(last) < val(0) - 0.3;
-    if !fell {
-        failures.push(format!(
-            "held-out loss did not fall: {} -> {}",
-            val(0),
-            val(last)
-        ));
+    // The first epoch's evaluation can miss a replica that has not heard the plan yet (a
+    // start-up race of its own): compare with the first epoch that reported one.
+    let losses: Vec<(u64, f64)> = rows
+        .iter()
+        .filter_map(|r| Some((r["epoch"].as_u64()?, r["val_loss"].as_f64()?)))
+        .collect();
+    match (losses.first(), losses.iter().find(|(e, _)| *e == last)) {
+        (Some(&(first, start)), Some(&(_, end))) if first < last => {
+            if end >= start - 0.3 {
+                failures.push(format!(
+                    "held-out loss did not fall: {start} at epoch {first} -> {end} at epoch {last}"
+                ));
+            }
+        }
+        _ => failures.push(format!("too few held-out losses to compare: {losses:?}")),
     }
     for node in miners.iter_mut() {
         if let Ok(Some(status)) = node.try_exit_status() {
