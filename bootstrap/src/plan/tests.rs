@@ -277,6 +277,19 @@ fn a_plan_must_carry_the_runs_own_settings() {
     };
     let plan = next_plan(&config, &peer(100), None, Some(3), &miners(0..6)).unwrap();
     plan.matches_run(&config).unwrap();
+    // Through JSON, at every epoch of local-swarm's schedule (epochs 2 and 5 parse one
+    // unit in the last place away from the computed rate).
+    let swarm = RunConfig {
+        lr_decay_epochs: 6,
+        ..RunConfig::default()
+    };
+    let mut prev: Option<EpochPlan> = None;
+    for _ in 0..12 {
+        let next = next_plan(&swarm, &peer(100), prev.as_ref(), None, &miners(0..6)).unwrap();
+        let received = EpochPlan::from_json(&next.to_json().unwrap()).unwrap();
+        received.matches_run(&swarm).unwrap();
+        prev = Some(next);
+    }
     type Change = (&'static str, fn(&mut EpochPlan));
     let changes: [Change; 5] = [
         ("run", |p| p.run = "other".into()),
