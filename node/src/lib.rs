@@ -11,8 +11,9 @@
 //!
 //! 1. **Formats and names** — `messages` (request bodies and pipeline gossip), `topics`,
 //!    `metrics`, [`merge::rpc`] (the service tags of the shared request-response protocol).
-//! 2. **Rules** — `rules`: who may say what and when, pure and unit-tested; the router
-//!    applies them before any service sees a message.
+//! 2. **Rules and state machines** — `rules`: who may say what and when, pure and
+//!    unit-tested, applied by the router before any service sees a message; `lifecycle`: a
+//!    miner's epoch (planned → merging → training → draining) with time as an argument.
 //! 3. **Services**, each owning its state and reached through a handle:
 //!    * consensus — `orchestration`: heartbeats, the stake election, epoch plans;
 //!    * miner — `pipeline`: the stage, the forward/backward traffic, the head's epoch;
@@ -35,6 +36,7 @@ pub mod fuzzing;
 mod http;
 mod identity;
 pub mod launcher;
+mod lifecycle;
 pub mod merge;
 mod messages;
 mod metrics;

@@ -274,6 +274,7 @@ async fn on_tick(router: &mut Router, view: &Mutex<NodeView>) {
         router.stats.epoch_done(plan.epoch, &heads, &live_now)
     });
     if let Some(miner) = &router.miner {
+        miner.tick();
         miner.set_live(live_now.iter().cloned().collect());
         miner.flush_losses(&router.topics.pipeline).await;
     }

@@ -33,6 +33,7 @@ use training::checkpoint::CheckpointKey;
 use training::worker::{StageInput, WorkerConfig};
 use training::{CheckpointStore, Corpus, StageConfig, StageHandle};
 
+use crate::lifecycle::{Lifecycle, LifecycleError, Overrun, Phase};
 use crate::merge::service::{MergeRequest, StageMerger};
 use crate::messages::{
     self, EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, PipelineGossip, Service,
@@ -108,6 +109,12 @@ pub(crate) struct Shared {
     epoch_processed: AtomicU64,
     store: Option<CheckpointStore>,
     live: Mutex<Vec<String>>,
+    /// Where the miner is in its epoch (pure state machine, fed here).
+    lifecycle: Mutex<Lifecycle>,
+    /// Time origin of the lifecycle.
+    started: std::time::Instant,
+    /// Parameters of the current stage (sizes the merge's deadline).
+    frames_len: AtomicU64,
     merger: Arc<dyn StageMerger>,
     val: Vec<training::Batch>,
 }
@@ -130,6 +137,10 @@ struct State {
 /// A snapshot for `/status`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub(crate) struct MinerStatus {
+    /// Where the miner is in its epoch (`{"phase": "training", "epoch": 3}`).
+    pub(crate) epoch_phase: Option<Phase>,
+    /// Seconds since the node started at which that phase began.
+    pub(crate) epoch_phase_since_s: f64,
     pub(crate) samples_processed: u64,
     pub(crate) train_loss: Option<f32>,
     pub(crate) weights_hash: Option<String>,
@@ -184,6 +195,9 @@ impl Miner {
                 epoch_processed: AtomicU64::new(0),
                 store,
                 live: Mutex::new(Vec::new()),
+                lifecycle: Mutex::new(Lifecycle::default()),
+                started: std::time::Instant::now(),
+                frames_len: AtomicU64::new(0),
                 merger,
                 val,
             }),
@@ -199,7 +213,13 @@ impl Miner {
     /// Status for `/status`.
     pub(crate) fn status(&self) -> MinerStatus {
         let state = lock(&self.shared.state);
+        let (phase, since) = {
+            let life = lock(&self.shared.lifecycle);
+            (life.phase(), life.since())
+        };
         MinerStatus {
+            epoch_phase: Some(phase),
+            epoch_phase_since_s: since.as_secs_f64(),
             samples_processed: self.shared.samples_processed.load(Ordering::Relaxed),
             train_loss: state.train_loss,
             weights_hash: state.weights_hash.clone(),
@@ -253,6 +273,18 @@ impl Miner {
             .thread
             .as_ref()
             .is_none_or(|t| !t.is_finished())
+    }
+
+    /// Checks the epoch's deadlines; logs a merge that overran its own.
+    pub(crate) fn tick(&self) {
+        let now = self.shared.started.elapsed();
+        if let Some(Overrun::Merge { epoch, late }) = lock(&self.shared.lifecycle).tick(now) {
+            tracing::warn!(
+                epoch,
+                late_s = late.as_secs_f64(),
+                "the merge before this epoch is past its deadline"
+            );
+        }
     }
 
     /// Records what other miners gossip.
@@ -327,6 +359,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The merge of the epoch that ended, then the new stage and the new epoch's work.
 async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()> {
+    if let Err(error) = shared.advance(|life, now| life.planned(now, plan.epoch)) {
+        tracing::warn!(%error, "plan not entered");
+        return Ok(());
+    }
     let (previous, worker, old_stage) = {
         let state = lock(&shared.state);
         (state.plan.clone(), state.worker.clone(), state.stage)
@@ -334,6 +370,13 @@ async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()
     if let (Some(prev), Some(worker), Some(stage)) = (&previous, &worker, old_stage) {
         if prev.epoch < plan.epoch && prev.stage_of(&shared.peer) == Some(stage) {
             let start = crate::merge::service::merge_start(&plan);
+            let len =
+                usize::try_from(shared.frames_len.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
+            let until_start = start
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            let budget = until_start + crate::merge::service::merge_budget(len);
+            let _ = shared.advance(|life, now| life.merging(now, plan.epoch, now + budget));
             merge_and_checkpoint(shared, prev, stage, worker, start).await?;
         }
     }
@@ -344,6 +387,7 @@ async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()
     }
     let Some(stage) = new_stage else {
         tracing::info!(epoch = plan.epoch, "no stage for this miner in this epoch");
+        let _ = shared.advance(|life, now| life.draining(now, plan.epoch));
         return Ok(());
     };
     let worker = match (old_stage, worker) {
@@ -362,10 +406,30 @@ async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()
         tracing::warn!(%error, "cannot follow the stage's merges");
     }
     tracing::info!(epoch = plan.epoch, stage, "training epoch");
+    let _ = shared.advance(|life, now| life.training(now, plan.epoch));
     if stage == 0 {
+        let epoch = plan.epoch;
         head::run_epoch(shared.clone(), plan, worker).await;
+        let _ = shared.advance(|life, now| life.draining(now, epoch));
     }
     Ok(())
+}
+
+impl Shared {
+    /// Applies one lifecycle event at the current time; a refused event is logged (it is a
+    /// late event of an older transition) and changes nothing.
+    fn advance(
+        &self,
+        event: impl FnOnce(&mut Lifecycle, Duration) -> Result<Phase, LifecycleError>,
+    ) -> Result<Phase, LifecycleError> {
+        let now = self.started.elapsed();
+        let result = event(&mut lock(&self.lifecycle), now);
+        match &result {
+            Ok(phase) => tracing::debug!(?phase, "epoch phase"),
+            Err(error) => tracing::debug!(%error, "epoch event out of order"),
+        }
+        result
+    }
 }
 
 /// Builds stage `stage`: from the newest verified checkpoint, else from a live replica, else
@@ -504,6 +568,9 @@ async fn merge_and_checkpoint(
 ) -> anyhow::Result<()> {
     let members: Vec<String> = plan.miners_of(stage).map(|p| p.to_string()).collect();
     let mut weights = worker.flat_params().await?;
+    shared
+        .frames_len
+        .store(weights.len() as u64, Ordering::Relaxed);
     let mut samples = shared.epoch_processed.swap(0, Ordering::Relaxed).max(1);
     let faults = shared.cfg.faults;
     if faults.inflate_samples {

@@ -110,6 +110,21 @@ pub(crate) fn max_samples(plan: &EpochPlan) -> u64 {
     plan.epoch_samples.saturating_mul(heads.max(1))
 }
 
+/// How long a merge of `len` values takes at most once it starts: its five phases (commit,
+/// two of claims, two of collection), each sized for the vector's bytes.
+pub(crate) fn merge_budget(len: usize) -> Duration {
+    phase_for(len) * 5
+}
+
+/// One phase of a merge of `len` values.
+fn phase_for(len: usize) -> Duration {
+    let bytes = len.saturating_mul(4) as f64;
+    // An hour per phase is far beyond any stage this node can hold.
+    MIN_PHASE.max(Duration::from_secs_f64(
+        (bytes / PHASE_BYTES_PER_S).min(3600.0),
+    ))
+}
+
 /// Merges replicas, and audits merges, over the network.
 pub(crate) struct NetMerger {
     client: p2p::Client,
@@ -266,8 +281,7 @@ impl NetMerger {
 
     /// The deadlines of a merge of `len` values starting at `start`.
     fn timing(&self, start: SystemTime, len: usize) -> crate::merge::butterfly::Timing {
-        let bytes = (len * 4) as f64;
-        let phase = MIN_PHASE.max(Duration::from_secs_f64(bytes / PHASE_BYTES_PER_S));
+        let phase = phase_for(len);
         merge::timing_at(start, phase, phase, (SystemTime::now(), Instant::now()))
     }
 }

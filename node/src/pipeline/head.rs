@@ -21,7 +21,7 @@ pub(crate) async fn run_epoch(shared: Arc<Shared>, plan: EpochPlan, worker: Stag
     };
     let topic = crate::topics::Topics::of(&shared.cfg.run.run_name).pipeline;
     if index == 0 {
-        match evaluate(&shared, &plan, &worker).await {
+        match evaluate_patiently(&shared, &plan, &worker).await {
             Ok(loss) => {
                 tracing::info!(epoch = plan.epoch, val_loss = loss, "held-out loss");
                 shared.metrics.val_loss.set(f64::from(loss));
@@ -129,6 +129,35 @@ async fn one_sample(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle, i
             false
         }
     }
+}
+
+/// Evaluation attempts at an epoch's start: the next stages may take the plan in a moment
+/// after this head (each refuses evaluations of a plan it does not hold yet).
+const EVAL_ATTEMPTS: u32 = 5;
+
+/// Pause between two evaluation attempts.
+const EVAL_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// [`evaluate`], tried again a few times (bounded) while the next stages catch up.
+async fn evaluate_patiently(
+    shared: &Shared,
+    plan: &EpochPlan,
+    worker: &StageHandle,
+) -> Result<f32, String> {
+    let mut last = String::new();
+    for attempt in 0..EVAL_ATTEMPTS {
+        if attempt > 0 {
+            tokio::time::sleep(EVAL_RETRY).await;
+        }
+        match evaluate(shared, plan, worker).await {
+            Ok(loss) => return Ok(loss),
+            Err(reason) => {
+                tracing::debug!(attempt, %reason, "held-out evaluation not done yet");
+                last = reason;
+            }
+        }
+    }
+    Err(last)
 }
 
 /// Mean held-out loss of the model as the pipeline holds it now.

@@ -144,6 +144,11 @@ pub(crate) async fn send_forward(
             }
         };
         shared.metrics.wire_received("gradient", reply.len());
+        if reply.first() == Some(&crate::merge::rpc::ERROR) {
+            // Refused by the peer's router (not in its plan yet, busy): another replica.
+            last = format!("{peer}: refused (code {:?})", reply.get(1));
+            continue;
+        }
         match messages::decode::<ForwardReply>(Service::Forward, &reply) {
             Ok((ForwardReply::Done { loss, pathway }, grad)) => {
                 // The gradient must be for this very sample, of the boundary's exact shape:
@@ -326,6 +331,9 @@ pub(crate) async fn send_eval(
         };
         match tokio::time::timeout(HOP_TIMEOUT, shared.client.request(peer_id, body.clone())).await
         {
+            Ok(Ok(reply)) if reply.first() == Some(&crate::merge::rpc::ERROR) => {
+                last = format!("{peer}: refused (code {:?})", reply.get(1));
+            }
             Ok(Ok(reply)) => match messages::decode::<EvalReply>(Service::Eval, &reply) {
                 Ok((EvalReply::Loss(loss), _)) => return Ok(loss),
                 Ok((EvalReply::Failed(reason), _)) => last = reason,
