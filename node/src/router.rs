@@ -138,9 +138,14 @@ impl Router {
                     Verdict::Ignore(_) => p2p::Verdict::Ignore,
                     Verdict::Reject(_) => p2p::Verdict::Reject,
                 };
-                if let Err(error) = self.client.report(id, verdict).await {
-                    tracing::debug!(%error, "gossip verdict not reported");
-                }
+                // Reported from a task: the router never waits on the network loop, which is
+                // busy moving tensors, while requests queue behind it.
+                let client = self.client.clone();
+                tokio::spawn(async move {
+                    if let Err(error) = client.report(id, verdict).await {
+                        tracing::debug!(%error, "gossip verdict not reported");
+                    }
+                });
                 next
             }
             Event::Request { peer, id, data } => {

@@ -226,16 +226,26 @@ fn logged_val_losses(log: &str) -> Vec<f64> {
 /// defences.
 static ONE_SWARM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
-    let _swarm = ONE_SWARM.lock().await;
-    let dir = scratch_dir("rogue");
-    let run = test_run();
+/// A running swarm: 1 validator (stake 100) and 6 miners, all in the metagraph.
+struct Swarm {
+    /// Peer id of each node, by name (`validator`, `miner-0` … `miner-5`).
+    ids: BTreeMap<String, String>,
+    validator: NodeProcess,
+    miners: Vec<NodeProcess>,
+}
+
+/// Starts the swarm of `run` under `dir`; `faults(name, peer id order)` gives a miner's
+/// extra flags, where `order` is its rank among the miners' peer ids (stages are dealt in
+/// that order: 0, 1, 2, 0, 1, 2).
+async fn start_swarm(
+    dir: &std::path::Path,
+    run: &RunConfig,
+    faults: impl Fn(usize) -> Vec<String>,
+) -> Swarm {
     let names: Vec<String> = std::iter::once("validator".to_string())
         .chain((0..6).map(|i| format!("miner-{i}")))
         .collect();
-    let ids: BTreeMap<String, String> =
-        names.iter().map(|n| (n.clone(), keygen(&dir, n))).collect();
+    let ids: BTreeMap<String, String> = names.iter().map(|n| (n.clone(), keygen(dir, n))).collect();
     let neurons: Vec<(String, u64, bool)> = names
         .iter()
         .map(|n| {
@@ -243,19 +253,42 @@ async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
             (ids[n].clone(), if v { 100 } else { 0 }, v)
         })
         .collect();
-    let common = run_files(&dir, &neurons, &run);
+    let common = run_files(dir, &neurons, run);
     let mut validator_args = common.clone();
     validator_args.push("--validator".into());
-    let validator = start_node(&dir, "validator", &as_str(&validator_args))
+    let validator = start_node(dir, "validator", &as_str(&validator_args))
         .await
         .unwrap();
     let boot = validator.listen_addr();
-    let mut miner_args = common.clone();
-    miner_args.extend(["--bootstrap".to_string(), boot.clone()]);
+    let mut by_id: Vec<&String> = names[1..].iter().collect();
+    by_id.sort_by_key(|n| ids[*n].clone());
     let mut miners = Vec::new();
     for name in &names[1..] {
-        miners.push(start_node(&dir, name, &as_str(&miner_args)).await.unwrap());
+        let mut args = common.clone();
+        args.extend(["--bootstrap".to_string(), boot.clone()]);
+        let order = by_id.iter().position(|n| *n == name).unwrap_or(0);
+        args.extend(faults(order));
+        miners.push(start_node(dir, name, &as_str(&args)).await.unwrap());
     }
+    Swarm {
+        ids,
+        validator,
+        miners,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
+    let _swarm = ONE_SWARM.lock().await;
+    let dir = scratch_dir("rogue");
+    let run = test_run();
+    let Swarm {
+        ids,
+        validator,
+        mut miners,
+    } = start_swarm(&dir, &run, |_| Vec::new()).await;
+    let boot = validator.listen_addr();
+    let miner_names: Vec<String> = miners.iter().map(|m| m.name.clone()).collect();
     wait_for_val_loss(&validator, 1, Duration::from_secs(240)).await;
 
     let stranger = Stranger::spawn(&boot, &run.run_name).await;
@@ -454,7 +487,7 @@ async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
             failures.push(format!("epoch {e} tokens forged: {}", row["tokens"]));
         }
     }
-    let honest_losses: Vec<f64> = names[1..]
+    let honest_losses: Vec<f64> = miner_names
         .iter()
         .flat_map(|n| {
             logged_val_losses(&std::fs::read_to_string(dir.join(format!("{n}.log"))).unwrap())
@@ -553,41 +586,21 @@ async fn plan_members_that_misbehave_are_refused_and_named() {
         run_name: "rogue-members".into(),
         ..test_run()
     };
-    let names: Vec<String> = std::iter::once("validator".to_string())
-        .chain((0..6).map(|i| format!("miner-{i}")))
-        .collect();
-    let ids: BTreeMap<String, String> =
-        names.iter().map(|n| (n.clone(), keygen(&dir, n))).collect();
-    let neurons: Vec<(String, u64, bool)> = names
-        .iter()
-        .map(|n| {
-            let v = n == "validator";
-            (ids[n].clone(), if v { 100 } else { 0 }, v)
-        })
-        .collect();
-    // Stages are dealt in peer-id order (0, 1, 2, 0, 1, 2): the first miner is a head, the
-    // second holds stage 1.
-    let mut by_id: Vec<&String> = names[1..].iter().collect();
+    // The first miner in peer-id order is a head; the second holds stage 1.
+    let fault = |flags: &str| vec!["--fault".to_string(), flags.to_string()];
+    let Swarm {
+        ids,
+        validator,
+        mut miners,
+    } = start_swarm(&dir, &run, |order| match order {
+        0 => fault("huge-frames,nan-merge"),
+        1 => fault("inflate-samples"),
+        _ => Vec::new(),
+    })
+    .await;
+    let mut by_id: Vec<&String> = ids.keys().filter(|n| n.starts_with("miner")).collect();
     by_id.sort_by_key(|n| ids[*n].clone());
     let (huge, inflating) = (by_id[0].clone(), by_id[1].clone());
-    let common = run_files(&dir, &neurons, &run);
-    let mut validator_args = common.clone();
-    validator_args.push("--validator".into());
-    let validator = start_node(&dir, "validator", &as_str(&validator_args))
-        .await
-        .unwrap();
-    let boot = validator.listen_addr();
-    let mut miners = Vec::new();
-    for name in &names[1..] {
-        let mut args = common.clone();
-        args.extend(["--bootstrap".to_string(), boot.clone()]);
-        if *name == huge {
-            args.extend(["--fault".to_string(), "huge-frames,nan-merge".to_string()]);
-        } else if *name == inflating {
-            args.extend(["--fault".to_string(), "inflate-samples".to_string()]);
-        }
-        miners.push(start_node(&dir, name, &as_str(&args)).await.unwrap());
-    }
     let mut failures: Vec<String> = Vec::new();
     let last = 4;
     wait_for_val_loss(&validator, 1, Duration::from_secs(240)).await;
