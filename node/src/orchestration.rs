@@ -481,6 +481,16 @@ mod tests {
         (nodes, run, validators.to_vec())
     }
 
+    /// Node `node` hears the stake-100 validator once and elects it; returns the time.
+    fn elect_first(node: &mut Orchestration, run: &RunConfig, ids: &[PeerIdStr]) -> Duration {
+        let now = Duration::from_secs(1);
+        let beat0 = beat(&ids[0], Role::Validator, 1, &run.hash());
+        node.on_heartbeat(&ids[0], &beat0, now, T0_MS + 1000)
+            .unwrap();
+        let _ = node.tick(now, std::time::SystemTime::now(), false);
+        now
+    }
+
     #[test]
     fn highest_stake_validator_plans_and_the_other_follows() {
         let (mut nodes, run, ids) = setup();
@@ -533,17 +543,7 @@ mod tests {
     #[test]
     fn plans_from_a_miner_and_heartbeats_of_another_run_are_refused() {
         let (mut nodes, run, ids) = setup();
-        let hash = run.hash();
-        let now = Duration::from_secs(1);
-        nodes[1]
-            .on_heartbeat(
-                &ids[0],
-                &beat(&ids[0], Role::Validator, 1, &hash),
-                now,
-                T0_MS + 1000,
-            )
-            .unwrap();
-        let _ = nodes[1].tick(now, std::time::SystemTime::now(), false);
+        let now = elect_first(&mut nodes[1], &run, &ids);
         let miner = peer(10);
         let forged = next_plan(&run, &miner, None, None, &BTreeSet::from([miner.clone()]))
             .unwrap()
@@ -668,17 +668,7 @@ mod tests {
     #[test]
     fn a_plan_off_the_run_configuration_is_refused() {
         let (mut nodes, run, ids) = setup();
-        let hash = run.hash();
-        let now = Duration::from_secs(1);
-        nodes[1]
-            .on_heartbeat(
-                &ids[0],
-                &beat(&ids[0], Role::Validator, 1, &hash),
-                now,
-                T0_MS + 1000,
-            )
-            .unwrap();
-        let _ = nodes[1].tick(now, std::time::SystemTime::now(), false);
+        let now = elect_first(&mut nodes[1], &run, &ids);
         let miners: BTreeSet<PeerIdStr> = (10..16).map(peer).collect();
         let mut plan = next_plan(&run, &ids[0], None, None, &miners).unwrap();
         plan.merge = Some(crate::merge::service::merge_field(

@@ -285,7 +285,7 @@ async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
     let Swarm {
         ids,
         validator,
-        mut miners,
+        miners,
     } = start_swarm(&dir, &run, |_| Vec::new()).await;
     let boot = validator.listen_addr();
     let miner_names: Vec<String> = miners.iter().map(|m| m.name.clone()).collect();
@@ -545,26 +545,37 @@ async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
     if let Ok(Some(status)) = validator.try_exit_status() {
         failures.push(format!("the validator exited: {status}"));
     }
+    stranger.stop().await;
+    for fake in fakes {
+        fake.stop().await;
+    }
+    finish(failures, "attack(s) got through", miners, validator, &dir).await;
+}
+
+/// Adds a failure for every miner that exited, stops every node, and fails the test with
+/// every failure at once (removing the test's directory only when it passes).
+async fn finish(
+    mut failures: Vec<String>,
+    what: &str,
+    mut miners: Vec<NodeProcess>,
+    validator: NodeProcess,
+    dir: &std::path::Path,
+) {
     for node in miners.iter_mut() {
         if let Ok(Some(status)) = node.try_exit_status() {
             failures.push(format!("{} exited: {status}", node.name));
         }
-    }
-
-    stranger.stop().await;
-    for fake in fakes {
-        fake.stop().await;
     }
     for node in miners.into_iter().chain([validator]) {
         let _ = node.stop(Duration::from_secs(15)).await;
     }
     assert!(
         failures.is_empty(),
-        "{} attack(s) got through:\n- {}",
+        "{} {what}:\n- {}",
         failures.len(),
         failures.join("\n- ")
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Sum of a metric over every node of `nodes`.
@@ -591,7 +602,7 @@ async fn plan_members_that_misbehave_are_refused_and_named() {
     let Swarm {
         ids,
         validator,
-        mut miners,
+        miners,
     } = start_swarm(&dir, &run, |order| match order {
         0 => fault("huge-frames,nan-merge"),
         1 => fault("inflate-samples"),
@@ -692,19 +703,12 @@ async fn plan_members_that_misbehave_are_refused_and_named() {
         }
         _ => failures.push(format!("too few held-out losses to compare: {losses:?}")),
     }
-    for node in miners.iter_mut() {
-        if let Ok(Some(status)) = node.try_exit_status() {
-            failures.push(format!("{} exited: {status}", node.name));
-        }
-    }
-    for node in miners.into_iter().chain([validator]) {
-        let _ = node.stop(Duration::from_secs(15)).await;
-    }
-    assert!(
-        failures.is_empty(),
-        "{} misbehaviour(s) got through:\n- {}",
-        failures.len(),
-        failures.join("\n- ")
-    );
-    let _ = std::fs::remove_dir_all(&dir);
+    finish(
+        failures,
+        "misbehaviour(s) got through",
+        miners,
+        validator,
+        &dir,
+    )
+    .await;
 }
