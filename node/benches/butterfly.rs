@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use iota_p2p::merge::butterfly::{weighted_average, Contribution, Hash, Timing};
-use iota_p2p::merge::{self, rpc, MergeParams, Router};
+use iota_p2p::merge::{self, MergeParams, Router};
+use iota_p2p::rpc;
 use p2p::{identity::Keypair, Client, Config, Event, PeerId, Verdict};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -41,7 +41,8 @@ use iota_p2p::merge::butterfly::{
     Commitment, Evidence, Gossip, Hash, Misbehaviour, MisbehaviourKind, Request, Response,
     SliceHash, Unavailable, MAX_GOSSIP_BYTES, MAX_GOSSIP_JSON_BYTES, MAX_REQUEST_BYTES,
 };
-use iota_p2p::merge::{rpc, Metrics, Router};
+use iota_p2p::merge::{Metrics, Router};
+use iota_p2p::rpc;
 use p2p::{identity::Keypair, Envelope, Heartbeat, OpenError, Role};
 use rand::{seq::SliceRandom, Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -6,33 +6,37 @@
 //!
 //! # Layers
 //!
-//! Each module uses only modules of the layers below it (`tests/layers.rs` fails on any
-//! import cycle):
+//! Each module uses only modules of its own layer or the layers below it, and the services
+//! never use one another (`tests/layers.rs` checks both, and fails on any import cycle):
 //!
-//! 1. **Formats and names** — `messages` (request bodies and pipeline gossip), `topics`,
-//!    `metrics`, [`merge::rpc`] (the service tags of the shared request-response protocol).
+//! 1. **Formats and handles** — `messages` (request bodies and pipeline gossip), `topics`,
+//!    `metrics`, [`rpc`] (the service tags of the shared request-response protocol),
+//!    `schedule` (when a plan's merge starts and how long it may take), and `handles`: the
+//!    inbox messages, watch views and handles through which the services reach each other.
 //! 2. **Rules and state machines** — `rules`: who may say what and when, pure and
 //!    unit-tested, applied by the router before any service sees a message; `lifecycle`: a
 //!    miner's epoch (planned → merging → training → draining) with time as an argument.
-//! 3. **Services**, each owning its state and reached through a handle:
+//! 3. **Services**, each a task that owns its state behind a bounded inbox and publishes
+//!    what others may read as a watch value:
 //!    * consensus — `orchestration`: heartbeats, the stake election, epoch plans;
 //!    * miner — `pipeline`: the stage, the forward/backward traffic, the head's epoch;
-//!    * merge — [`merge`]: the butterfly all-reduce over libp2p and the node's merge
-//!      service (`merge::service`: merges at epoch boundaries, validators' audits);
-//!    * observe — `status` and `http`: `/status` and `/metrics`.
+//!    * merge — [`merge`]: the butterfly all-reduce over libp2p, and the service
+//!      (`merge::service`) that runs the miner's merges and the validator's audits;
+//!    * validator — `validator`: audits the merges closing each epoch (the home of scoring
+//!      and weights);
+//!    * observe — `status` and `http`: `/status` (from the watch values) and `/metrics`.
 //!
-//!    The miner reaches the merge service only through the `StageMerger` trait; the
-//!    services never call the router.
+//!    The miner merges and the validator audits through the merge service's handle.
 //! 4. **Router** — `router`: the only consumer of the p2p layer's events. It authorises
-//!    every message, reports every gossip verdict to gossipsub, and dispatches to the
-//!    services.
-//! 5. **Node and tools** — `node` (wires the services, the router and the timers into one
-//!    task per node), `cli`, `identity`, and the tooling: `launcher`, `swarm`
-//!    (`local-swarm`).
+//!    every message, reports every gossip verdict to gossipsub, and hands each message to
+//!    its service's inbox; it also keeps the plan book the rules read, from consensus.
+//! 5. **Node and tools** — `node` (starts the services, the router and the timers), `cli`,
+//!    `identity`, and the tooling: `launcher`, `swarm` (`local-swarm`), `fuzzing`.
 
 mod cli;
 #[doc(hidden)]
 pub mod fuzzing;
+mod handles;
 mod http;
 mod identity;
 pub mod launcher;
@@ -44,10 +48,13 @@ mod node;
 mod orchestration;
 mod pipeline;
 mod router;
+pub mod rpc;
 mod rules;
+mod schedule;
 mod status;
 mod swarm;
 mod topics;
+mod validator;
 
 use clap::Parser;
 

@@ -19,34 +19,7 @@
 
 use std::time::Duration;
 
-/// Where a miner is in its epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(tag = "phase", rename_all = "snake_case")]
-pub(crate) enum Phase {
-    /// No plan yet.
-    Idle,
-    /// The plan of `epoch` is accepted; its transition has not started.
-    Planned { epoch: u64 },
-    /// Merging the stage that closed, before `epoch` starts; due by `deadline`.
-    Merging { epoch: u64, deadline: Duration },
-    /// Training `epoch`.
-    Training { epoch: u64 },
-    /// This miner's part of `epoch` is done; waiting for the next plan.
-    Draining { epoch: u64 },
-}
-
-impl Phase {
-    /// The epoch the phase belongs to.
-    pub(crate) fn epoch(self) -> Option<u64> {
-        match self {
-            Phase::Idle => None,
-            Phase::Planned { epoch }
-            | Phase::Merging { epoch, .. }
-            | Phase::Training { epoch }
-            | Phase::Draining { epoch } => Some(epoch),
-        }
-    }
-}
+pub(crate) use crate::handles::Phase;
 
 /// An event that does not fit the current phase.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

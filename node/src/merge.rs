@@ -3,7 +3,7 @@
 //!
 //! The protocol, its fault rules and its guarantees live in the pure crate; this module
 //! only carries its messages and counts them:
-//! - [`rpc`]: service tags on the node's single request-response protocol (the tag table
+//! - [`crate::rpc`]: service tags on the node's single request-response protocol (the tag table
 //!   other services add their rows to);
 //! - [`Router`]: called by the node's event loop for every gossip message
 //!   ([`Router::on_gossip`]) and request ([`Router::on_request`]); routes butterfly gossip
@@ -19,7 +19,7 @@
 //!    `Event::Gossip` goes to `router.on_gossip(&author, &topic, &data)` first (`true`:
 //!    consumed), and `Event::Request` to `router.on_request(&peer, &data)`, answering
 //!    `Some(bytes)` with `client.respond(id, bytes)`, and `None` (another service's tag)
-//!    with the other services or [`rpc::fallback_response`]. Large answers are copies of
+//!    with the other services or [`crate::rpc::fallback_response`]. Large answers are copies of
 //!    partitions: answer from a spawned task.
 //! 2. Subscribe to [`topic`]`(run, stage)` as soon as the node holds a stage (add it to
 //!    `p2p::Config::topics`, or `client.subscribe`): gossip sent before a node subscribes
@@ -30,8 +30,6 @@
 //!    (e.g. [`timing_at`] from the epoch's wall-clock end), and calls [`merge`] with its flat
 //!    parameters and sample count. It returns by `timing.done_by` with the merged vector,
 //!    identical on every honest member. Validators call [`audit`] with the same plan.
-
-pub mod rpc;
 
 mod metrics;
 mod router;
@@ -69,7 +67,7 @@ pub const DEFAULT_MAX_CONCURRENT_FETCHES: usize = 8;
 
 /// The gossip topic of the butterfly merges of `stage` in `run`.
 pub fn topic(run: &str, stage: u32) -> String {
-    format!("iota/{run}/butterfly/{stage}/1")
+    crate::topics::butterfly(run, stage)
 }
 
 /// How many partitions to cut a vector of `len` values shared by `members` members into:

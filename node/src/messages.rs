@@ -2,14 +2,14 @@
 //! gossip messages that report losses and merged weights.
 //!
 //! Request-response bodies share the node's one protocol; the first byte names the service
-//! (see [`Service`] and the tag table in [`crate::merge::rpc`]). A body is `tag, u32 header length (big-endian), JSON header, payload`,
+//! (see [`Service`] and the tag table in [`crate::rpc`]). A body is `tag, u32 header length (big-endian), JSON header, payload`,
 //! where the payload is a tensor frame of the training crate's wire codec or raw f32 weights.
 //! Headers are bounded by [`MAX_HEADER_BYTES`] and checked before they are parsed, so a
 //! malformed body is an error, never a panic or a large allocation.
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use crate::merge::rpc;
+use crate::rpc;
 
 /// Largest JSON header accepted in a pipeline body.
 pub(crate) const MAX_HEADER_BYTES: usize = 16 * 1024;

@@ -6,20 +6,23 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bootstrap::{Metagraph, PeerIdStr, RunConfig};
 use p2p::{identity::Keypair, Event, Heartbeat, LiveView, Multiaddr, PeerId, Role};
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::cli::{Fault, NodeArgs};
+use crate::handles::{ConsensusHandle, MinerHandle, ServiceGone};
 use crate::metrics::NodeMetrics;
-use crate::orchestration::{unix_ms, Orchestration};
+use crate::orchestration::Orchestration;
 use crate::pipeline::{Miner, MinerConfig, MinerFaults};
 use crate::router::{Next, Router, RouterParts};
+use crate::schedule::unix_ms;
 use crate::status::{NodeView, StatusSource};
 
 /// Samples each head keeps in flight.
@@ -123,33 +126,54 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         args.data_dir.as_deref(),
     );
     tracing::info!(peer = %local_peer_id, ?role, run = %run_config.run_name, run_hash = %orchestration.run_hash(), "node started");
-    let merger = crate::merge::service::NetMerger::new(client.clone(), &run_config, &mut registry);
-    let miner = match role {
-        Role::Miner => Some(Miner::new(
-            local_peer_id.to_string(),
-            client.clone(),
-            MinerConfig {
-                run: run_config.clone(),
-                data_dir: args.data_dir.clone(),
-                device: args.device,
-                head_window: HEAD_WINDOW,
-                faults: MinerFaults {
-                    huge_frames: args.fault.contains(&Fault::HugeFrames),
-                    inflate_samples: args.fault.contains(&Fault::InflateSamples),
-                    nan_merge: args.fault.contains(&Fault::NanMerge),
+
+    // The services, each a task behind a bounded inbox; they reach each other only through
+    // the handles handed out here.
+    let (consensus, consensus_task) =
+        crate::orchestration::spawn(orchestration, client.clone(), topics.plan.clone());
+    let (merge, merge_task) =
+        crate::merge::service::spawn(client.clone(), &run_config, &mut registry);
+    let miner: Option<(MinerHandle, tokio::task::JoinHandle<()>)> = match role {
+        Role::Miner => {
+            let miner = Miner::new(
+                local_peer_id.to_string(),
+                client.clone(),
+                MinerConfig {
+                    run: run_config.clone(),
+                    data_dir: args.data_dir.clone(),
+                    device: args.device,
+                    head_window: HEAD_WINDOW,
+                    faults: MinerFaults {
+                        huge_frames: args.fault.contains(&Fault::HugeFrames),
+                        inflate_samples: args.fault.contains(&Fault::InflateSamples),
+                        nan_merge: args.fault.contains(&Fault::NanMerge),
+                    },
                 },
-            },
-            pipeline_metrics.clone(),
-            merger.clone(),
-        )?),
+                pipeline_metrics.clone(),
+                merge.clone(),
+            )?;
+            Some(crate::pipeline::spawn(miner, topics.pipeline.clone()))
+        }
         Role::Validator => None,
     };
+    let (miner, miner_task) = match miner {
+        Some((handle, task)) => (Some(handle), Some(task)),
+        None => (None, None),
+    };
+    let (validator, validator_task) = match role {
+        Role::Validator => {
+            let (handle, task) = crate::validator::spawn(merge.clone());
+            (Some(handle), Some(task))
+        }
+        Role::Miner => (None, None),
+    };
 
-    let view = Arc::new(Mutex::new(NodeView::default()));
+    let (view, view_rx) = watch::channel(NodeView::default());
     let status = StatusSource {
         client: client.clone(),
         role: role_name(role),
-        view: view.clone(),
+        view: view_rx,
+        miner: miner.as_ref().map(|m| m.status.clone()),
     };
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http = match args.metrics {
@@ -168,14 +192,14 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
 
     let mut router = Router::new(RouterParts {
         me: local_peer_id,
-        role,
         client: client.clone(),
         run: run_config.clone(),
-        orchestration,
+        consensus: consensus.clone(),
         miner: miner.clone(),
-        merger: merger.clone(),
+        merge: merge.clone(),
+        validator,
         p2p_metrics,
-        node_metrics,
+        node_metrics: node_metrics.clone(),
         pipeline_metrics,
         bootstrap_peers,
     })?;
@@ -185,6 +209,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut counter = 0u64;
     let mut shutdown = std::pin::pin!(shutdown_signal());
+    let mut consensus_changes = consensus.view.clone();
 
     let outcome: anyhow::Result<()> = loop {
         tokio::select! {
@@ -194,37 +219,49 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
             }
             _ = heartbeat.tick() => {
                 counter += 1;
+                let agreed = consensus.view();
                 let beat = Heartbeat {
                     peer_id: local_peer_id.to_string(),
                     role,
                     counter,
                     sent_at_ms: unix_ms(std::time::SystemTime::now()),
-                    run_hash: router.orchestration.run_hash().to_hex(),
-                    epoch: router.orchestration.epoch(),
-                    stage: router.orchestration.stage(),
+                    run_hash: agreed.run_hash.clone(),
+                    epoch: agreed.epoch(),
+                    stage: agreed.stage,
                 };
-                if let Err(error) = client.publish(&router.topics.heartbeat, beat.to_bytes()).await {
+                if let Err(error) = client.publish(&topics.heartbeat, beat.to_bytes()).await {
                     tracing::debug!(%error, "heartbeat not published");
                 }
                 if args.fault.contains(&Fault::ForgePlans) {
-                    forge_plan(&client, &router.topics.plan, &run_config, &me, counter).await;
+                    forge_plan(&client, &topics.plan, &run_config, &me, counter).await;
                 }
                 let now = Instant::now().into_std();
-                router.live.prune(now);
-                update_view(&view, |v| {
+                router.live().prune(now);
+                let live_peers = sorted_live(router.live(), now);
+                view.send_modify(|v| {
                     v.heartbeats_sent = counter;
-                    v.live_peers = sorted_live(&router.live, now);
+                    v.live_peers = live_peers;
                 });
             }
             _ = tick.tick() => {
                 if let Some(miner) = &miner {
-                    if !miner.compute_alive() {
+                    if !miner.alive() {
                         break Err(anyhow::anyhow!(
                             "the stage's compute thread stopped (see the log above); restart the node to rebuild the stage from its checkpoint"
                         ));
                     }
                 }
-                on_tick(&mut router, &view).await;
+                if let Err(gone) = on_tick(&mut router, &consensus, miner.as_ref(), &node_metrics, &view).await {
+                    break Err(gone.into());
+                }
+            }
+            changed = consensus_changes.changed() => {
+                if changed.is_err() {
+                    break Err(ServiceGone("consensus").into());
+                }
+                if let Err(gone) = router.adopt_current().await {
+                    break Err(gone.into());
+                }
             }
             event = events.recv() => {
                 let Some(event) = event else {
@@ -235,7 +272,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                     let full = with_peer_id(addr.clone(), local_peer_id);
                     println!("LISTEN {full}");
                     let _ = std::io::stdout().flush();
-                    update_view(&view, |v| v.listen_addrs.push(full.to_string()));
+                    view.send_modify(|v| v.listen_addrs.push(full.to_string()));
                 }
                 if let Next::Stop(error) = router.on_event(event).await {
                     break Err(error);
@@ -251,6 +288,23 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     if let Some(miner) = &miner {
         miner.shutdown(SHUTDOWN_GRACE).await;
     }
+    // The remaining services stop once the router's handles are gone.
+    drop(router);
+    drop(miner);
+    drop(consensus);
+    drop(merge);
+    for task in [
+        Some(consensus_task),
+        Some(merge_task),
+        miner_task,
+        validator_task,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        task.abort();
+        let _ = task.await;
+    }
     let _ = stop_http.send(());
     if let Some(task) = http {
         let _ = task.await;
@@ -258,69 +312,56 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     outcome
 }
 
-/// The clock-driven part of the loop: election, the orchestrator's plans, loss records
-/// flushed, and the status view refreshed.
-async fn on_tick(router: &mut Router, view: &Mutex<NodeView>) {
+/// The clock-driven part of the loop: election, the orchestrator's plans, the miner's
+/// deadlines and loss records, and the status view refreshed.
+async fn on_tick(
+    router: &mut Router,
+    consensus: &ConsensusHandle,
+    miner: Option<&MinerHandle>,
+    metrics: &NodeMetrics,
+    view: &watch::Sender<NodeView>,
+) -> Result<(), ServiceGone> {
     let now = Instant::now().into_std();
+    let me = router.me().to_string();
     let live_now: BTreeSet<String> = router
-        .live
+        .live()
         .live(now)
         .iter()
         .map(|(peer, _)| peer.to_string())
-        .chain(std::iter::once(router.me.to_string()))
+        .chain(std::iter::once(me))
         .collect();
-    let complete = router.orchestration.current().is_some_and(|plan| {
+    let agreed = consensus.view();
+    let complete = agreed.current.as_ref().is_some_and(|plan| {
         let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
-        router.stats.epoch_done(plan.epoch, &heads, &live_now)
+        router.stats().epoch_done(plan.epoch, &heads, &live_now)
     });
-    if let Some(miner) = &router.miner {
-        miner.tick();
-        miner.set_live(live_now.iter().cloned().collect());
-        miner.flush_losses(&router.topics.pipeline).await;
+    if let Some(miner) = miner {
+        miner.tick(live_now.into_iter().collect()).await?;
     }
-    router.retry_pending_plans().await;
-    let previous = router.orchestration.current().cloned();
-    let elapsed = router.started.elapsed();
-    if let Some(plan) = router
-        .orchestration
-        .tick(elapsed, std::time::SystemTime::now(), complete)
-    {
-        if let Err(error) = router.client.publish(&router.topics.plan, plan).await {
-            tracing::warn!(%error, "plan not published");
-        }
-        if let (Some(previous), Some(current)) = (&previous, router.orchestration.current()) {
-            router.merger.audit(previous, current);
-        }
-        router.adopt_current().await;
-    }
-    let orchestration = &router.orchestration;
-    let orchestrator = orchestration.orchestrator().map(|p| p.to_string());
-    let is_orchestrator = orchestration.is_orchestrator();
-    let epoch = orchestration.epoch();
-    let stage = orchestration.stage();
-    let stage_sizes = orchestration
-        .current()
+    router.retry_pending_plans().await?;
+    consensus.tick(complete).await?;
+    let stage_sizes = agreed
+        .current
+        .as_ref()
         .map(|p| bootstrap::stage_sizes(&p.assignment, p.stages))
         .unwrap_or_default();
-    router
-        .node_metrics
+    let epoch = agreed.epoch();
+    metrics
         .epoch
         .set(epoch.map_or(-1, |e| i64::try_from(e).unwrap_or(i64::MAX)));
-    router
-        .node_metrics
+    metrics
         .is_orchestrator
-        .set(i64::from(is_orchestrator));
-    let miner_status = router.miner.as_ref().map(Miner::status).unwrap_or_default();
-    let epochs = router.stats.epochs();
-    update_view(view, |v| {
-        v.miner = miner_status;
+        .set(i64::from(agreed.is_orchestrator));
+    let epochs = router.stats().epochs();
+    view.send_modify(|v| {
         v.epochs = epochs;
-        v.orchestrator = orchestrator;
-        v.is_orchestrator = is_orchestrator;
+        v.orchestrator = agreed.orchestrator;
+        v.is_orchestrator = agreed.is_orchestrator;
         v.epoch = epoch;
-        v.stage = stage;
+        v.stage = agreed.stage;
         v.stage_sizes = stage_sizes;
     });
+    Ok(())
 }
 
 /// Fault injection for tests: a node that is not the orchestrator publishes a plan naming
@@ -359,13 +400,6 @@ fn sorted_live(live: &LiveView, now: std::time::Instant) -> Vec<String> {
         .collect();
     peers.sort();
     peers
-}
-
-fn update_view(view: &Mutex<NodeView>, f: impl FnOnce(&mut NodeView)) {
-    match view.lock() {
-        Ok(mut guard) => f(&mut guard),
-        Err(poisoned) => f(&mut poisoned.into_inner()),
-    }
 }
 
 /// `addr` with `/p2p/<peer>` appended unless it already names a peer.

@@ -20,46 +20,17 @@ use bootstrap::{
 };
 use p2p::{Heartbeat, Role};
 
+use crate::handles::{HeartbeatRejected, PlanOutcome};
+
+mod service;
+pub(crate) use service::spawn;
+
 /// How long a node waits after start before its first plan, so that the miners' heartbeats
 /// are in when it assigns stages.
 const FIRST_PLAN_DELAY: Duration = Duration::from_secs(3);
 
 /// Shortest epoch, so that a quick epoch still leaves every node time to take its plan in.
 const MIN_EPOCH: Duration = Duration::from_secs(1);
-
-/// Why a heartbeat was not taken into account.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum HeartbeatRejected {
-    /// The heartbeat names another run configuration.
-    WrongRun { theirs: String },
-    /// The heartbeat's own peer id field does not match its signed author.
-    NotAuthor,
-    /// Too old, from the future, or not newer than the last one of its sender.
-    NotFresh(&'static str),
-    /// A miner outside the metagraph while the run's open places are taken.
-    NotRegistered,
-}
-
-impl HeartbeatRejected {
-    /// The metric label.
-    pub(crate) fn reason(&self) -> &'static str {
-        match self {
-            HeartbeatRejected::WrongRun { .. } => "wrong_run",
-            HeartbeatRejected::NotAuthor => "heartbeat_not_author",
-            HeartbeatRejected::NotFresh(reason) => reason,
-            HeartbeatRejected::NotRegistered => "miner_not_registered",
-        }
-    }
-}
-
-/// What happened to a plan received over gossip.
-#[derive(Debug)]
-pub(crate) enum PlanOutcome {
-    /// Accepted: it is now the current plan.
-    Accepted,
-    /// Dropped, with the metric label saying why.
-    Rejected(&'static str),
-}
 
 /// The orchestration state of one node.
 pub(crate) struct Orchestration {
@@ -232,7 +203,7 @@ impl Orchestration {
             tracing::warn!(%author, epoch = plan.epoch, %error, "plan does not follow the run configuration");
             return PlanOutcome::Rejected("plan_mismatches_run");
         }
-        if !crate::merge::service::merge_start_is_plausible(&plan, std::time::SystemTime::now()) {
+        if !crate::schedule::merge_start_is_plausible(&plan, std::time::SystemTime::now()) {
             tracing::warn!(%author, epoch = plan.epoch, "plan's merge start is not near now");
             return PlanOutcome::Rejected("plan_merge_start");
         }
@@ -326,7 +297,7 @@ impl Orchestration {
                 return None;
             }
         };
-        plan.merge = Some(crate::merge::service::merge_field(wall));
+        plan.merge = Some(crate::schedule::merge_field(wall));
         if let Err(rejected) = tracker.accept_plan(&self.me, &plan, now) {
             tracing::warn!(reason = rejected.reason(), "own plan not accepted");
             return None;
@@ -385,11 +356,7 @@ impl Orchestration {
     }
 }
 
-/// Milliseconds since the Unix epoch of `wall` (0 before it).
-pub(crate) fn unix_ms(wall: std::time::SystemTime) -> u64 {
-    wall.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+pub(crate) use crate::schedule::unix_ms;
 
 /// The last accepted plan, kept as one JSON file written atomically.
 struct PlanStore {
@@ -671,9 +638,7 @@ mod tests {
         let now = elect_first(&mut nodes[1], &run, &ids);
         let miners: BTreeSet<PeerIdStr> = (10..16).map(peer).collect();
         let mut plan = next_plan(&run, &ids[0], None, None, &miners).unwrap();
-        plan.merge = Some(crate::merge::service::merge_field(
-            std::time::SystemTime::now(),
-        ));
+        plan.merge = Some(crate::schedule::merge_field(std::time::SystemTime::now()));
         let mut forged = plan.clone();
         forged.lr *= 100.0;
         assert!(matches!(
@@ -681,7 +646,7 @@ mod tests {
             PlanOutcome::Rejected("plan_mismatches_run")
         ));
         let mut late = plan.clone();
-        late.merge = Some(crate::merge::service::merge_field(
+        late.merge = Some(crate::schedule::merge_field(
             std::time::SystemTime::now() + Duration::from_secs(3600),
         ));
         assert!(matches!(

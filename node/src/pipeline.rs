@@ -20,7 +20,7 @@
 
 mod head;
 mod hop;
-mod stats;
+mod service;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -33,14 +33,14 @@ use training::checkpoint::CheckpointKey;
 use training::worker::{StageInput, WorkerConfig};
 use training::{CheckpointStore, Corpus, StageConfig, StageHandle};
 
+use crate::handles::{MergeHandle, MergeRequest, MinerStatus};
 use crate::lifecycle::{Lifecycle, LifecycleError, Overrun, Phase};
-use crate::merge::service::{MergeRequest, StageMerger};
 use crate::messages::{
     self, EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, PipelineGossip, Service,
     WeightsReply, WeightsRequest,
 };
 use crate::metrics::PipelineMetrics;
-pub(crate) use stats::{EpochStats, RunStats};
+pub(crate) use service::spawn;
 
 /// How long one hop (and everything after it) may take before the sender gives up.
 const HOP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -115,7 +115,7 @@ pub(crate) struct Shared {
     started: std::time::Instant,
     /// Parameters of the current stage (sizes the merge's deadline).
     frames_len: AtomicU64,
-    merger: Arc<dyn StageMerger>,
+    merger: MergeHandle,
     val: Vec<training::Batch>,
 }
 
@@ -134,19 +134,6 @@ struct State {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// A snapshot for `/status`.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub(crate) struct MinerStatus {
-    /// Where the miner is in its epoch (`{"phase": "training", "epoch": 3}`).
-    pub(crate) epoch_phase: Option<Phase>,
-    /// Seconds since the node started at which that phase began.
-    pub(crate) epoch_phase_since_s: f64,
-    pub(crate) samples_processed: u64,
-    pub(crate) train_loss: Option<f32>,
-    pub(crate) weights_hash: Option<String>,
-    pub(crate) merged_epoch: Option<u64>,
-}
-
 /// A miner.
 #[derive(Clone)]
 pub(crate) struct Miner {
@@ -161,7 +148,7 @@ impl Miner {
         client: p2p::Client,
         cfg: MinerConfig,
         metrics: PipelineMetrics,
-        merger: Arc<dyn StageMerger>,
+        merger: MergeHandle,
     ) -> anyhow::Result<Miner> {
         let corpus = Arc::new(Corpus::shakespeare()?);
         let val = corpus.val_batches(
@@ -345,12 +332,7 @@ impl Miner {
     }
 }
 
-/// The id every frame of `run` carries: the first 8 bytes of its configuration hash.
-pub(crate) fn run_id(run: &RunConfig) -> u64 {
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&run.hash().as_bytes()[..8]);
-    u64::from_le_bytes(id)
-}
+pub(crate) use crate::rules::run_id;
 
 /// Locks a std mutex, recovering the data of a poisoned one.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -369,13 +351,13 @@ async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()
     };
     if let (Some(prev), Some(worker), Some(stage)) = (&previous, &worker, old_stage) {
         if prev.epoch < plan.epoch && prev.stage_of(&shared.peer) == Some(stage) {
-            let start = crate::merge::service::merge_start(&plan);
+            let start = crate::schedule::merge_start(&plan);
             let len =
                 usize::try_from(shared.frames_len.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
             let until_start = start
                 .duration_since(std::time::SystemTime::now())
                 .unwrap_or_default();
-            let budget = until_start + crate::merge::service::merge_budget(len);
+            let budget = until_start + crate::schedule::merge_budget(len);
             let _ = shared.advance(|life, now| life.merging(now, plan.epoch, now + budget));
             merge_and_checkpoint(shared, prev, stage, worker, start).await?;
         }
@@ -401,7 +383,7 @@ async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()
     }
     // Follow the stage's merge gossip from now on: a member whose commitment is not heard
     // is left out of the merge.
-    let topic = crate::merge::topic(&shared.cfg.run.run_name, stage);
+    let topic = crate::topics::butterfly(&shared.cfg.run.run_name, stage);
     if let Err(error) = shared.client.subscribe(&topic).await {
         tracing::warn!(%error, "cannot follow the stage's merges");
     }
@@ -589,7 +571,7 @@ async fn merge_and_checkpoint(
             weights,
             samples,
             start,
-            max_samples: crate::merge::service::max_samples(plan),
+            max_samples: crate::schedule::max_samples(plan),
         })
         .await?;
     worker.set_flat_params(merged).await?;

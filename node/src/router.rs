@@ -10,22 +10,23 @@
 //! decoding, and a frame's shape is checked on its header before anything is decompressed.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::Arc;
 
 use bootstrap::{PeerIdStr, RunConfig};
-use p2p::{Event, Heartbeat, LiveView, PeerId, Role};
+use p2p::{Event, Heartbeat, LiveView, PeerId};
 use tokio::time::Instant;
 use training::wire::FrameKind;
 
-use crate::merge::rpc;
-use crate::merge::service::NetMerger;
+use crate::handles::{
+    ConsensusHandle, HeartbeatRejected, MergeAnswer, MergeGossip, MergeHandle, MinerHandle,
+    PlanOutcome, Readers, ServiceGone, ValidatorHandle,
+};
 use crate::messages::{self, EvalHeader, ForwardHeader, PipelineGossip, Service};
 use crate::metrics::{NodeMetrics, PipelineMetrics};
-use crate::orchestration::{HeartbeatRejected, Orchestration, PlanOutcome};
-use crate::pipeline::{Miner, RunStats};
+use crate::rpc;
 use crate::rules::{
     self, Expect, FrameRules, PipelineRules, PlanBook, Refusal, RequestBudget, Verdict,
 };
+use crate::status::RunStats;
 use crate::topics::Topics;
 
 /// Gossip of the next epoch kept until its plan arrives (then checked again).
@@ -45,41 +46,47 @@ pub(crate) enum Next {
     Stop(anyhow::Error),
 }
 
-/// Everything the router decides with, and the services it hands messages to.
+impl From<ServiceGone> for Next {
+    fn from(gone: ServiceGone) -> Next {
+        Next::Stop(gone.into())
+    }
+}
+
+/// Everything the router decides with, and the handles of the services it feeds.
 pub(crate) struct Router {
-    pub(crate) me: PeerId,
-    pub(crate) me_str: PeerIdStr,
-    pub(crate) role: Role,
-    pub(crate) client: p2p::Client,
-    pub(crate) topics: Topics,
-    pub(crate) orchestration: Orchestration,
-    pub(crate) book: PlanBook,
-    pub(crate) pipeline_rules: PipelineRules,
-    pub(crate) frames: FrameRules,
-    pub(crate) budget: RequestBudget,
+    me: PeerId,
+    me_str: PeerIdStr,
+    client: p2p::Client,
+    topics: Topics,
+    consensus: ConsensusHandle,
+    book: PlanBook,
+    pipeline_rules: PipelineRules,
+    frames: FrameRules,
+    budget: RequestBudget,
     pending: VecDeque<(PeerId, PipelineGossip)>,
     pending_plans: VecDeque<(PeerIdStr, Vec<u8>, Instant)>,
-    pub(crate) stats: RunStats,
-    pub(crate) live: LiveView,
-    pub(crate) miner: Option<Miner>,
-    pub(crate) merger: Arc<NetMerger>,
-    pub(crate) p2p_metrics: p2p::Metrics,
-    pub(crate) node_metrics: NodeMetrics,
-    pub(crate) pipeline_metrics: PipelineMetrics,
-    pub(crate) bootstrap_peers: BTreeSet<PeerId>,
+    stats: RunStats,
+    live: LiveView,
+    miner: Option<MinerHandle>,
+    merge: MergeHandle,
+    validator: Option<ValidatorHandle>,
+    p2p_metrics: p2p::Metrics,
+    node_metrics: NodeMetrics,
+    pipeline_metrics: PipelineMetrics,
+    bootstrap_peers: BTreeSet<PeerId>,
     same_run_seen: bool,
-    pub(crate) started: Instant,
+    started: Instant,
 }
 
 /// The parts a [`Router`] is built from.
 pub(crate) struct RouterParts {
     pub(crate) me: PeerId,
-    pub(crate) role: Role,
     pub(crate) client: p2p::Client,
     pub(crate) run: RunConfig,
-    pub(crate) orchestration: Orchestration,
-    pub(crate) miner: Option<Miner>,
-    pub(crate) merger: Arc<NetMerger>,
+    pub(crate) consensus: ConsensusHandle,
+    pub(crate) miner: Option<MinerHandle>,
+    pub(crate) merge: MergeHandle,
+    pub(crate) validator: Option<ValidatorHandle>,
     pub(crate) p2p_metrics: p2p::Metrics,
     pub(crate) node_metrics: NodeMetrics,
     pub(crate) pipeline_metrics: PipelineMetrics,
@@ -91,26 +98,26 @@ impl Router {
     pub(crate) fn new(parts: RouterParts) -> anyhow::Result<Router> {
         let me_str = PeerIdStr::parse(&parts.me.to_string())?;
         let mut book = PlanBook::default();
-        if let Some(plan) = parts.orchestration.current() {
-            book.insert(plan.clone());
+        if let Some(plan) = parts.consensus.view().current {
+            book.insert(plan);
         }
         Ok(Router {
             me: parts.me,
             me_str,
-            role: parts.role,
             client: parts.client,
             topics: Topics::of(&parts.run.run_name),
-            frames: FrameRules::new(&parts.run, crate::pipeline::run_id(&parts.run))?,
+            frames: FrameRules::new(&parts.run, rules::run_id(&parts.run))?,
             pipeline_rules: PipelineRules::new(&parts.run),
             live: LiveView::new(parts.run.heartbeat_timeout()),
-            orchestration: parts.orchestration,
+            consensus: parts.consensus,
             book,
             budget: RequestBudget::default(),
             pending: VecDeque::new(),
             pending_plans: VecDeque::new(),
             stats: RunStats::default(),
             miner: parts.miner,
-            merger: parts.merger,
+            merge: parts.merge,
+            validator: parts.validator,
             p2p_metrics: parts.p2p_metrics,
             node_metrics: parts.node_metrics,
             pipeline_metrics: parts.pipeline_metrics,
@@ -118,6 +125,21 @@ impl Router {
             same_run_seen: false,
             started: Instant::now(),
         })
+    }
+
+    /// This node.
+    pub(crate) fn me(&self) -> PeerId {
+        self.me
+    }
+
+    /// The live-peer view built from accepted heartbeats.
+    pub(crate) fn live(&mut self) -> &mut LiveView {
+        &mut self.live
+    }
+
+    /// What the run did, as heard over accepted gossip.
+    pub(crate) fn stats(&self) -> &RunStats {
+        &self.stats
     }
 
     /// Routes one event of the p2p layer.
@@ -129,7 +151,10 @@ impl Router {
                 data,
                 id,
             } => {
-                let (verdict, next) = self.on_gossip(author, &topic, &data).await;
+                let (verdict, next) = match self.on_gossip(author, &topic, data).await {
+                    Ok(judged) => judged,
+                    Err(gone) => return gone.into(),
+                };
                 if let Some(reason) = verdict.reason() {
                     self.p2p_metrics.reject(reason);
                 }
@@ -157,41 +182,50 @@ impl Router {
     }
 
     /// Judges and dispatches one gossip message.
-    async fn on_gossip(&mut self, author: PeerId, topic: &str, data: &[u8]) -> (Verdict, Next) {
+    async fn on_gossip(
+        &mut self,
+        author: PeerId,
+        topic: &str,
+        data: Vec<u8>,
+    ) -> Result<(Verdict, Next), ServiceGone> {
         let Ok(author_str) = PeerIdStr::parse(&author.to_string()) else {
-            return (Verdict::Reject("bad_author"), Next::Continue);
+            return Ok((Verdict::Reject("bad_author"), Next::Continue));
         };
         if topic == self.topics.heartbeat {
-            self.on_heartbeat(author, &author_str, data)
+            self.on_heartbeat(author, author_str, &data).await
         } else if topic == self.topics.plan {
-            (self.on_plan(&author_str, data).await, Next::Continue)
+            Ok((self.on_plan(author_str, data).await?, Next::Continue))
         } else if topic == self.topics.pipeline {
-            let Some(message) = PipelineGossip::from_bytes(data) else {
-                return (Verdict::Reject("malformed_pipeline"), Next::Continue);
+            let Some(message) = PipelineGossip::from_bytes(&data) else {
+                return Ok((Verdict::Reject("malformed_pipeline"), Next::Continue));
             };
-            (self.on_pipeline(author, message), Next::Continue)
+            Ok((self.on_pipeline(author, message).await?, Next::Continue))
         } else {
-            (self.on_merge_gossip(author, topic, data), Next::Continue)
+            Ok((
+                self.on_merge_gossip(author, topic, data).await?,
+                Next::Continue,
+            ))
         }
     }
 
-    fn on_heartbeat(
+    async fn on_heartbeat(
         &mut self,
         author: PeerId,
-        author_str: &PeerIdStr,
+        author_str: PeerIdStr,
         data: &[u8],
-    ) -> (Verdict, Next) {
+    ) -> Result<(Verdict, Next), ServiceGone> {
         let beat = match Heartbeat::from_bytes(data) {
             Ok(beat) => beat,
             Err(error) => {
                 tracing::debug!(peer = %author, %error, "malformed heartbeat");
-                return (Verdict::Reject("malformed_heartbeat"), Next::Continue);
+                return Ok((Verdict::Reject("malformed_heartbeat"), Next::Continue));
             }
         };
-        let wall_ms = crate::orchestration::unix_ms(std::time::SystemTime::now());
-        match self
-            .orchestration
-            .on_heartbeat(author_str, &beat, self.started.elapsed(), wall_ms)
+        let wall_ms = crate::schedule::unix_ms(std::time::SystemTime::now());
+        let judged = match self
+            .consensus
+            .heartbeat(author_str, beat.clone(), wall_ms)
+            .await?
         {
             Ok(()) => {
                 self.same_run_seen = true;
@@ -202,9 +236,9 @@ impl Router {
                 if self.bootstrap_peers.contains(&author) && !self.same_run_seen {
                     let error = anyhow::anyhow!(
                         "refusing to join: the run at bootstrap peer {author} has configuration hash {theirs}, ours is {} — start with the same --run file as the rest of the run",
-                        self.orchestration.run_hash()
+                        self.consensus.view().run_hash
                     );
-                    return (Verdict::Ignore("wrong_run"), Next::Stop(error));
+                    return Ok((Verdict::Ignore("wrong_run"), Next::Stop(error)));
                 }
                 tracing::debug!(peer = %author, "heartbeat of another run ignored");
                 (Verdict::Ignore("wrong_run"), Next::Continue)
@@ -215,25 +249,17 @@ impl Router {
                 (Verdict::Ignore(rejected.reason()), Next::Continue)
             }
             Err(rejected) => (Verdict::Reject(rejected.reason()), Next::Continue),
-        }
+        };
+        Ok(judged)
     }
 
-    async fn on_plan(&mut self, author: &PeerIdStr, data: &[u8]) -> Verdict {
-        let previous = self.orchestration.current().cloned();
-        match self
-            .orchestration
-            .on_plan(author, data, self.started.elapsed())
-        {
+    async fn on_plan(&mut self, author: PeerIdStr, data: Vec<u8>) -> Result<Verdict, ServiceGone> {
+        let outcome = self.consensus.plan(author.clone(), data.clone()).await?;
+        let verdict = match outcome {
             PlanOutcome::Accepted => {
-                tracing::info!(epoch = ?self.orchestration.epoch(), stage = ?self.orchestration.stage(), "epoch plan accepted");
-                if self.role == Role::Validator {
-                    if let (Some(previous), Some(current)) =
-                        (&previous, self.orchestration.current())
-                    {
-                        self.merger.audit(previous, current);
-                    }
-                }
-                self.adopt_current().await;
+                let view = self.consensus.view();
+                tracing::info!(epoch = ?view.epoch(), stage = ?view.stage, "epoch plan accepted");
+                self.adopt_current().await?;
                 Verdict::Accept
             }
             // Plans of an orchestrator this node has not heard yet, or already replaced,
@@ -241,61 +267,76 @@ impl Router {
             PlanOutcome::Rejected(reason @ ("stale_epoch" | "no_metagraph")) => {
                 Verdict::Ignore(reason)
             }
-            PlanOutcome::Rejected(reason @ "not_orchestrator")
-                if self.orchestration.validators().contains(author.as_str()) =>
-            {
+            PlanOutcome::Rejected(reason @ "not_orchestrator") => {
+                let view = self.consensus.view();
+                if !view.validators.contains(author.as_str()) {
+                    return Ok(Verdict::Reject(reason));
+                }
                 // A permitted validator's plan: this node may not have heard its heartbeats
                 // yet (it just started), or an election is changing hands. Keep the plan
                 // and check it again on the next ticks instead of losing the epoch.
-                if self.orchestration.orchestrator().is_none() {
+                if view.orchestrator.is_none() {
                     if self.pending_plans.len() >= MAX_PENDING_PLANS {
                         self.pending_plans.pop_front();
                     }
-                    self.pending_plans
-                        .push_back((author.clone(), data.to_vec(), Instant::now()));
+                    self.pending_plans.push_back((author, data, Instant::now()));
                 }
                 Verdict::Ignore(reason)
             }
             PlanOutcome::Rejected(reason) => Verdict::Reject(reason),
-        }
+        };
+        Ok(verdict)
     }
 
     /// Checks again the plans kept because their author was not yet known as the
     /// orchestrator; drops those older than [`PENDING_PLAN_PATIENCE`].
-    pub(crate) async fn retry_pending_plans(&mut self) {
-        if self.pending_plans.is_empty() || self.orchestration.orchestrator().is_none() {
+    pub(crate) async fn retry_pending_plans(&mut self) -> Result<(), ServiceGone> {
+        if self.pending_plans.is_empty() || self.consensus.view().orchestrator.is_none() {
             self.pending_plans
                 .retain(|(_, _, at)| at.elapsed() < PENDING_PLAN_PATIENCE);
-            return;
+            return Ok(());
         }
         let waiting: Vec<(PeerIdStr, Vec<u8>, Instant)> = self.pending_plans.drain(..).collect();
         for (author, data, at) in waiting {
             if at.elapsed() >= PENDING_PLAN_PATIENCE {
                 continue;
             }
-            let verdict = self.on_plan(&author, &data).await;
+            let verdict = self.on_plan(author.clone(), data).await?;
             if let Some(reason) = verdict.reason() {
                 tracing::debug!(%author, reason, "kept plan checked again and dropped");
             }
         }
         // A plan checked again is either adopted or dropped now: nothing goes back.
         self.pending_plans.clear();
+        Ok(())
     }
 
-    /// Takes the plan consensus now holds into the plan book and the miner, and checks the
-    /// gossip that waited for it.
-    pub(crate) async fn adopt_current(&mut self) {
-        let Some(plan) = self.orchestration.current().cloned() else {
-            return;
+    /// Takes the plan consensus now holds, if it is new, into the plan book and to the
+    /// services (the merge service's readers, the miner, the validator), and checks the
+    /// gossip that waited for it. Called when consensus accepts a plan and whenever its view
+    /// changes (this node's own plans).
+    pub(crate) async fn adopt_current(&mut self) -> Result<(), ServiceGone> {
+        let view = self.consensus.view();
+        let Some(plan) = view.current else {
+            return Ok(());
         };
+        if self.book.get(plan.epoch).is_some() {
+            return Ok(());
+        }
+        let previous = self.book.current().cloned();
         self.book.insert(plan.clone());
-        self.merger.set_readers(self.readers());
+        self.merge
+            .set_readers(self.readers(view.validators))
+            .await?;
         if let Some(miner) = &self.miner {
-            miner.on_plan(plan).await;
+            miner.plan(plan.clone()).await?;
+        }
+        if let (Some(validator), Some(previous)) = (&self.validator, previous) {
+            validator.epoch_closed(previous, plan).await?;
         }
         let waiting: Vec<(PeerId, PipelineGossip)> = self.pending.drain(..).collect();
         for (author, message) in waiting {
-            let verdict = self.on_pipeline(author, message);
+            let verdict = self.on_pipeline(author, message).await?;
             if let Some(reason) = verdict.reason() {
                 self.p2p_metrics.reject(reason);
             }
@@ -303,13 +344,14 @@ impl Router {
         self.node_metrics
             .pending_gossip
             .set(i64::try_from(self.pending.len()).unwrap_or(i64::MAX));
+        Ok(())
     }
 
     /// Who may fetch merge partitions now: each recent plan's stage members, and the
     /// validators of the metagraph.
-    fn readers(&self) -> crate::merge::service::Readers {
-        let mut readers = crate::merge::service::Readers {
-            validators: self.orchestration.validators(),
+    fn readers(&self, validators: BTreeSet<String>) -> Readers {
+        let mut readers = Readers {
+            validators,
             ..Default::default()
         };
         for epoch in self.book.epochs() {
@@ -326,18 +368,21 @@ impl Router {
         readers
     }
 
-    fn on_pipeline(&mut self, author: PeerId, message: PipelineGossip) -> Verdict {
+    async fn on_pipeline(
+        &mut self,
+        author: PeerId,
+        message: PipelineGossip,
+    ) -> Result<Verdict, ServiceGone> {
         let author_str = author.to_string();
         let verdict = self.pipeline_rules.check(&self.book, &author_str, &message);
         match verdict {
             Verdict::Accept => {
-                self.stats
-                    .observe(&author_str, &message, self.started.elapsed());
+                self.stats.observe(&author_str, &message, self.uptime());
                 if let PipelineGossip::ValLoss { loss, .. } = &message {
                     self.pipeline_metrics.val_loss.set(f64::from(*loss));
                 }
                 if let Some(miner) = &self.miner {
-                    miner.on_gossip(&message);
+                    miner.gossip(message).await?;
                 }
             }
             Verdict::Ignore("no_plan_for_epoch") => {
@@ -353,18 +398,28 @@ impl Router {
                 tracing::debug!(peer = %author, ?verdict, "pipeline gossip refused");
             }
         }
-        verdict
+        Ok(verdict)
     }
 
-    fn on_merge_gossip(&mut self, author: PeerId, topic: &str, data: &[u8]) -> Verdict {
-        match self.merger.on_gossip(author, topic, data) {
-            crate::merge::Routed::Delivered => Verdict::Accept,
-            crate::merge::Routed::Refused(reason) => Verdict::Reject(reason),
-            crate::merge::Routed::NotButterfly => {
+    /// Time since the router started (the run statistics' clock).
+    fn uptime(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
+    async fn on_merge_gossip(
+        &mut self,
+        author: PeerId,
+        topic: &str,
+        data: Vec<u8>,
+    ) -> Result<Verdict, ServiceGone> {
+        Ok(match self.merge.gossip(author, topic, data).await? {
+            MergeGossip::Delivered => Verdict::Accept,
+            MergeGossip::Refused(reason) => Verdict::Reject(reason),
+            MergeGossip::NotButterfly => {
                 tracing::debug!(%topic, "gossip on a topic this node does not follow");
                 Verdict::Ignore("unknown_topic")
             }
-        }
+        })
     }
 
     /// Answers a refused request at once and counts it.
@@ -381,7 +436,8 @@ impl Router {
         });
     }
 
-    /// Checks a request against the rules; serves it from a task when it passes.
+    /// Checks a request against the rules; hands it to its service when it passes. The
+    /// answer goes back from a task, so the router never waits for a service's work.
     fn on_request(&mut self, peer: PeerId, id: p2p::RequestId, data: Vec<u8>) {
         let peer_str = peer.to_string();
         let slot = match self.budget.acquire(&peer_str) {
@@ -389,43 +445,41 @@ impl Router {
             Err(refusal) => return self.refuse(id, refusal),
         };
         let client = self.client.clone();
-        let service = Service::of(&data);
-        let miner = match (service, &self.miner) {
-            (Some(_), Some(miner)) => miner.clone(),
-            (Some(_), None) => return self.refuse(id, Refusal::WrongStage),
-            (None, _) => {
-                let merger = self.merger.clone();
-                let metrics = self.node_metrics.clone();
-                tokio::spawn(async move {
-                    let reply = match merger.on_request(peer, &data) {
-                        Some(Ok(reply)) => reply,
-                        Some(Err(reason)) => {
-                            metrics.request_rejected(reason);
-                            rpc::error_response(rpc::ErrorCode::Refused)
-                        }
-                        None => rpc::fallback_response(&data),
-                    };
-                    let _ = client.respond(id, reply).await;
-                    drop(slot);
-                });
-                return;
-            }
+        let Some(service) = Service::of(&data) else {
+            // Not a pipeline tag: the merge service's, or nobody's.
+            let merge = self.merge.clone();
+            let metrics = self.node_metrics.clone();
+            tokio::spawn(async move {
+                let reply = match merge.request(peer, data.clone()).await {
+                    Ok(MergeAnswer::Reply(reply)) => reply,
+                    Ok(MergeAnswer::Refused(reason)) => {
+                        metrics.request_rejected(reason);
+                        rpc::error_response(rpc::ErrorCode::Refused)
+                    }
+                    Ok(MergeAnswer::NotMine) | Err(_) => rpc::fallback_response(&data),
+                };
+                let _ = client.respond(id, reply).await;
+                drop(slot);
+            });
+            return;
+        };
+        let Some(miner) = self.miner.clone() else {
+            return self.refuse(id, Refusal::WrongStage);
         };
         let checked = match service {
-            Some(Service::Forward) => self.check_forward(&peer_str, &data),
-            Some(Service::Eval) => self.check_eval(&peer_str, &data),
-            Some(Service::Weights) => self.check_weights(&peer_str, &data),
-            None => Err(Refusal::FrameMalformed),
+            Service::Forward => self.check_forward(&peer_str, &data),
+            Service::Eval => self.check_eval(&peer_str, &data),
+            Service::Weights => self.check_weights(&peer_str, &data),
         };
         if let Err(refusal) = checked {
             tracing::debug!(%peer, reason = refusal.reason(), "request refused");
             return self.refuse(id, refusal);
         }
-        let Some(service) = service else {
-            return self.refuse(id, Refusal::FrameMalformed);
-        };
         tokio::spawn(async move {
-            let reply = miner.on_request(service, data).await;
+            let reply = match miner.request(service, data).await {
+                Ok(reply) => reply,
+                Err(_) => rpc::error_response(rpc::ErrorCode::Busy),
+            };
             let _ = client.respond(id, reply).await;
             drop(slot);
         });

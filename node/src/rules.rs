@@ -206,6 +206,13 @@ impl PlanBook {
     }
 }
 
+/// The id every frame of `run` carries: the first 8 bytes of its configuration hash.
+pub(crate) fn run_id(run: &RunConfig) -> u64 {
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&run.hash().as_bytes()[..8]);
+    u64::from_le_bytes(id)
+}
+
 /// The id of the `counter`-th sample head `index` draws in the epoch seeded `seed`.
 pub(crate) fn sample_id(seed: u64, index: u64, counter: u64) -> u64 {
     let mut h = blake3::Hasher::new();

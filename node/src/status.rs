@@ -1,13 +1,18 @@
 //! What `/status` reports: a JSON snapshot of the node, built on demand.
 //!
-//! Peer counts come from the network event loop at the moment of the request; the rest is a
-//! small shared view that the node's loop keeps up to date.
+//! Peer counts come from the network event loop at the moment of the request; the rest from
+//! watch values: the node's view, which its loop keeps up to date, and the miner's status,
+//! which the miner service publishes. This is the observe service: it reads what the others
+//! publish and changes nothing.
 
-use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
 
 use serde::Serialize;
 
-/// The parts of the status that the node loop writes and the HTTP handler reads.
+mod stats;
+pub(crate) use stats::{EpochStats, RunStats};
+
+/// The parts of the status that the node loop publishes and the HTTP handler reads.
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct NodeView {
     /// Addresses the node listens on, each ending in `/p2p/<peer id>`.
@@ -28,9 +33,9 @@ pub(crate) struct NodeView {
     pub(crate) stage_sizes: Vec<usize>,
     /// The miner's counters (defaults on a validator).
     #[serde(flatten)]
-    pub(crate) miner: crate::pipeline::MinerStatus,
+    pub(crate) miner: crate::handles::MinerStatus,
     /// What the run did, epoch by epoch, as heard over gossip.
-    pub(crate) epochs: Vec<crate::pipeline::EpochStats>,
+    pub(crate) epochs: Vec<EpochStats>,
 }
 
 /// JSON body of `GET /status`: identity and peer counts, then the node's view flattened in.
@@ -50,7 +55,9 @@ pub(crate) struct Status {
 pub(crate) struct StatusSource {
     pub(crate) client: p2p::Client,
     pub(crate) role: &'static str,
-    pub(crate) view: Arc<Mutex<NodeView>>,
+    pub(crate) view: watch::Receiver<NodeView>,
+    /// The miner's status, on a miner.
+    pub(crate) miner: Option<watch::Receiver<crate::handles::MinerStatus>>,
 }
 
 impl StatusSource {
@@ -65,10 +72,10 @@ impl StatusSource {
             .map(ToString::to_string)
             .collect();
         routing.sort();
-        let view = match self.view.lock() {
-            Ok(view) => view.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        };
+        let mut view = self.view.borrow().clone();
+        if let Some(miner) = &self.miner {
+            view.miner = miner.borrow().clone();
+        }
         Ok(Status {
             peer_id: self.client.local_peer_id().to_string(),
             role: self.role,

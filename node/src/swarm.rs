@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::cli::LocalSwarmArgs;
 use crate::launcher::{wait_for, NodeProcess, NodeSpec};
-use crate::pipeline::EpochStats;
+use crate::status::EpochStats;
 
 /// How long a node gets to print its addresses.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);

@@ -1,5 +1,5 @@
 //! The gossip topics of a run: their names, in one place, for every service that publishes
-//! or follows them. (The butterfly's per-stage topics are named by [`crate::merge::topic`].)
+//! or follows them.
 
 /// The topics of one run.
 #[derive(Debug, Clone)]
@@ -30,4 +30,9 @@ impl Topics {
             self.pipeline.clone(),
         ]
     }
+}
+
+/// The gossip topic of the butterfly merges of `stage` in the run named `run`.
+pub(crate) fn butterfly(run: &str, stage: u32) -> String {
+    format!("iota/{run}/butterfly/{stage}/1")
 }

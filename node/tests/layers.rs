@@ -1,6 +1,8 @@
 //! The node crate's modules depend on each other in one direction only: this reads every
 //! source file, collects the `crate::<module>` paths each top-level module uses (comments
-//! aside), and fails on any cycle, naming it.
+//! aside), and fails on any cycle, naming it; and it checks the layers `src/lib.rs`
+//! documents: a module uses only modules of lower layers, and services reach each other
+//! only through `handles`, never by importing one another.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
@@ -77,4 +79,77 @@ fn node_modules_have_no_import_cycle() {
             }
         }
     }
+}
+
+/// The layer of the services.
+const SERVICES: usize = 3;
+
+/// The layers of `src/lib.rs`, lowest first, and each module's group: modules of one
+/// service (the observe service's `status` and `http`) share a group.
+const LAYERS: &[(&str, usize, &str)] = &[
+    ("messages", 1, "messages"),
+    ("topics", 1, "topics"),
+    ("metrics", 1, "metrics"),
+    ("rpc", 1, "rpc"),
+    ("schedule", 1, "schedule"),
+    ("handles", 1, "handles"),
+    ("rules", 2, "rules"),
+    ("lifecycle", 2, "lifecycle"),
+    ("orchestration", 3, "consensus"),
+    ("pipeline", 3, "miner"),
+    ("merge", 3, "merge"),
+    ("validator", 3, "validator"),
+    ("status", 3, "observe"),
+    ("http", 3, "observe"),
+    ("router", 4, "router"),
+    ("node", 5, "node"),
+    ("cli", 5, "cli"),
+    ("identity", 5, "identity"),
+    ("launcher", 5, "launcher"),
+    ("swarm", 5, "swarm"),
+    ("fuzzing", 5, "fuzzing"),
+];
+
+#[test]
+fn modules_use_only_lower_layers_and_services_meet_through_handles() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut paths = Vec::new();
+    files(&src, &mut paths);
+    let layer = |m: &str| LAYERS.iter().find(|(name, _, _)| *name == m).copied();
+    let mut checked = 0;
+    let mut wrong = Vec::new();
+    for path in &paths {
+        let module = module_of(path.strip_prefix(&src).unwrap());
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let Some((_, level, group)) = layer(&module) else {
+            panic!("module `{module}` has no layer here: add it to LAYERS and to src/lib.rs");
+        };
+        for used in references(&std::fs::read_to_string(path).unwrap()) {
+            if used == module {
+                continue;
+            }
+            let Some((_, used_level, used_group)) = layer(&used) else {
+                panic!("`{module}` uses `{used}`, which has no layer here");
+            };
+            checked += 1;
+            // Upwards never; sideways only below and above the services, or inside one
+            // service's modules.
+            let sideways_between_services =
+                used_level == level && level == SERVICES && used_group != group;
+            if used_level > level || sideways_between_services {
+                wrong.push(format!(
+                    "{} ({module}, layer {level}) uses {used} (layer {used_level})",
+                    path.display()
+                ));
+            }
+        }
+    }
+    assert!(checked > 20, "read the modules' uses: {checked}");
+    assert!(
+        wrong.is_empty(),
+        "imports against the layers:\n{}",
+        wrong.join("\n")
+    );
 }

@@ -28,7 +28,7 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 use training::butterfly::{Gossip, Received, Request, Response, Server, Unavailable};
 
 use super::metrics::Metrics;
-use super::rpc;
+use crate::rpc;
 
 /// Servers kept registered, most recent epochs first.
 pub const KEPT_SERVERS: usize = 4;

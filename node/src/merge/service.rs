@@ -1,129 +1,25 @@
-//! The node's side of merging stage replicas: each epoch-closing merge goes to the butterfly
-//! all-reduce over the network ([`crate::merge`]), and validators audit those merges.
+//! The merge service: the node's side of merging stage replicas. A task behind a bounded
+//! inbox takes the miner's epoch-closing merges (run as butterfly all-reduces over the
+//! network, [`crate::merge`]), the validator's audits of those merges, the all-reduce's
+//! gossip and requests from the router, and who may read partitions.
 //!
 //! Every member of a stage derives the same plan ([`crate::merge::plan_for`] from the
 //! closing epoch's seed and members) and the same deadlines, from the wall-clock start the
 //! orchestrator wrote into the next epoch's plan (see [`merge_start`]).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use bootstrap::{EpochPlan, RunConfig};
 use p2p::PeerId;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
+use crate::handles::{
+    MergeAnswer, MergeGossip, MergeHandle, MergeMsg, MergeRequest, Readers, INBOX,
+};
 use crate::merge::{self, AuditParams, MergeParams, Router};
-
-/// Averages the replicas of a stage at an epoch boundary (the butterfly all-reduce over the
-/// network in the node; anything with the same contract in tests).
-pub(crate) trait StageMerger: Send + Sync + 'static {
-    /// Merges `weights` of this replica of `stage` with the other `members` (sorted peer ids,
-    /// this node included) for the merge that closes `epoch`; returns the merged weights.
-    fn merge(
-        &self,
-        request: MergeRequest,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<Vec<f32>>> + Send + '_>>;
-}
-
-/// What a [`StageMerger`] is asked to merge.
-#[derive(Debug, Clone)]
-pub(crate) struct MergeRequest {
-    /// Epoch the merge closes.
-    pub(crate) epoch: u64,
-    /// Stage merged.
-    pub(crate) stage: u32,
-    /// The epoch's seed (it draws the butterfly partners).
-    pub(crate) seed: u64,
-    /// The stage's replicas in the epoch's plan, sorted.
-    pub(crate) members: Vec<String>,
-    /// This replica's weights.
-    pub(crate) weights: Vec<f32>,
-    /// Samples this replica processed in the epoch (its weight in the average).
-    pub(crate) samples: u64,
-    /// Wall-clock start of the merge (the same on every member).
-    pub(crate) start: std::time::SystemTime,
-    /// Cap on every member's sample count: the most samples the epoch's plan can feed.
-    pub(crate) max_samples: u64,
-}
-
-/// Key of the merge start in [`EpochPlan::merge`].
-const START_KEY: &str = "merge_start_unix_ms";
-/// How long after a plan is published the merge that closes the previous epoch starts:
-/// enough for the plan to reach every member.
-pub(crate) const MERGE_DELAY: Duration = Duration::from_millis(1500);
-/// Shortest phase of a merge (commit, claims and collection take 1, 2 and 2 phases).
-const MIN_PHASE: Duration = Duration::from_secs(2);
-/// Bytes per second a phase is sized for, so large stages get longer phases.
-const PHASE_BYTES_PER_S: f64 = 40e6;
-
-/// The `merge` field of a plan that opens an epoch at `now`: when the merge closing the
-/// previous epoch starts.
-pub(crate) fn merge_field(now: SystemTime) -> serde_json::Value {
-    let start = now + MERGE_DELAY;
-    let ms = start
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    serde_json::json!({ START_KEY: ms })
-}
-
-/// When the merge closing the epoch before `plan` starts; `now + MERGE_DELAY` when the plan
-/// does not say.
-pub(crate) fn merge_start(plan: &EpochPlan) -> SystemTime {
-    plan.merge
-        .as_ref()
-        .and_then(|m| m.get(START_KEY))
-        .and_then(serde_json::Value::as_u64)
-        .and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms)))
-        .unwrap_or_else(|| SystemTime::now() + MERGE_DELAY)
-}
-
-/// How far from now a plan may place the merge it opens with: a plan takes well under a
-/// second to spread, and clocks agree within that; a start far off would stall the stage.
-const MAX_MERGE_START_SKEW: Duration = Duration::from_secs(60);
-
-/// Whether `plan`'s merge start (if it names one) lies within [`MAX_MERGE_START_SKEW`] of
-/// `now`.
-pub(crate) fn merge_start_is_plausible(plan: &EpochPlan, now: SystemTime) -> bool {
-    let Some(value) = plan.merge.as_ref() else {
-        return true;
-    };
-    let Some(ms) = value.get(START_KEY).and_then(serde_json::Value::as_u64) else {
-        return false;
-    };
-    let Some(start) = UNIX_EPOCH.checked_add(Duration::from_millis(ms)) else {
-        return false;
-    };
-    let gap = match start.duration_since(now) {
-        Ok(ahead) => ahead,
-        Err(behind) => behind.duration(),
-    };
-    gap <= MAX_MERGE_START_SKEW
-}
-
-/// The most samples a member's weight in the merge closing `plan`'s epoch may rest on: every
-/// sample the epoch's heads draw. A member's count is its own word, so it is capped at what
-/// the plan can feed: no member outweighs a whole epoch's work (a count of `u64::MAX` would
-/// otherwise replace the stage with its sender's weights).
-pub(crate) fn max_samples(plan: &EpochPlan) -> u64 {
-    let heads = plan.miners_of(0).count() as u64;
-    plan.epoch_samples.saturating_mul(heads.max(1))
-}
-
-/// How long a merge of `len` values takes at most once it starts: its five phases (commit,
-/// two of claims, two of collection), each sized for the vector's bytes.
-pub(crate) fn merge_budget(len: usize) -> Duration {
-    phase_for(len) * 5
-}
-
-/// One phase of a merge of `len` values.
-fn phase_for(len: usize) -> Duration {
-    let bytes = len.saturating_mul(4) as f64;
-    // An hour per phase is far beyond any stage this node can hold.
-    MIN_PHASE.max(Duration::from_secs_f64(
-        (bytes / PHASE_BYTES_PER_S).min(3600.0),
-    ))
-}
+use crate::schedule::{max_samples, merge_start, phase_for};
 
 /// Merges replicas, and audits merges, over the network.
 pub(crate) struct NetMerger {
@@ -134,29 +30,15 @@ pub(crate) struct NetMerger {
     readers: std::sync::Mutex<Readers>,
 }
 
-/// The peers a merge's partitions are served to: the members of that stage in the plans of
-/// recent epochs, and the validators (who audit merges).
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Readers {
-    /// (epoch, stage) → members.
-    pub(crate) members: std::collections::BTreeMap<(u64, u32), std::collections::BTreeSet<String>>,
-    /// Validators with a permit.
-    pub(crate) validators: std::collections::BTreeSet<String>,
-}
-
 impl NetMerger {
     /// Sets up merging for `run`, registering the all-reduce's metrics.
-    pub(crate) fn new(
-        client: p2p::Client,
-        run: &RunConfig,
-        registry: &mut Registry,
-    ) -> Arc<NetMerger> {
-        Arc::new(NetMerger {
+    pub(crate) fn new(client: p2p::Client, run: &RunConfig, registry: &mut Registry) -> NetMerger {
+        NetMerger {
             client,
             router: Router::new(&run.run_name, merge::Metrics::new(registry)),
             run: run.clone(),
             readers: std::sync::Mutex::new(Readers::default()),
-        })
+        }
     }
 
     /// Routes all-reduce gossip.
@@ -194,7 +76,7 @@ impl NetMerger {
         peer: PeerId,
         data: &[u8],
     ) -> Option<Result<Vec<u8>, &'static str>> {
-        if let Ok((merge::rpc::BUTTERFLY, payload)) = merge::rpc::split(data) {
+        if let Ok((crate::rpc::BUTTERFLY, payload)) = crate::rpc::split(data) {
             if let Ok(request) = merge::butterfly::Request::decode(payload) {
                 let (epoch, stage) = match &request {
                     merge::butterfly::Request::Input { epoch, stage, .. }
@@ -284,36 +166,80 @@ impl NetMerger {
         let phase = phase_for(len);
         merge::timing_at(start, phase, phase, (SystemTime::now(), Instant::now()))
     }
+
+    /// Merges this replica's weights with the stage's other replicas.
+    async fn merge(&self, request: MergeRequest) -> anyhow::Result<Vec<f32>> {
+        let members: Vec<PeerId> = request
+            .members
+            .iter()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if members.len() <= 1 {
+            return Ok(request.weights);
+        }
+        let len = request.weights.len();
+        let plan = Arc::new(merge::plan_for(request.seed, request.stage, &members, len)?);
+        let params = MergeParams {
+            stage: request.stage,
+            epoch: request.epoch,
+            plan,
+            timing: self.timing(request.start, len),
+            samples: request.samples,
+            max_concurrent_fetches: merge::DEFAULT_MAX_CONCURRENT_FETCHES,
+            max_samples: request.max_samples,
+        };
+        let outcome = merge::merge(&self.client, &self.router, params, request.weights).await?;
+        Ok(outcome.values)
+    }
 }
 
-impl StageMerger for NetMerger {
-    fn merge(
-        &self,
-        request: MergeRequest,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<Vec<f32>>> + Send + '_>>
-    {
-        Box::pin(async move {
-            let members: Vec<PeerId> = request
-                .members
-                .iter()
-                .filter_map(|p| p.parse().ok())
-                .collect();
-            if members.len() <= 1 {
-                return Ok(request.weights);
+/// Starts the merge service for `run`, registering the all-reduce's metrics; it runs until
+/// every handle is dropped. Gossip and reader updates are handled in turn; merges, audits
+/// and the answers to requests (copies of partitions) run as tasks of their own.
+pub(crate) fn spawn(
+    client: p2p::Client,
+    run: &RunConfig,
+    registry: &mut Registry,
+) -> (MergeHandle, tokio::task::JoinHandle<()>) {
+    let merger = Arc::new(NetMerger::new(client, run, registry));
+    let (tx, mut inbox) = tokio::sync::mpsc::channel(INBOX);
+    let task = tokio::spawn(async move {
+        while let Some(message) = inbox.recv().await {
+            match message {
+                MergeMsg::Gossip {
+                    author,
+                    topic,
+                    data,
+                    reply,
+                } => {
+                    let routed = match merger.on_gossip(author, &topic, &data) {
+                        merge::Routed::Delivered => MergeGossip::Delivered,
+                        merge::Routed::Refused(reason) => MergeGossip::Refused(reason),
+                        merge::Routed::NotButterfly => MergeGossip::NotButterfly,
+                    };
+                    let _ = reply.send(routed);
+                }
+                MergeMsg::Request { peer, data, reply } => {
+                    let merger = merger.clone();
+                    tokio::spawn(async move {
+                        let answer = match merger.on_request(peer, &data) {
+                            Some(Ok(bytes)) => MergeAnswer::Reply(bytes),
+                            Some(Err(reason)) => MergeAnswer::Refused(reason),
+                            None => MergeAnswer::NotMine,
+                        };
+                        let _ = reply.send(answer);
+                    });
+                }
+                MergeMsg::Readers(readers) => merger.set_readers(readers),
+                MergeMsg::Merge { request, reply } => {
+                    let merger = merger.clone();
+                    tokio::spawn(async move {
+                        let _ = reply.send(merger.merge(*request).await);
+                    });
+                }
+                MergeMsg::Audit { closed, next } => merger.audit(&closed, &next),
             }
-            let len = request.weights.len();
-            let plan = Arc::new(merge::plan_for(request.seed, request.stage, &members, len)?);
-            let params = MergeParams {
-                stage: request.stage,
-                epoch: request.epoch,
-                plan,
-                timing: self.timing(request.start, len),
-                samples: request.samples,
-                max_concurrent_fetches: merge::DEFAULT_MAX_CONCURRENT_FETCHES,
-                max_samples: request.max_samples,
-            };
-            let outcome = merge::merge(&self.client, &self.router, params, request.weights).await?;
-            Ok(outcome.values)
-        })
-    }
+        }
+    });
+    (MergeHandle { tx }, task)
 }

@@ -12,6 +12,7 @@ use training::butterfly::{
 };
 
 use super::*;
+use crate::rpc;
 
 const RUN: &str = "r1";
 

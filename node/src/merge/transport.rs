@@ -16,7 +16,7 @@ use training::butterfly::{Gossip, Received, Request, Response, Transport, Transp
 
 use super::metrics::Metrics;
 use super::router::{Feed, FeedError, Router};
-use super::rpc;
+use crate::rpc;
 
 /// Longest time a publish keeps retrying while no peer subscribed to the topic is known
 /// (the mesh of a topic just joined forms within a gossipsub heartbeat or two).

@@ -144,7 +144,7 @@ pub(crate) async fn send_forward(
             }
         };
         shared.metrics.wire_received("gradient", reply.len());
-        if reply.first() == Some(&crate::merge::rpc::ERROR) {
+        if reply.first() == Some(&crate::rpc::ERROR) {
             // Refused by the peer's router (not in its plan yet, busy): another replica.
             last = format!("{peer}: refused (code {:?})", reply.get(1));
             continue;
@@ -331,7 +331,7 @@ pub(crate) async fn send_eval(
         };
         match tokio::time::timeout(HOP_TIMEOUT, shared.client.request(peer_id, body.clone())).await
         {
-            Ok(Ok(reply)) if reply.first() == Some(&crate::merge::rpc::ERROR) => {
+            Ok(Ok(reply)) if reply.first() == Some(&crate::rpc::ERROR) => {
                 last = format!("{peer}: refused (code {:?})", reply.get(1));
             }
             Ok(Ok(reply)) => match messages::decode::<EvalReply>(Service::Eval, &reply) {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bootstrap::RunConfig;
 
 use crate::launcher::NodeProcess;
-use crate::pipeline::EpochStats;
+use crate::status::EpochStats;
 
 /// One line per finished epoch.
 pub(crate) fn progress_line(row: &EpochStats, val_after: f32) -> String {
