@@ -22,7 +22,8 @@ use iota_p2p::merge::butterfly::{
     weighted_average, AuditReport, Contribution, Evidence, Hash, MergeOutcome, MisbehaviourKind,
     Plan, Request, Response, Timing, Transport,
 };
-use iota_p2p::merge::{self, rpc, AuditParams, Direction, MergeParams, P2pTransport};
+use iota_p2p::merge::{self, AuditParams, Direction, MergeParams, P2pTransport};
+use iota_p2p::rpc;
 use iota_tests::wait_for;
 use p2p::PeerId;
 use tokio::task::JoinHandle;

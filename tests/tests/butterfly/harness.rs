@@ -8,7 +8,8 @@ use std::time::Duration;
 use iota_p2p::merge::butterfly::{
     Gossip, Hash, Received, Request, Response, Transport, TransportError,
 };
-use iota_p2p::merge::{self, rpc, P2pTransport, Router};
+use iota_p2p::merge::{self, P2pTransport, Router};
+use iota_p2p::rpc;
 use iota_tests::wait_for;
 use p2p::{
     identity::Keypair, multiaddr::Protocol, Client, Config, Event, Multiaddr, PeerId, Verdict,
