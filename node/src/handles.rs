@@ -330,6 +330,8 @@ pub(crate) enum MergeGossip {
     Delivered,
     /// Butterfly gossip refused, with the metric label.
     Refused(&'static str),
+    /// Butterfly gossip of a merge this node cannot judge: neither delivered nor relayed.
+    Ignored(&'static str),
     /// Not butterfly gossip.
     NotButterfly,
 }

@@ -415,6 +415,7 @@ impl Router {
         Ok(match self.merge.gossip(author, topic, data).await? {
             MergeGossip::Delivered => Verdict::Accept,
             MergeGossip::Refused(reason) => Verdict::Reject(reason),
+            MergeGossip::Ignored(reason) => Verdict::Ignore(reason),
             MergeGossip::NotButterfly => {
                 tracing::debug!(%topic, "gossip on a topic this node does not follow");
                 Verdict::Ignore("unknown_topic")

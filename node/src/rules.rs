@@ -37,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use bootstrap::{EpochPlan, PeerIdStr, RunConfig};
 use training::wire::{self, DecodeLimits, FrameKind};
 
+use crate::handles::Readers;
 use crate::messages::{ForwardHeader, LossRecord, PipelineGossip};
 
 /// Plans kept for checking messages of recent epochs.
@@ -456,6 +457,26 @@ pub(crate) fn check_weights(book: &PlanBook, sender: &str, stage: u32) -> Result
         Ok(())
     } else {
         Err(Refusal::NotAReplica)
+    }
+}
+
+/// Checks that `author` may speak in the butterfly merge of `stage` closing `epoch`: a
+/// member of that stage in the epoch's plan (commitments, slice hashes, reports) or a
+/// validator (audit reports). A merge this node holds no plan for is not judged: its
+/// gossip is ignored, neither delivered nor relayed.
+pub(crate) fn check_butterfly_author(
+    readers: &Readers,
+    author: &str,
+    epoch: u64,
+    stage: u32,
+) -> Verdict {
+    if readers.validators.contains(author) {
+        return Verdict::Accept;
+    }
+    match readers.members.get(&(epoch, stage)) {
+        Some(members) if members.contains(author) => Verdict::Accept,
+        Some(_) => Verdict::Reject("butterfly_not_member"),
+        None => Verdict::Ignore("butterfly_unknown_merge"),
     }
 }
 

@@ -16,6 +16,7 @@ use bootstrap::RunConfig;
 use iota_tests::{keygen, run_files, scratch_dir, start_node, wait_for, NodeProcess};
 use p2p::{identity::Keypair, Client, Config, Multiaddr, PeerId};
 use tokio::task::JoinHandle;
+use training::butterfly::{Commitment, Gossip, Hash};
 
 const POLL: Duration = Duration::from_millis(500);
 /// The epoch timeout of the test run: epochs must advance well before it.
@@ -334,6 +335,14 @@ async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
     let stage1_peer: PeerId = ids[&stage1.name].parse().unwrap();
     let metrics_before = validator.metrics().await.unwrap();
     let miner_metrics_before = stage1.metrics().await.unwrap();
+    let all_miners: Vec<&NodeProcess> = miners.iter().collect();
+    let butterfly_label = "reason=\"butterfly_not_member\"";
+    let butterfly_before = metric_sum(
+        &all_miners,
+        "iota_gossip_rejected_total",
+        &[butterfly_label],
+    )
+    .await;
 
     // Gossip attacks, each a few times (gossip may race the mesh).
     for round in 0..3u64 {
@@ -366,6 +375,22 @@ async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
                 &run.run_name,
                 "pipeline",
                 serde_json::json!({"HeadDone": {"epoch": e, "samples": 1, "dropped": u64::MAX}}),
+            )
+            .await;
+        // A commitment to the merge of stage 0 that closes this epoch, by a non-member:
+        // it would enter the merge's pending buffer and be relayed to the stage.
+        let commitment = Gossip::Commitment(Commitment {
+            epoch: e,
+            stage: 0,
+            member: me.clone(),
+            samples: 1,
+            partition_hashes: vec![Hash([0; 32]); 2],
+        });
+        let _ = stranger
+            .client
+            .publish(
+                &format!("iota/{}/butterfly/0/1", run.run_name),
+                commitment.encode(),
             )
             .await;
         for future in 2..40u64 {
@@ -519,6 +544,15 @@ async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
         if after <= before {
             failures.push(format!("validator counted no gossip rejected as {reason}"));
         }
+    }
+    let butterfly_after = metric_sum(
+        &all_miners,
+        "iota_gossip_rejected_total",
+        &[butterfly_label],
+    )
+    .await;
+    if butterfly_after <= butterfly_before {
+        failures.push("no miner refused the stranger's butterfly commitment".into());
     }
     let miner_metrics_after = stage1.metrics().await.unwrap_or_default();
     for reason in ["not_previous_hop", "not_previous_stage", "not_a_replica"] {

@@ -19,6 +19,7 @@ use crate::handles::{
     MergeAnswer, MergeGossip, MergeHandle, MergeMsg, MergeRequest, Readers, INBOX,
 };
 use crate::merge::{self, AuditParams, MergeParams, Router};
+use crate::rules::Verdict;
 use crate::schedule::{max_samples, merge_start, phase_for};
 
 /// Merges replicas, and audits merges, over the network.
@@ -41,9 +42,27 @@ impl NetMerger {
         }
     }
 
-    /// Routes all-reduce gossip.
-    pub(crate) fn on_gossip(&self, author: PeerId, topic: &str, data: &[u8]) -> merge::Routed {
-        self.router.route_gossip(&author, topic, data)
+    /// Routes all-reduce gossip: from a member of that merge or a validator only (see
+    /// [`crate::rules::check_butterfly_author`]); the rest is the all-reduce's own checks.
+    pub(crate) fn on_gossip(&self, author: PeerId, topic: &str, data: &[u8]) -> MergeGossip {
+        if let Ok(message) = merge::butterfly::Gossip::decode(data) {
+            let (epoch, stage) = message.merge();
+            let readers = self
+                .readers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match crate::rules::check_butterfly_author(&readers, &author.to_string(), epoch, stage)
+            {
+                Verdict::Accept => {}
+                Verdict::Reject(reason) => return MergeGossip::Refused(reason),
+                Verdict::Ignore(reason) => return MergeGossip::Ignored(reason),
+            }
+        }
+        match self.router.route_gossip(&author, topic, data) {
+            merge::Routed::Delivered => MergeGossip::Delivered,
+            merge::Routed::Refused(reason) => MergeGossip::Refused(reason),
+            merge::Routed::NotButterfly => MergeGossip::NotButterfly,
+        }
     }
 
     /// Sets who may fetch partitions.
@@ -212,12 +231,7 @@ pub(crate) fn spawn(
                     data,
                     reply,
                 } => {
-                    let routed = match merger.on_gossip(author, &topic, &data) {
-                        merge::Routed::Delivered => MergeGossip::Delivered,
-                        merge::Routed::Refused(reason) => MergeGossip::Refused(reason),
-                        merge::Routed::NotButterfly => MergeGossip::NotButterfly,
-                    };
-                    let _ = reply.send(routed);
+                    let _ = reply.send(merger.on_gossip(author, &topic, &data));
                 }
                 MergeMsg::Request { peer, data, reply } => {
                     let merger = merger.clone();

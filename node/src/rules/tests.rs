@@ -477,3 +477,45 @@ fn replayed_or_stale_heartbeats_are_refused_and_restarts_are_heard() {
     gate.prune(later + 3 * MAX_HEARTBEAT_SKEW_MS);
     assert_eq!(gate.len(), 0, "silent senders are forgotten");
 }
+
+#[test]
+fn butterfly_gossip_comes_from_that_merges_members_or_validators() {
+    let (book, peers) = book(&[4]);
+    let plan = book.get(4).unwrap();
+    let members: BTreeSet<String> = on(plan, 1).into_iter().collect();
+    let outsider = peer(200).to_string();
+    let validator = peer(201).to_string();
+    let readers = Readers {
+        members: [((4, 1), members.clone())].into_iter().collect(),
+        validators: [validator.clone()].into_iter().collect(),
+    };
+    let member = members.iter().next().unwrap();
+    assert_eq!(
+        check_butterfly_author(&readers, member, 4, 1),
+        Verdict::Accept
+    );
+    assert_eq!(
+        check_butterfly_author(&readers, &validator, 4, 1),
+        Verdict::Accept
+    );
+    assert_eq!(
+        check_butterfly_author(&readers, &outsider, 4, 1),
+        Verdict::Reject("butterfly_not_member")
+    );
+    // A member of stage 1 is not a member of stage 0's merge.
+    let on_stage0: BTreeSet<String> = on(plan, 0).into_iter().collect();
+    let readers0 = Readers {
+        members: [((4, 0), on_stage0)].into_iter().collect(),
+        ..Readers::default()
+    };
+    assert_eq!(
+        check_butterfly_author(&readers0, member, 4, 0),
+        Verdict::Reject("butterfly_not_member")
+    );
+    // No plan for that merge: not judged, not delivered.
+    assert_eq!(
+        check_butterfly_author(&readers, member, 9, 1),
+        Verdict::Ignore("butterfly_unknown_merge")
+    );
+    assert!(peers.len() > 2);
+}
