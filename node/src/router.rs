@@ -32,7 +32,8 @@ use crate::topics::Topics;
 /// Gossip of the next epoch kept until its plan arrives (then checked again).
 const MAX_PENDING: usize = 256;
 
-/// Plans kept while their author is not yet known as the orchestrator.
+/// Plans of permitted validators kept while their author is not the orchestrator this node
+/// knows (it just started, or the election is changing hands).
 const MAX_PENDING_PLANS: usize = 4;
 
 /// How long such a plan is kept: a few heartbeats.
@@ -255,7 +256,27 @@ impl Router {
 
     async fn on_plan(&mut self, author: PeerIdStr, data: Vec<u8>) -> Result<Verdict, ServiceGone> {
         let outcome = self.consensus.plan(author.clone(), data.clone()).await?;
-        let verdict = match outcome {
+        let verdict = self.judge_plan(outcome, &author).await?;
+        if verdict == Verdict::Ignore("not_orchestrator") {
+            // A permitted validator's plan: this node may not have heard its heartbeats yet
+            // (it just started), or the election is changing hands and this node's tick has
+            // not yet seen the old orchestrator fall silent. Keep the plan and check it again
+            // on the next ticks instead of losing the epoch to its timeout.
+            if self.pending_plans.len() >= MAX_PENDING_PLANS {
+                self.pending_plans.pop_front();
+            }
+            self.pending_plans.push_back((author, data, Instant::now()));
+        }
+        Ok(verdict)
+    }
+
+    /// The verdict on a plan consensus judged; adopts it when accepted.
+    async fn judge_plan(
+        &mut self,
+        outcome: PlanOutcome,
+        author: &PeerIdStr,
+    ) -> Result<Verdict, ServiceGone> {
+        Ok(match outcome {
             PlanOutcome::Accepted => {
                 let view = self.consensus.view();
                 tracing::info!(epoch = ?view.epoch(), stage = ?view.stage, "epoch plan accepted");
@@ -268,46 +289,35 @@ impl Router {
                 Verdict::Ignore(reason)
             }
             PlanOutcome::Rejected(reason @ "not_orchestrator") => {
-                let view = self.consensus.view();
-                if !view.validators.contains(author.as_str()) {
-                    return Ok(Verdict::Reject(reason));
+                if self.consensus.view().validators.contains(author.as_str()) {
+                    Verdict::Ignore(reason)
+                } else {
+                    Verdict::Reject(reason)
                 }
-                // A permitted validator's plan: this node may not have heard its heartbeats
-                // yet (it just started), or an election is changing hands. Keep the plan
-                // and check it again on the next ticks instead of losing the epoch.
-                if view.orchestrator.is_none() {
-                    if self.pending_plans.len() >= MAX_PENDING_PLANS {
-                        self.pending_plans.pop_front();
-                    }
-                    self.pending_plans.push_back((author, data, Instant::now()));
-                }
-                Verdict::Ignore(reason)
             }
             PlanOutcome::Rejected(reason) => Verdict::Reject(reason),
-        };
-        Ok(verdict)
+        })
     }
 
-    /// Checks again the plans kept because their author was not yet known as the
-    /// orchestrator; drops those older than [`PENDING_PLAN_PATIENCE`].
+    /// Checks again the plans kept because their author was not the orchestrator this node
+    /// knew; keeps those still waiting for the election, for at most
+    /// [`PENDING_PLAN_PATIENCE`].
     pub(crate) async fn retry_pending_plans(&mut self) -> Result<(), ServiceGone> {
-        if self.pending_plans.is_empty() || self.consensus.view().orchestrator.is_none() {
-            self.pending_plans
-                .retain(|(_, _, at)| at.elapsed() < PENDING_PLAN_PATIENCE);
-            return Ok(());
-        }
+        self.pending_plans
+            .retain(|(_, _, at)| at.elapsed() < PENDING_PLAN_PATIENCE);
         let waiting: Vec<(PeerIdStr, Vec<u8>, Instant)> = self.pending_plans.drain(..).collect();
         for (author, data, at) in waiting {
-            if at.elapsed() >= PENDING_PLAN_PATIENCE {
-                continue;
-            }
-            let verdict = self.on_plan(author.clone(), data).await?;
-            if let Some(reason) = verdict.reason() {
-                tracing::debug!(%author, reason, "kept plan checked again and dropped");
+            let outcome = self.consensus.plan(author.clone(), data.clone()).await?;
+            match self.judge_plan(outcome, &author).await? {
+                Verdict::Ignore("not_orchestrator") => {
+                    self.pending_plans.push_back((author, data, at));
+                }
+                Verdict::Accept => {}
+                verdict => {
+                    tracing::debug!(%author, reason = ?verdict.reason(), "kept plan checked again and dropped");
+                }
             }
         }
-        // A plan checked again is either adopted or dropped now: nothing goes back.
-        self.pending_plans.clear();
         Ok(())
     }
 
