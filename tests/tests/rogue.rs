@@ -697,6 +697,11 @@ async fn plan_members_that_misbehave_are_refused_and_named() {
     if named == 0.0 {
         failures.push("no honest miner named the NaN weights".into());
     }
+    // The inflated sample count weighed only the plan's maximum, and was counted.
+    let capped = metric_sum(&honest, "iota_butterfly_weights_capped_total", &[]).await;
+    if capped == 0.0 {
+        failures.push("no honest miner counted the inflated merge weight as capped".into());
+    }
     // Every merge left the honest replicas of a stage with the same weights, and the
     // held-out loss fell: neither the NaN weights nor the inflated weight took the stage.
     let rows = epochs(&validator).await;

@@ -59,6 +59,9 @@ pub struct Metrics {
     /// `iota_butterfly_mismatches_total`: failed hash checks, added from each merge's report
     /// when the merge ends.
     mismatches: Counter,
+    /// `iota_butterfly_weights_capped_total`: members whose merge weight (their claimed
+    /// samples) was cut to the most the epoch's plan can feed, counted when the merge ends.
+    weights_capped: Counter,
     /// `iota_misbehaviour_reports_total{direction,kind}`: misbehaviour reports this node
     /// published (counted when its merge or audit ends) or received over gossip (counted on
     /// arrival).
@@ -84,6 +87,11 @@ impl Metrics {
             "iota_butterfly_mismatches",
             "Butterfly hash checks that failed (inputs, averages, disagreeing holders)",
             m.mismatches.clone(),
+        );
+        registry.register(
+            "iota_butterfly_weights_capped",
+            "Butterfly merge members whose claimed samples were cut to the plan's maximum",
+            m.weights_capped.clone(),
         );
         registry.register(
             "iota_misbehaviour_reports",
@@ -122,6 +130,8 @@ impl Metrics {
     /// Adds what a finished merge found: its mismatches and the reports it published.
     pub fn record_merge(&self, report: &MergeReport) {
         self.mismatches.inc_by(report.mismatches);
+        self.weights_capped
+            .inc_by(report.weights_capped.len() as u64);
         for m in &report.misbehaviour {
             self.report(Direction::Published, m.kind);
         }

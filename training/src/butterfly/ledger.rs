@@ -79,6 +79,8 @@ pub(crate) struct Ledger {
     commitments: Vec<Option<Entry>>,
     /// Cap on a commitment's sample count (its member's weight in the average).
     max_samples: u64,
+    /// Members whose commitment claimed more samples than the cap.
+    capped: BTreeSet<usize>,
     equivocators: BTreeSet<usize>,
     /// Per partition, the latest claim of each holder (slot i is `plan.holders(p)[i]`).
     slices: Vec<[Option<SliceHash>; 2]>,
@@ -95,6 +97,7 @@ impl Ledger {
             reporter,
             commitments: (0..n).map(|_| None).collect(),
             max_samples: u64::MAX,
+            capped: BTreeSet::new(),
             equivocators: BTreeSet::new(),
             slices: vec![[None, None]; partitions],
         }
@@ -105,6 +108,14 @@ impl Ledger {
     pub(crate) fn with_max_samples(mut self, max_samples: u64) -> Self {
         self.max_samples = max_samples;
         self
+    }
+
+    /// Members whose commitment claimed more samples than the cap (they weigh the cap).
+    pub(crate) fn capped(&self) -> Vec<MemberId> {
+        self.capped
+            .iter()
+            .map(|&m| self.plan.member(m).to_string())
+            .collect()
     }
 
     /// Records `message` signed by `from`; `on_time` says whether the commit deadline has
@@ -132,7 +143,10 @@ impl Ledger {
         }
         let encoded = Hash::of_bytes(&Gossip::Commitment(c.clone()).encode());
         let mut c = c;
-        c.samples = c.samples.min(self.max_samples);
+        if c.samples > self.max_samples {
+            self.capped.insert(index);
+            c.samples = self.max_samples;
+        }
         match &self.commitments[index] {
             None => {
                 self.commitments[index] = Some(Entry {

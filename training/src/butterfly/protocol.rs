@@ -128,6 +128,10 @@ pub struct MergeReport {
     /// Gossip messages for this merge that did not fit it (wrong signer, not in the plan,
     /// malformed lists).
     pub invalid_messages: u64,
+    /// Members whose commitment claimed more samples than the merge's cap
+    /// (`MergeConfig::max_samples`): they weigh the cap, not their claim.
+    /// (`iota_butterfly_weights_capped_total`)
+    pub weights_capped: Vec<MemberId>,
     /// blake3 of the merged vector's little-endian bytes.
     pub result_hash: Hash,
 }

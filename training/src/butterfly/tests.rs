@@ -403,6 +403,15 @@ async fn a_member_claiming_every_sample_weighs_no_more_than_the_cap() {
         bits(&[uncapped_weight]),
         "the greedy member's values did not replace the stage"
     );
+    // Every member names the greedy one as capped, and only it.
+    let greedy_id = swarm.plan.member(greedy).to_string();
+    for &i in &everyone {
+        assert_eq!(
+            outcome(&outcomes, i).report.weights_capped,
+            vec![greedy_id.clone()],
+            "member {i}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -160,6 +160,7 @@ impl<T: Transport> Runner<T> {
                 .map(|&m| plan.member(m).to_string())
                 .collect(),
             invalid_messages: self.invalid_messages,
+            weights_capped: self.ledger.capped(),
             result_hash: Hash::of_values(&values),
         };
         tracing::info!(
