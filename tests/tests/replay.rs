@@ -16,6 +16,10 @@
 //!   heartbeat gate, which refuses them as `replayed_heartbeat` (older than validator-a's last
 //!   real heartbeat) or `stale_heartbeat` (sent more than the allowed skew ago).
 //!
+//! Right after the kill, validator-a's key also publishes a plan for epoch `u64::MAX` (as a
+//! malicious orchestrator would on its way out): the honest nodes refuse it as
+//! `plan_epoch_jump`, so validator-b can go on numbering epochs.
+//!
 //! Either way validator-b takes over within a few heartbeat timeouts, while the replay is
 //! still going on, epochs keep advancing under it, the refusals are counted in
 //! `iota_gossip_rejected_total{reason}` on the honest nodes, and no honest node goes down.
@@ -320,7 +324,46 @@ async fn a_replayed_heartbeat_does_not_keep_a_dead_orchestrator_elected() {
     // Kill validator-a as a crash would, and replay its recorded heartbeats at once.
     validator_a.kill().await.unwrap();
     let killed = Instant::now();
-    let impersonator = Replayer::spawn(key_a, &honest_addrs, &run);
+    let impersonator = Replayer::spawn(key_a.clone(), &honest_addrs, &run);
+
+    // validator-a's last act, as a malicious orchestrator leaving: a plan for epoch
+    // u64::MAX, correct in every other way (the run's seed for that epoch, the same miners,
+    // a merge start of now), published before the others have seen it fall silent. Were it
+    // accepted, no successor could ever plan a next epoch.
+    impersonator
+        .wait_connected(
+            "validator-a's key reconnects to every honest node",
+            &honest_ids,
+            Duration::from_secs(3),
+        )
+        .await;
+    let last_plan = bootstrap::EpochPlan::from_json(
+        &std::fs::read(dir.join("validator-a").join("last-plan.json")).unwrap(),
+    )
+    .unwrap();
+    let miners_in_plan: std::collections::BTreeSet<bootstrap::PeerIdStr> =
+        last_plan.assignment.keys().cloned().collect();
+    let jump_before = rejected(&honest, &["plan_epoch_jump"]).await;
+    let plan_topic = format!("iota/{}/plan/1", run.run_name);
+    for attempt in 0..3u64 {
+        let mut forged = bootstrap::next_plan(
+            &run,
+            &bootstrap::PeerIdStr::parse(&id_a).unwrap(),
+            Some(&last_plan),
+            Some(u64::MAX - 1),
+            &miners_in_plan,
+        )
+        .unwrap();
+        assert_eq!(forged.epoch, u64::MAX);
+        forged.merge =
+            Some(serde_json::json!({ "merge_start_unix_ms": now_ms() + 1500 + attempt }));
+        let envelope = Envelope::seal(&key_a, &plan_topic, forged.to_json().unwrap()).unwrap();
+        let _ = impersonator
+            .client
+            .publish_raw(&plan_topic, envelope.encode())
+            .await;
+    }
+    let forged_at = killed.elapsed();
     let replay_topic = topic.clone();
     let replay = tokio::spawn(async move {
         let (mut by_stranger, mut by_impersonator) = (0usize, 0usize);
@@ -428,6 +471,15 @@ async fn a_replayed_heartbeat_does_not_keep_a_dead_orchestrator_elected() {
     assert!(
         replay_took > run.heartbeat_timeout(),
         "the replay outlasted the heartbeat timeout"
+    );
+    let jumps = rejected(&honest, &["plan_epoch_jump"]).await - jump_before;
+    println!(
+        "replay: the plan for epoch u64::MAX went out {forged_at:?} after the kill; refused as \
+         plan_epoch_jump {jumps} time(s)"
+    );
+    assert!(
+        jumps > 0.0,
+        "the honest nodes refused validator-a's plan for epoch u64::MAX as plan_epoch_jump"
     );
     assert!(
         mismatch > 0.0,
