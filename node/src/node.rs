@@ -26,7 +26,7 @@ use crate::schedule::unix_ms;
 use crate::status::{NodeView, StatusSource};
 
 /// Samples each head keeps in flight.
-const HEAD_WINDOW: usize = 1;
+const HEAD_WINDOW: usize = 2;
 
 /// How long a stopping node waits for its compute thread.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
