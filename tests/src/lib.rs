@@ -72,6 +72,15 @@ pub async fn start_node(dir: &Path, name: &str, extra: &[&str]) -> anyhow::Resul
     NodeProcess::spawn(binary(), spec, READY_TIMEOUT).await
 }
 
+/// Sum of the samples of metric `name` in Prometheus text whose line contains every one of
+/// `labels` (e.g. `reason="not_orchestrator"`); 0 when there is none.
+pub fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// The strings of a JSON array field of a status.
 pub fn strings(status: &serde_json::Value, field: &str) -> Vec<String> {
     status

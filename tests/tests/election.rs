@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bootstrap::{LocalNeuron, Metagraph, PeerIdStr, RunConfig, RAO_PER_TAO};
-use iota_tests::{keygen, scratch_dir, start_node, wait_for, NodeProcess};
+use iota_tests::{keygen, metric, scratch_dir, start_node, wait_for, NodeProcess};
 
 const POLL: Duration = Duration::from_millis(250);
 
@@ -165,7 +165,11 @@ async fn stake_elects_the_orchestrator_and_failover_keeps_epochs_moving() {
             "no forged epoch accepted"
         );
         let metrics = node.metrics().await.unwrap();
-        rejected_forgeries += labelled(&metrics, "iota_gossip_rejected_total", "not_orchestrator");
+        rejected_forgeries += metric(
+            &metrics,
+            "iota_gossip_rejected_total",
+            &["reason=\"not_orchestrator\""],
+        );
     }
     assert!(
         rejected_forgeries > 0.0,
@@ -262,12 +266,4 @@ async fn stake_elects_the_orchestrator_and_failover_keeps_epochs_moving() {
         assert!(status.success(), "{name}: {status}");
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The value of `name{reason="<reason>"}` in Prometheus text, 0 when absent.
-fn labelled(text: &str, name: &str, reason: &str) -> f64 {
-    let prefix = format!("{name}{{reason=\"{reason}\"}}");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&prefix).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0.0)
 }

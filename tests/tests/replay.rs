@@ -29,7 +29,9 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bootstrap::RunConfig;
-use iota_tests::{keygen, run_files, scratch_dir, start_node, strings, wait_for, NodeProcess};
+use iota_tests::{
+    keygen, metric, run_files, scratch_dir, start_node, strings, wait_for, NodeProcess,
+};
 use p2p::{identity::Keypair, Client, Config, Envelope, Heartbeat, Multiaddr, PeerId, Role};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -127,14 +129,6 @@ impl Replayer {
         let _ = self.event_loop.await;
         self.pump.abort();
     }
-}
-
-/// Sum of a metric's samples whose line contains every one of `labels`.
-fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// `iota_gossip_rejected_total{reason}` summed over `nodes`, for each of `reasons`.

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bootstrap::RunConfig;
-use iota_tests::{keygen, run_files, scratch_dir, start_node, wait_for, NodeProcess};
+use iota_tests::{keygen, metric, run_files, scratch_dir, start_node, wait_for, NodeProcess};
 use p2p::{identity::Keypair, Client, Config, Multiaddr, PeerId};
 use tokio::task::JoinHandle;
 use training::butterfly::{Commitment, Gossip, Hash};
@@ -136,14 +136,6 @@ fn heartbeat(peer: &str, run: &RunConfig, counter: u64) -> serde_json::Value {
         "epoch": null,
         "stage": null,
     })
-}
-
-/// Sum of a metric's samples whose line contains every one of `labels`.
-fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// Resident memory of a process, in bytes.
