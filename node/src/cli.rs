@@ -100,7 +100,8 @@ pub(crate) struct NodeArgs {
     pub(crate) heartbeat_secs: f64,
 }
 
-/// Faults a node can be told to commit, for tests of the others' defences.
+/// Faults a node can be told to commit, for tests of the others' defences (and of its own
+/// failure handling).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Fault {
     /// Publish an epoch plan every heartbeat, naming itself orchestrator.
@@ -112,6 +113,9 @@ pub(crate) enum Fault {
     InflateSamples,
     /// Commit and serve NaN weights in the merge.
     NanMerge,
+    /// The stage's compute thread panics once the first epoch trains (as a failed allocation
+    /// would end it): the node must exit with a clear error, not linger as a miner.
+    ComputeDies,
 }
 
 /// Options of `keygen`.

@@ -147,6 +147,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                         huge_frames: args.fault.contains(&Fault::HugeFrames),
                         inflate_samples: args.fault.contains(&Fault::InflateSamples),
                         nan_merge: args.fault.contains(&Fault::NanMerge),
+                        compute_dies: args.fault.contains(&Fault::ComputeDies),
                     },
                 },
                 pipeline_metrics.clone(),

@@ -40,6 +40,7 @@ use crate::messages::{
     WeightsReply, WeightsRequest,
 };
 use crate::metrics::PipelineMetrics;
+use crate::rules::run_id;
 pub(crate) use service::spawn;
 
 /// How long one hop (and everything after it) may take before the sender gives up.
@@ -75,6 +76,8 @@ pub(crate) struct MinerFaults {
     pub(crate) inflate_samples: bool,
     /// NaN weights committed and served in the merge.
     pub(crate) nan_merge: bool,
+    /// The compute thread crashes once the first epoch trains.
+    pub(crate) compute_dies: bool,
 }
 
 /// A frame like `frame` (same run, sample, stage and kind) but of `windows` windows of
@@ -332,8 +335,6 @@ impl Miner {
     }
 }
 
-pub(crate) use crate::rules::run_id;
-
 /// Locks a std mutex, recovering the data of a poisoned one.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -389,6 +390,9 @@ async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()
     }
     tracing::info!(epoch = plan.epoch, stage, "training epoch");
     let _ = shared.advance(|life, now| life.training(now, plan.epoch));
+    if shared.cfg.faults.compute_dies {
+        worker.crash().await;
+    }
     if stage == 0 {
         let epoch = plan.epoch;
         head::run_epoch(shared.clone(), plan, worker).await;

@@ -172,6 +172,7 @@ enum Command {
     ExportState(Reply<StageState>),
     ImportState(Box<StageState>, Reply<()>),
     Status(Reply<WorkerStatus>),
+    Crash,
 }
 
 /// Cloneable async front of a stage's compute thread.
@@ -244,6 +245,14 @@ impl StageHandle {
     /// Number of scalar parameters of the stage.
     pub fn num_params(&self) -> usize {
         self.num_params
+    }
+
+    /// Fault injection for the node's failure handling: the compute thread panics, as one
+    /// that a failed allocation or a libtorch error raised as a panic would end. Every
+    /// later call fails with [`WorkerError::Stopped`].
+    #[doc(hidden)]
+    pub async fn crash(&self) {
+        let _ = self.urgent.send(Command::Crash).await;
     }
 
     async fn call<T>(
@@ -420,6 +429,7 @@ impl Worker {
                 let _ = r.send(Ok(self.stage.drop_sample(id)));
             }
             Command::Step(lr, r) => self.step(lr, r),
+            Command::Crash => panic!("compute thread told to crash (fault injection)"),
             Command::Eval(input, targets, r) => {
                 let _ = r.send(self.eval(input, targets));
             }
