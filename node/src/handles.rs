@@ -447,6 +447,40 @@ impl MergeHandle {
 // ---------------------------------------------------------------------------------------
 // Validator: checks the miners' work.
 
+/// One miner's line in a validator's weights of an epoch.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct MinerWeight {
+    /// The miner's uid in the metagraph.
+    pub(crate) uid: u16,
+    /// Its peer id.
+    pub(crate) peer_id: String,
+    /// The stage it served in the epoch.
+    pub(crate) stage: u32,
+    /// Samples it served to completion (authenticated loss records naming it).
+    pub(crate) samples: u64,
+    /// Its CLASP effect on the loss (nats; positive is harm), when the fit ran.
+    pub(crate) effect: Option<f64>,
+    /// The effect's standard error.
+    pub(crate) standard_error: Option<f64>,
+    /// CLASP flagged it: quality 0 for the epoch.
+    pub(crate) flagged: bool,
+    /// Its weight in chain form (the largest is 65 535), from the smoothed scores.
+    pub(crate) weight: u16,
+}
+
+/// A validator's weights after an epoch.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct EpochWeights {
+    /// The epoch scored.
+    pub(crate) epoch: u64,
+    /// Authenticated loss records it was scored from.
+    pub(crate) records: u64,
+    /// Why the CLASP fit did not run, if it did not (the work is still counted).
+    pub(crate) fit_error: Option<String>,
+    /// Per miner, by uid.
+    pub(crate) miners: Vec<MinerWeight>,
+}
+
 /// The validator service's inbox.
 pub(crate) enum ValidatorMsg {
     /// Consensus moved from `closed` to `next`: the merges closing `closed` run now.
@@ -454,15 +488,38 @@ pub(crate) enum ValidatorMsg {
         closed: Box<EpochPlan>,
         next: Box<EpochPlan>,
     },
+    /// Loss records the router accepted (from the plan's tails, each sample once).
+    Losses {
+        epoch: u64,
+        records: Vec<crate::messages::LossRecord>,
+    },
+    /// Score `epoch` now: its last loss records have had time to arrive.
+    Score(Box<EpochPlan>),
 }
 
 /// The validator service, as the router sees it.
 #[derive(Clone)]
 pub(crate) struct ValidatorHandle {
     pub(crate) tx: mpsc::Sender<ValidatorMsg>,
+    /// The latest epoch's weights.
+    pub(crate) weights: watch::Receiver<Option<EpochWeights>>,
 }
 
 impl ValidatorHandle {
+    /// Hands the validator accepted loss records.
+    pub(crate) async fn losses(
+        &self,
+        epoch: u64,
+        records: Vec<crate::messages::LossRecord>,
+    ) -> Result<(), ServiceGone> {
+        send(
+            &self.tx,
+            "validator",
+            ValidatorMsg::Losses { epoch, records },
+        )
+        .await
+    }
+
     /// Tells the validator an epoch closed.
     pub(crate) async fn epoch_closed(
         &self,

@@ -118,6 +118,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     };
     let (client, mut events, event_loop) =
         p2p::spawn(keypair, config, p2p_metrics.clone()).context("starting the network")?;
+    let metagraph_for_validator = metagraph.clone();
     let orchestration = Orchestration::new(
         me.clone(),
         role,
@@ -163,7 +164,11 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     };
     let (validator, validator_task) = match role {
         Role::Validator => {
-            let (handle, task) = crate::validator::spawn(merge.clone());
+            let (handle, task) = crate::validator::spawn(crate::validator::ValidatorParts {
+                merge: merge.clone(),
+                metagraph: metagraph_for_validator.clone(),
+                data_dir: args.data_dir.clone(),
+            });
             (Some(handle), Some(task))
         }
         Role::Miner => (None, None),
@@ -175,6 +180,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         role: role_name(role),
         view: view_rx,
         miner: miner.as_ref().map(|m| m.status.clone()),
+        validator: validator.as_ref().map(|v| v.weights.clone()),
     };
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http = match args.metrics {

@@ -391,6 +391,11 @@ impl Router {
                 if let PipelineGossip::ValLoss { loss, .. } = &message {
                     self.pipeline_metrics.val_loss.set(f64::from(*loss));
                 }
+                if let (Some(validator), PipelineGossip::Losses { epoch, records, .. }) =
+                    (&self.validator, &message)
+                {
+                    validator.losses(*epoch, records.clone()).await?;
+                }
                 if let Some(miner) = &self.miner {
                     miner.gossip(message).await?;
                 }

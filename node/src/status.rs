@@ -34,6 +34,9 @@ pub(crate) struct NodeView {
     /// The miner's counters (defaults on a validator).
     #[serde(flatten)]
     pub(crate) miner: crate::handles::MinerStatus,
+    /// On a validator: its weights after the latest scored epoch (per miner: uid, peer id,
+    /// stage, samples, CLASP effect, flagged, chain weight).
+    pub(crate) validator_weights: Option<crate::handles::EpochWeights>,
     /// What the run did, epoch by epoch, as heard over gossip.
     pub(crate) epochs: Vec<EpochStats>,
 }
@@ -58,6 +61,8 @@ pub(crate) struct StatusSource {
     pub(crate) view: watch::Receiver<NodeView>,
     /// The miner's status, on a miner.
     pub(crate) miner: Option<watch::Receiver<crate::handles::MinerStatus>>,
+    /// The latest epoch's weights, on a validator.
+    pub(crate) validator: Option<watch::Receiver<Option<crate::handles::EpochWeights>>>,
 }
 
 impl StatusSource {
@@ -75,6 +80,9 @@ impl StatusSource {
         let mut view = self.view.borrow().clone();
         if let Some(miner) = &self.miner {
             view.miner = miner.borrow().clone();
+        }
+        if let Some(validator) = &self.validator {
+            view.validator_weights = validator.borrow().clone();
         }
         Ok(Status {
             peer_id: self.client.local_peer_id().to_string(),

@@ -480,6 +480,27 @@ async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
     }
 
     // What every node reports.
+    // The validator scored the miners from the authenticated ledger only: every miner it
+    // weighs is an honest one, and the stranger that forged loss records naming itself is
+    // not among them.
+    let honest_miner_ids: BTreeSet<String> = miner_names.iter().map(|n| ids[n].clone()).collect();
+    let weights = validator.status().await.unwrap_or_default()["validator_weights"].clone();
+    let weighed: Vec<String> = weights["miners"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|m| m["peer_id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    if weighed.is_empty() {
+        failures.push(format!("the validator weighed no miner: {weights}"));
+    }
+    for peer in &weighed {
+        if !honest_miner_ids.contains(peer) {
+            failures.push(format!("the validator weighs {peer}, not an honest miner"));
+        }
+    }
     let rows = epochs(&validator).await;
     for row in &rows {
         let e = row["epoch"].as_u64().unwrap_or(u64::MAX);
