@@ -94,6 +94,45 @@ pub(crate) struct ConsensusView {
     pub(crate) validators: BTreeSet<String>,
     /// This node's stage in the plan in force.
     pub(crate) stage: Option<u32>,
+    /// The consensus of the validators' weights for the latest epoch any were heard for.
+    pub(crate) weights: Option<ConsensusWeights>,
+}
+
+/// The validators' weights for one epoch, combined by Yuma consensus.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub(crate) struct ConsensusWeights {
+    /// The epoch scored.
+    pub(crate) epoch: u64,
+    /// Per miner any validator weighed, by uid.
+    pub(crate) miners: Vec<MinerConsensus>,
+    /// Per validator whose weights were heard.
+    pub(crate) validators: Vec<ValidatorTrust>,
+}
+
+/// One miner's consensus weight.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub(crate) struct MinerConsensus {
+    /// Its uid.
+    pub(crate) uid: u16,
+    /// Its hotkey (SS58).
+    pub(crate) hotkey: String,
+    /// Its peer id.
+    pub(crate) peer_id: String,
+    /// The stake-weighted median of the validators' normalised weights.
+    pub(crate) weight: f64,
+    /// Its share of the emission: normalised Σ stake × clipped weight.
+    pub(crate) incentive: f64,
+}
+
+/// One validator's standing in the consensus.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub(crate) struct ValidatorTrust {
+    /// Its peer id.
+    pub(crate) peer_id: String,
+    /// Its share of the validators' stake.
+    pub(crate) stake: f64,
+    /// The share of its weight that survived clipping to consensus.
+    pub(crate) trust: f64,
 }
 
 impl ConsensusView {
@@ -121,6 +160,12 @@ pub(crate) enum ConsensusMsg {
     /// The clock: advance the election, and plan the next epoch when this node is the
     /// orchestrator and one is due (`epoch_complete`: every head reported the epoch done).
     Tick { epoch_complete: bool },
+    /// A validator's weights for `epoch` (checked by the router, or this node's own).
+    Weights {
+        validator: String,
+        epoch: u64,
+        weights: Vec<(u16, u16)>,
+    },
 }
 
 /// The consensus service, as the router and the node's loop see it.
@@ -164,6 +209,25 @@ impl ConsensusHandle {
     /// Advances the election.
     pub(crate) async fn tick(&self, epoch_complete: bool) -> Result<(), ServiceGone> {
         send(&self.tx, "consensus", ConsensusMsg::Tick { epoch_complete }).await
+    }
+
+    /// Hands consensus a validator's weights for `epoch`.
+    pub(crate) async fn weights(
+        &self,
+        validator: String,
+        epoch: u64,
+        weights: Vec<(u16, u16)>,
+    ) -> Result<(), ServiceGone> {
+        send(
+            &self.tx,
+            "consensus",
+            ConsensusMsg::Weights {
+                validator,
+                epoch,
+                weights,
+            },
+        )
+        .await
     }
 
     /// The latest view.

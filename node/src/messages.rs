@@ -204,6 +204,13 @@ pub(crate) enum PipelineGossip {
         /// Samples dropped after every retry failed.
         dropped: u64,
     },
+    /// A validator's weights for the miners after scoring `epoch`, in chain form.
+    Weights {
+        /// The epoch scored.
+        epoch: u64,
+        /// `(uid, weight)`, the largest weight 65 535.
+        weights: Vec<(u16, u16)>,
+    },
     /// A replica's weights after the merge that closed `epoch`.
     Merged {
         /// Epoch the merge closed.

@@ -21,6 +21,18 @@ pub(crate) struct NodeMetrics {
     requests_rejected: Family<ReasonLabels, Counter>,
     /// `iota_pending_gossip`: messages of the next epoch held until its plan arrives.
     pub(crate) pending_gossip: Gauge,
+    /// `iota_miner_weight{peer}`: each miner's consensus weight (the validators'
+    /// stake-weighted median) for the latest epoch weighed.
+    miner_weight: Family<PeerLabels, Gauge<f64, AtomicU64>>,
+    /// `iota_validator_trust{peer}`: the share of each validator's weight that survived
+    /// clipping to consensus.
+    validator_trust: Family<PeerLabels, Gauge<f64, AtomicU64>>,
+}
+
+/// Labels of a per-peer gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct PeerLabels {
+    peer: String,
 }
 
 /// Labels of a refusal counter.
@@ -54,7 +66,37 @@ impl NodeMetrics {
             "Gossip of the next epoch held until its plan arrives",
             m.pending_gossip.clone(),
         );
+        registry.register(
+            "iota_miner_weight",
+            "Consensus weight of each miner for the latest epoch weighed",
+            m.miner_weight.clone(),
+        );
+        registry.register(
+            "iota_validator_trust",
+            "Share of each validator's weight that survived clipping to consensus",
+            m.validator_trust.clone(),
+        );
         m
+    }
+
+    /// Shows the consensus of the latest epoch weighed (peers no longer in it are dropped).
+    pub(crate) fn set_weights(&self, weights: &crate::handles::ConsensusWeights) {
+        self.miner_weight.clear();
+        for m in &weights.miners {
+            self.miner_weight
+                .get_or_create(&PeerLabels {
+                    peer: m.peer_id.clone(),
+                })
+                .set(m.weight);
+        }
+        self.validator_trust.clear();
+        for v in &weights.validators {
+            self.validator_trust
+                .get_or_create(&PeerLabels {
+                    peer: v.peer_id.clone(),
+                })
+                .set(v.trust);
+        }
     }
 
     /// Counts a refused request.

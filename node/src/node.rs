@@ -168,6 +168,10 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 merge: merge.clone(),
                 metagraph: metagraph_for_validator.clone(),
                 data_dir: args.data_dir.clone(),
+                consensus: consensus.clone(),
+                client: client.clone(),
+                topic: topics.pipeline.clone(),
+                me: local_peer_id.to_string(),
             });
             (Some(handle), Some(task))
         }
@@ -360,7 +364,12 @@ async fn on_tick(
         .is_orchestrator
         .set(i64::from(agreed.is_orchestrator));
     let epochs = router.stats().epochs();
+    if let Some(weights) = &agreed.weights {
+        metrics.set_weights(weights);
+    }
     view.send_modify(|v| {
+        v.consensus_epoch = agreed.weights.as_ref().map(|w| w.epoch);
+        v.weights = agreed.weights.clone();
         v.epochs = epochs;
         v.orchestrator = agreed.orchestrator;
         v.is_orchestrator = agreed.is_orchestrator;

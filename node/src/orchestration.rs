@@ -23,6 +23,7 @@ use p2p::{Heartbeat, Role};
 use crate::handles::{HeartbeatRejected, PlanOutcome};
 
 mod service;
+mod weights;
 pub(crate) use service::spawn;
 
 /// How long a node waits after start before its first plan, so that the miners' heartbeats
@@ -48,6 +49,8 @@ pub(crate) struct Orchestration {
     published_at: Option<Duration>,
     was_orchestrator: bool,
     store: Option<PlanStore>,
+    weights: weights::WeightBook,
+    consensus_weights: Option<crate::handles::ConsensusWeights>,
 }
 
 impl Orchestration {
@@ -88,6 +91,8 @@ impl Orchestration {
             published_at: None,
             was_orchestrator: false,
             store,
+            weights: weights::WeightBook::default(),
+            consensus_weights: None,
         }
     }
 
@@ -326,6 +331,21 @@ impl Orchestration {
             }
         }
         self.current = Some(plan);
+    }
+
+    /// Takes a validator's weights for `epoch` and recomputes the consensus.
+    pub(crate) fn on_weights(&mut self, validator: String, epoch: u64, weights: Vec<(u16, u16)>) {
+        if !self.weights.add(validator, epoch, weights) {
+            return;
+        }
+        if let Some(metagraph) = &self.metagraph {
+            self.consensus_weights = self.weights.consensus(metagraph);
+        }
+    }
+
+    /// The consensus of the validators' weights for the newest epoch heard.
+    pub(crate) fn consensus_weights(&self) -> Option<&crate::handles::ConsensusWeights> {
+        self.consensus_weights.as_ref()
     }
 
     /// The plan in force.

@@ -99,16 +99,19 @@ impl Router {
     pub(crate) fn new(parts: RouterParts) -> anyhow::Result<Router> {
         let me_str = PeerIdStr::parse(&parts.me.to_string())?;
         let mut book = PlanBook::default();
-        if let Some(plan) = parts.consensus.view().current {
+        let view = parts.consensus.view();
+        if let Some(plan) = view.current {
             book.insert(plan);
         }
+        let mut pipeline_rules = PipelineRules::new(&parts.run);
+        pipeline_rules.set_validators(view.validators);
         Ok(Router {
             me: parts.me,
             me_str,
             client: parts.client,
             topics: Topics::of(&parts.run.run_name),
             frames: FrameRules::new(&parts.run, rules::run_id(&parts.run))?,
-            pipeline_rules: PipelineRules::new(&parts.run),
+            pipeline_rules,
             live: LiveView::new(parts.run.heartbeat_timeout()),
             consensus: parts.consensus,
             book,
@@ -395,6 +398,11 @@ impl Router {
                     (&self.validator, &message)
                 {
                     validator.losses(*epoch, records.clone()).await?;
+                }
+                if let PipelineGossip::Weights { epoch, weights } = &message {
+                    self.consensus
+                        .weights(author_str.clone(), *epoch, weights.clone())
+                        .await?;
                 }
                 if let Some(miner) = &self.miner {
                     miner.gossip(message).await?;

@@ -233,6 +233,7 @@ struct Seen {
     val_loss: bool,
     heads_done: BTreeSet<String>,
     merged: BTreeSet<(u32, String)>,
+    weights: BTreeSet<String>,
     /// Sample id → index of the head that draws it; `None` until built, or when too large.
     draws: Option<HashMap<u64, usize>>,
 }
@@ -242,6 +243,8 @@ struct Seen {
 pub(crate) struct PipelineRules {
     tokens_per_sample: u64,
     epochs: BTreeMap<u64, Seen>,
+    /// Peer ids of the metagraph's validators with a permit (who may publish weights).
+    validators: BTreeSet<String>,
 }
 
 impl PipelineRules {
@@ -250,7 +253,13 @@ impl PipelineRules {
         PipelineRules {
             tokens_per_sample: u64::from(run.batch_size) * u64::from(run.seq_len),
             epochs: BTreeMap::new(),
+            validators: BTreeSet::new(),
         }
+    }
+
+    /// Who may publish weights: the metagraph's validators with a permit.
+    pub(crate) fn set_validators(&mut self, validators: BTreeSet<String>) {
+        self.validators = validators;
     }
 
     /// Judges `message` signed by `author`; remembers what it accepts.
@@ -320,6 +329,20 @@ impl PipelineRules {
                     Verdict::Accept
                 }
             }
+            PipelineGossip::Weights { weights, .. } => {
+                let uids: BTreeSet<u16> = weights.iter().map(|(uid, _)| *uid).collect();
+                if !self.validators.contains(author) {
+                    Verdict::Reject("weights_not_validator")
+                } else if weights.len() > bootstrap::MAX_PLAN_MINERS {
+                    Verdict::Reject("weights_too_many")
+                } else if uids.len() != weights.len() {
+                    Verdict::Reject("weights_duplicate_uid")
+                } else if !seen.weights.insert(author.to_string()) {
+                    Verdict::Reject("weights_duplicate")
+                } else {
+                    Verdict::Accept
+                }
+            }
             PipelineGossip::Merged { stage, .. } => {
                 if !plan.miners_of(*stage).any(|m| m.as_str() == author) {
                     Verdict::Reject("merged_not_member")
@@ -339,6 +362,7 @@ pub(crate) fn epoch_of(message: &PipelineGossip) -> u64 {
         PipelineGossip::Losses { epoch, .. }
         | PipelineGossip::ValLoss { epoch, .. }
         | PipelineGossip::HeadDone { epoch, .. }
+        | PipelineGossip::Weights { epoch, .. }
         | PipelineGossip::Merged { epoch, .. } => *epoch,
     }
 }

@@ -37,6 +37,11 @@ pub(crate) struct NodeView {
     /// On a validator: its weights after the latest scored epoch (per miner: uid, peer id,
     /// stage, samples, CLASP effect, flagged, chain weight).
     pub(crate) validator_weights: Option<crate::handles::EpochWeights>,
+    /// The validators' weights for the latest epoch weighed, combined by Yuma consensus
+    /// (per miner: uid, hotkey, peer id, weight, incentive; per validator: stake, trust).
+    pub(crate) weights: Option<crate::handles::ConsensusWeights>,
+    /// The epoch of `weights`.
+    pub(crate) consensus_epoch: Option<u64>,
     /// What the run did, epoch by epoch, as heard over gossip.
     pub(crate) epochs: Vec<EpochStats>,
 }

@@ -8,10 +8,12 @@
 //!   CLASP ([`attribution::clasp`]) gives each miner its effect on the loss and flags the
 //!   harmful ones; a miner's epoch score is the samples it served times its quality (0 when
 //!   flagged), smoothed over epochs ([`attribution::score`]), and turned into chain weights
-//!   ([`attribution::weights`]). The result is published for `/status` and written to
-//!   `weights/<epoch>.json` in the data dir.
+//!   ([`attribution::weights`]). The result is published for `/status`, written to
+//!   `weights/<epoch>.json` in the data dir, and gossiped as a signed
+//!   [`PipelineGossip::Weights`] vector (and handed to this node's own consensus, which
+//!   combines every validator's vector by Yuma consensus).
 //!
-//! Not yet here: spot checks, and sharing the weights with the other validators.
+//! Not yet here: spot checks.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -23,9 +25,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::handles::{
-    EpochWeights, MergeHandle, MinerWeight, ValidatorHandle, ValidatorMsg, INBOX,
+    ConsensusHandle, EpochWeights, MergeHandle, MinerWeight, ValidatorHandle, ValidatorMsg, INBOX,
 };
-use crate::messages::LossRecord;
+use crate::messages::{LossRecord, PipelineGossip};
 
 /// How long after an epoch closes its records are scored: the tails flush their loss
 /// records every quarter second, and gossip takes well under a second to spread.
@@ -46,6 +48,14 @@ pub(crate) struct ValidatorParts {
     pub(crate) metagraph: Option<Metagraph>,
     /// Where `weights/<epoch>.json` goes.
     pub(crate) data_dir: Option<PathBuf>,
+    /// Consensus, which combines the validators' weights (this one's too).
+    pub(crate) consensus: ConsensusHandle,
+    /// The network, for publishing the weights.
+    pub(crate) client: p2p::Client,
+    /// The pipeline topic the weights go on.
+    pub(crate) topic: String,
+    /// This node's peer id.
+    pub(crate) me: String,
 }
 
 /// Starts the service; it runs until every handle is dropped or the merge service stops.
@@ -65,6 +75,10 @@ pub(crate) fn spawn(parts: ValidatorParts) -> (ValidatorHandle, JoinHandle<()>) 
     let service = Service {
         merge: parts.merge,
         data_dir: parts.data_dir,
+        consensus: parts.consensus,
+        client: parts.client,
+        topic: parts.topic,
+        peer: parts.me,
         uids,
         ledger: Ledger::default(),
         scores: Scores::default(),
@@ -78,6 +92,10 @@ pub(crate) fn spawn(parts: ValidatorParts) -> (ValidatorHandle, JoinHandle<()>) 
 struct Service {
     merge: MergeHandle,
     data_dir: Option<PathBuf>,
+    consensus: ConsensusHandle,
+    client: p2p::Client,
+    topic: String,
+    peer: String,
     uids: BTreeMap<String, Uid>,
     ledger: Ledger,
     scores: Scores,
@@ -108,12 +126,16 @@ impl Service {
                     }
                 }
                 ValidatorMsg::Losses { epoch, records } => self.ledger.add(epoch, records),
-                ValidatorMsg::Score(plan) => self.score(&plan),
+                ValidatorMsg::Score(plan) => {
+                    if self.score(&plan).await.is_err() {
+                        return;
+                    }
+                }
             }
         }
     }
 
-    fn score(&mut self, plan: &EpochPlan) {
+    async fn score(&mut self, plan: &EpochPlan) -> Result<(), crate::handles::ServiceGone> {
         let records = self.ledger.take(plan.epoch);
         let weights = weigh(plan, &records, &self.uids, &mut self.scores);
         let flagged: Vec<&str> = weights
@@ -135,7 +157,23 @@ impl Service {
                 tracing::warn!(%error, "weights not written");
             }
         }
+        let vector: Vec<(u16, u16)> = weights.miners.iter().map(|m| (m.uid, m.weight)).collect();
         self.weights.send_replace(Some(weights));
+        if vector.is_empty() {
+            return Ok(());
+        }
+        let message = PipelineGossip::Weights {
+            epoch: plan.epoch,
+            weights: vector.clone(),
+        };
+        if let Some(bytes) = message.to_bytes() {
+            if let Err(error) = self.client.publish(&self.topic, bytes).await {
+                tracing::warn!(%error, "weights not published");
+            }
+        }
+        self.consensus
+            .weights(self.peer.clone(), plan.epoch, vector)
+            .await
     }
 }
 

@@ -369,6 +369,14 @@ async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
                 serde_json::json!({"HeadDone": {"epoch": e, "samples": 1, "dropped": u64::MAX}}),
             )
             .await;
+        // Weights for the miners as if it were a validator: all on uid 1.
+        stranger
+            .gossip(
+                &run.run_name,
+                "pipeline",
+                serde_json::json!({"Weights": {"epoch": e, "weights": [[1, 65535]]}}),
+            )
+            .await;
         // A commitment to the merge of stage 0 that closes this epoch, by a non-member:
         // it would enter the merge's pending buffer and be relayed to the stage.
         let commitment = Gossip::Commitment(Commitment {
@@ -501,6 +509,41 @@ async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
             failures.push(format!("the validator weighs {peer}, not an honest miner"));
         }
     }
+    // Every miner combined the validators' weights into the same consensus, and only the
+    // validator's vector is in it (the stranger's was refused). Polled: a new epoch's
+    // vector may reach the miners a moment apart.
+    let agreed = wait_for(
+        "every miner holds the same consensus, of the validator's weights alone",
+        Duration::from_secs(10),
+        POLL,
+        || async {
+            let mut problems = Vec::new();
+            let mut consensus = BTreeSet::new();
+            for m in &miners {
+                let status = m.status().await?;
+                let heard: Vec<String> = status["weights"]["validators"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v["peer_id"].as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if heard != vec![ids["validator"].clone()] {
+                    problems.push(format!("{} combined the weights of {heard:?}", m.name));
+                }
+                consensus.insert(status["weights"].to_string());
+            }
+            if consensus.len() != 1 {
+                problems.push(format!("{} different consensus views", consensus.len()));
+            }
+            Ok((problems.is_empty(), problems.join("; ")))
+        },
+    )
+    .await;
+    if let Err(error) = agreed {
+        failures.push(format!("{error:#}"));
+    }
     let rows = epochs(&validator).await;
     for row in &rows {
         let e = row["epoch"].as_u64().unwrap_or(u64::MAX);
@@ -550,6 +593,7 @@ async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
         "head_done_not_head",
         "epoch_out_of_window",
         "miner_not_registered",
+        "weights_not_validator",
     ] {
         let label = format!("reason=\"{reason}\"");
         let before = metric(&metrics_before, "iota_gossip_rejected_total", &[&label]);

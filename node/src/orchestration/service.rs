@@ -55,6 +55,14 @@ async fn run(
                 publish(&view, &orchestration);
                 let _ = reply.send(outcome);
             }
+            ConsensusMsg::Weights {
+                validator,
+                epoch,
+                weights,
+            } => {
+                orchestration.on_weights(validator, epoch, weights);
+                publish(&view, &orchestration);
+            }
             ConsensusMsg::Tick { epoch_complete } => {
                 let plan = orchestration.tick(started.elapsed(), SystemTime::now(), epoch_complete);
                 publish(&view, &orchestration);
@@ -79,7 +87,11 @@ fn publish(view: &watch::Sender<ConsensusView>, orchestration: &Orchestration) {
     view.send_if_modified(|current| {
         let epoch = orchestration.epoch();
         let orchestrator = orchestration.orchestrator().map(|p| p.to_string());
-        if current.epoch() == epoch && current.orchestrator == orchestrator {
+        let weights = orchestration.consensus_weights();
+        if current.epoch() == epoch
+            && current.orchestrator == orchestrator
+            && current.weights.as_ref() == weights
+        {
             return false;
         }
         *current = view_of(orchestration);
@@ -95,5 +107,6 @@ fn view_of(orchestration: &Orchestration) -> ConsensusView {
         is_orchestrator: orchestration.is_orchestrator(),
         validators: orchestration.validators(),
         stage: orchestration.stage(),
+        weights: orchestration.consensus_weights().cloned(),
     }
 }

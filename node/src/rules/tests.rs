@@ -262,6 +262,47 @@ fn merged_hashes_come_from_members_of_that_stage() {
 }
 
 #[test]
+fn weights_come_from_permitted_validators_once_an_epoch_and_well_formed() {
+    let (book, _) = book(&[0, 1]);
+    let mut rules = PipelineRules::new(&run());
+    let validator = peer(150).to_string();
+    rules.set_validators([validator.clone()].into_iter().collect());
+    let weights = |epoch, weights: Vec<(u16, u16)>| PipelineGossip::Weights { epoch, weights };
+    assert_eq!(
+        rules.check(&book, peer(151).as_ref(), &weights(0, vec![(1, 65535)])),
+        Verdict::Reject("weights_not_validator")
+    );
+    assert_eq!(
+        rules.check(&book, &validator, &weights(0, vec![(1, 65535), (1, 3)])),
+        Verdict::Reject("weights_duplicate_uid")
+    );
+    let too_many: Vec<(u16, u16)> = (0..=bootstrap::MAX_PLAN_MINERS as u16)
+        .map(|u| (u, 1))
+        .collect();
+    assert_eq!(
+        rules.check(&book, &validator, &weights(0, too_many)),
+        Verdict::Reject("weights_too_many")
+    );
+    assert_eq!(
+        rules.check(&book, &validator, &weights(0, vec![(1, 65535)])),
+        Verdict::Accept
+    );
+    assert_eq!(
+        rules.check(&book, &validator, &weights(0, vec![(2, 65535)])),
+        Verdict::Reject("weights_duplicate")
+    );
+    // The current epoch is another epoch; one far away is out of the window.
+    assert_eq!(
+        rules.check(&book, &validator, &weights(1, vec![(2, 65535)])),
+        Verdict::Accept
+    );
+    assert_eq!(
+        rules.check(&book, &validator, &weights(7, vec![(2, 65535)])),
+        Verdict::Ignore("epoch_out_of_window")
+    );
+}
+
+#[test]
 fn forwards_come_from_the_previous_hop_of_the_plan() {
     let (book, _) = book(&[2, 3]);
     let plan = book.current().unwrap().clone();

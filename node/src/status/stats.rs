@@ -58,6 +58,8 @@ impl RunStats {
             | PipelineGossip::ValLoss { epoch, .. }
             | PipelineGossip::HeadDone { epoch, .. }
             | PipelineGossip::Merged { epoch, .. } => *epoch,
+            // Weights are consensus's business, not the run's statistics.
+            PipelineGossip::Weights { .. } => return,
         };
         let e = self.epochs.entry(epoch).or_insert_with(|| EpochStats {
             epoch,
@@ -107,6 +109,7 @@ impl RunStats {
                     .insert(author.to_string(), hash.clone());
                 e.wire_bytes.insert(author.to_string(), *wire_bytes);
             }
+            PipelineGossip::Weights { .. } => {}
         }
         while self.epochs.len() > KEEP {
             self.epochs.pop_first();
