@@ -233,7 +233,6 @@ struct Seen {
     val_loss: bool,
     heads_done: BTreeSet<String>,
     merged: BTreeSet<(u32, String)>,
-    weights: BTreeSet<String>,
     /// Sample id → index of the head that draws it; `None` until built, or when too large.
     draws: Option<HashMap<u64, usize>>,
 }
@@ -245,6 +244,8 @@ pub(crate) struct PipelineRules {
     epochs: BTreeMap<u64, Seen>,
     /// Peer ids of the metagraph's validators with a permit (who may publish weights).
     validators: BTreeSet<String>,
+    /// (epoch, validator) of the weights accepted within the window.
+    weights_seen: BTreeSet<(u64, String)>,
 }
 
 impl PipelineRules {
@@ -254,6 +255,7 @@ impl PipelineRules {
             tokens_per_sample: u64::from(run.batch_size) * u64::from(run.seq_len),
             epochs: BTreeMap::new(),
             validators: BTreeSet::new(),
+            weights_seen: BTreeSet::new(),
         }
     }
 
@@ -273,6 +275,9 @@ impl PipelineRules {
         let Some(current) = book.current().map(|p| p.epoch) else {
             return Verdict::Ignore("no_plan_yet");
         };
+        if let PipelineGossip::Weights { weights, .. } = message {
+            return self.check_weights(current, epoch, author, weights);
+        }
         if current.checked_add(1) == Some(epoch) {
             return Verdict::Ignore("no_plan_for_epoch");
         }
@@ -329,20 +334,8 @@ impl PipelineRules {
                     Verdict::Accept
                 }
             }
-            PipelineGossip::Weights { weights, .. } => {
-                let uids: BTreeSet<u16> = weights.iter().map(|(uid, _)| *uid).collect();
-                if !self.validators.contains(author) {
-                    Verdict::Reject("weights_not_validator")
-                } else if weights.len() > bootstrap::MAX_PLAN_MINERS {
-                    Verdict::Reject("weights_too_many")
-                } else if uids.len() != weights.len() {
-                    Verdict::Reject("weights_duplicate_uid")
-                } else if !seen.weights.insert(author.to_string()) {
-                    Verdict::Reject("weights_duplicate")
-                } else {
-                    Verdict::Accept
-                }
-            }
+            // Judged above, before the plan window.
+            PipelineGossip::Weights { .. } => Verdict::Ignore("weights_elsewhere"),
             PipelineGossip::Merged { stage, .. } => {
                 if !plan.miners_of(*stage).any(|m| m.as_str() == author) {
                     Verdict::Reject("merged_not_member")
@@ -355,6 +348,43 @@ impl PipelineRules {
         }
     }
 }
+
+impl PipelineRules {
+    /// A validator's weights for a closed `epoch`: a validator scores an epoch a few seconds
+    /// after it closes, when short epochs may have moved on by more than one, so the window
+    /// is [`WEIGHTS_WINDOW`] closed epochs rather than the plan's; no plan is needed to judge
+    /// them, only who sent them.
+    fn check_weights(
+        &mut self,
+        current: u64,
+        epoch: u64,
+        author: &str,
+        weights: &[(u16, u16)],
+    ) -> Verdict {
+        let uids: BTreeSet<u16> = weights.iter().map(|(uid, _)| *uid).collect();
+        if !self.validators.contains(author) {
+            return Verdict::Reject("weights_not_validator");
+        }
+        if epoch > current || current - epoch > WEIGHTS_WINDOW {
+            return Verdict::Ignore("epoch_out_of_window");
+        }
+        if weights.len() > bootstrap::MAX_PLAN_MINERS {
+            return Verdict::Reject("weights_too_many");
+        }
+        if uids.len() != weights.len() {
+            return Verdict::Reject("weights_duplicate_uid");
+        }
+        self.weights_seen
+            .retain(|(e, _)| current - WEIGHTS_WINDOW.min(current) <= *e);
+        if !self.weights_seen.insert((epoch, author.to_string())) {
+            return Verdict::Reject("weights_duplicate");
+        }
+        Verdict::Accept
+    }
+}
+
+/// How many closed epochs back a validator's weights are still taken.
+const WEIGHTS_WINDOW: u64 = 8;
 
 /// The epoch a pipeline message is about.
 pub(crate) fn epoch_of(message: &PipelineGossip) -> u64 {

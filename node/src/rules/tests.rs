@@ -263,7 +263,8 @@ fn merged_hashes_come_from_members_of_that_stage() {
 
 #[test]
 fn weights_come_from_permitted_validators_once_an_epoch_and_well_formed() {
-    let (book, _) = book(&[0, 1]);
+    let book_at = book;
+    let (book, _) = book_at(&[0, 1]);
     let mut rules = PipelineRules::new(&run());
     let validator = peer(150).to_string();
     rules.set_validators([validator.clone()].into_iter().collect());
@@ -291,13 +292,29 @@ fn weights_come_from_permitted_validators_once_an_epoch_and_well_formed() {
         rules.check(&book, &validator, &weights(0, vec![(2, 65535)])),
         Verdict::Reject("weights_duplicate")
     );
-    // The current epoch is another epoch; one far away is out of the window.
+    // The current epoch is another epoch; a future one is out of the window.
     assert_eq!(
         rules.check(&book, &validator, &weights(1, vec![(2, 65535)])),
         Verdict::Accept
     );
     assert_eq!(
         rules.check(&book, &validator, &weights(7, vec![(2, 65535)])),
+        Verdict::Ignore("epoch_out_of_window")
+    );
+    // Epochs move on faster than a validator scores: weights of an epoch several plans
+    // back are still taken, once; beyond the window they are not.
+    let (later, _) = book_at(&[5, 6]);
+    assert_eq!(
+        rules.check(&later, &validator, &weights(1, vec![(2, 65535)])),
+        Verdict::Reject("weights_duplicate")
+    );
+    assert_eq!(
+        rules.check(&later, &validator, &weights(3, vec![(2, 65535)])),
+        Verdict::Accept
+    );
+    let (much_later, _) = book_at(&[20, 21]);
+    assert_eq!(
+        rules.check(&much_later, &validator, &weights(4, vec![(2, 65535)])),
         Verdict::Ignore("epoch_out_of_window")
     );
 }
