@@ -166,7 +166,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         Role::Validator => {
             let (handle, task) = crate::validator::spawn(crate::validator::ValidatorParts {
                 merge: merge.clone(),
-                metagraph: metagraph_for_validator.clone(),
+                metagraph: metagraph_for_validator,
                 data_dir: args.data_dir.clone(),
                 consensus: consensus.clone(),
                 client: client.clone(),
