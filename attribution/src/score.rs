@@ -10,9 +10,12 @@
 //! ```
 //!
 //! with [`DEFAULT_ALPHA`] = 0.1: an epoch's work still counts for about a tenth after 22
-//! epochs (`0.9²² ≈ 0.1`), so one noisy epoch neither makes nor breaks a miner, and a miner
-//! caught cheating loses a tenth of its standing at once and keeps losing it while it earns
-//! nothing. A known miner absent from an epoch scores 0 for it; a new miner starts from 0.
+//! epochs (`0.9²² ≈ 0.1`), so one noisy epoch neither makes nor breaks a miner. A CLASP flag
+//! is statistical (an honest miner is flagged now and then): the flagged miner earns nothing
+//! for the epoch and keeps nine tenths of its standing. A spot check or a merge audit that
+//! fails is proof, not a statistic: the miner's standing is reset to 0 at once ([`EpochWork::caught`]),
+//! so a cheater cannot live on credit earned before it was caught. A known miner absent from
+//! an epoch scores 0 for it; a new miner starts from 0.
 
 use std::collections::BTreeMap;
 
@@ -44,6 +47,14 @@ impl EpochWork {
         } else {
             1.0
         }
+    }
+}
+
+impl EpochWork {
+    /// Caught by a check that proves misbehaviour (a spot check or a merge audit): the
+    /// smoothed score is reset, not merely not increased.
+    pub fn caught(&self) -> bool {
+        self.spot_check_failed || self.merge_audit_failed
     }
 }
 
@@ -96,6 +107,9 @@ impl Scores {
             if this.insert(w.uid, epoch_score(w)).is_some() {
                 return Err(ScoreError::DuplicateMiner { uid: w.uid });
             }
+        }
+        for w in epoch.iter().filter(|w| w.caught()) {
+            self.ema.insert(w.uid, 0.0);
         }
         for uid in this.keys() {
             self.ema.entry(*uid).or_insert(0.0);
@@ -177,6 +191,33 @@ mod tests {
         .unwrap();
         assert_eq!(s.all(), vec![(1, 25.0), (2, 10.0), (3, 30.0)]);
         assert_eq!(s.get(7), 0.0);
+    }
+
+    #[test]
+    fn a_miner_caught_by_proof_loses_its_standing_a_flagged_one_keeps_most() {
+        let mut s = Scores::new(0.5).unwrap();
+        s.update(&[work(1, 100), work(2, 100), work(3, 100)])
+            .unwrap();
+        s.update(&[
+            EpochWork {
+                flagged: true,
+                ..work(1, 100)
+            },
+            EpochWork {
+                spot_check_failed: true,
+                ..work(2, 100)
+            },
+            EpochWork {
+                merge_audit_failed: true,
+                ..work(3, 100)
+            },
+        ])
+        .unwrap();
+        // Flagged: 0.5·0 + 0.5·50 = 25; caught: reset to 0, then 0.5·0 + 0.5·0 = 0.
+        assert_eq!(s.all(), vec![(1, 25.0), (2, 0.0), (3, 0.0)]);
+        // An honest epoch after being caught starts again from nothing: 0.5·100.
+        s.update(&[work(2, 100)]).unwrap();
+        assert_eq!(s.get(2), 50.0);
     }
 
     #[test]
