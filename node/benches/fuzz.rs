@@ -370,6 +370,16 @@ fn targets() -> Vec<Target> {
             rpc::STAGE_WEIGHTS,
             fuzzing::weights_reply,
         ),
+        body(
+            "spot-check-request",
+            rpc::SPOT_CHECK,
+            fuzzing::spot_check_request,
+        ),
+        body(
+            "spot-check-reply",
+            rpc::SPOT_CHECK,
+            fuzzing::spot_check_reply,
+        ),
         Target::new(
             "pipeline-gossip",
             PIPELINE_GOSSIP_LIMIT,

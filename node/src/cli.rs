@@ -116,6 +116,14 @@ pub(crate) enum Fault {
     /// The stage's compute thread panics once the first epoch trains (as a failed allocation
     /// would end it): the node must exit with a clear error, not linger as a miner.
     ComputeDies,
+    /// Answer with random activations and gradients of the right shape and scale.
+    Noise,
+    /// Serve samples but never take an optimizer step, bringing stale weights to the merge.
+    Lazy,
+    /// As a tail, report losses 20 % below what was computed.
+    LieLoss,
+    /// As a tail, claim samples never served (one per sample served).
+    Inflate,
 }
 
 /// Options of `keygen`.
@@ -153,6 +161,10 @@ pub(crate) struct LocalSwarmArgs {
     /// Seconds the whole run may take before it is stopped as failed.
     #[arg(long, default_value_t = 1200)]
     pub(crate) timeout_secs: u64,
+    /// Miners that misbehave: MODE[:COUNT], repeatable. Modes: noise, lazy, lie-loss,
+    /// inflate, inflate-samples, nan-merge. The report shows what the validators made of them.
+    #[arg(long, value_name = "MODE[:COUNT]", value_parser = parse_adversary)]
+    pub(crate) adversary: Vec<Adversary>,
 }
 
 /// Options of `train-local`.
@@ -247,5 +259,54 @@ mod tests {
     fn cli_definition_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+}
+
+/// One `--adversary` argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Adversary {
+    /// What it does.
+    pub(crate) fault: Fault,
+    /// How many miners do it.
+    pub(crate) count: u32,
+}
+
+/// Parses `MODE[:COUNT]`.
+pub(crate) fn parse_adversary(text: &str) -> Result<Adversary, String> {
+    let (mode, count) = match text.split_once(':') {
+        Some((mode, count)) => (
+            mode,
+            count
+                .parse::<u32>()
+                .ok()
+                .filter(|c| *c >= 1)
+                .ok_or_else(|| format!("--adversary {text}: COUNT must be a whole number ≥ 1"))?,
+        ),
+        None => (text, 1),
+    };
+    let fault = <Fault as clap::ValueEnum>::from_str(mode, false).map_err(|_| {
+        format!("--adversary {text}: unknown mode {mode:?}; expected one of {MODES}")
+    })?;
+    if fault_name(fault).is_none() {
+        return Err(format!(
+            "--adversary {text}: {mode} is not a miner's misbehaviour; expected one of {MODES}"
+        ));
+    }
+    Ok(Adversary { fault, count })
+}
+
+/// The modes `--adversary` takes.
+pub(crate) const MODES: &str = "noise, lazy, lie-loss, inflate, inflate-samples, nan-merge";
+
+/// The `--fault` value of a miner misbehaviour (`None` for faults that are not one).
+pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
+    match fault {
+        Fault::Noise => Some("noise"),
+        Fault::Lazy => Some("lazy"),
+        Fault::LieLoss => Some("lie-loss"),
+        Fault::Inflate => Some("inflate"),
+        Fault::InflateSamples => Some("inflate-samples"),
+        Fault::NanMerge => Some("nan-merge"),
+        Fault::ForgePlans | Fault::HugeFrames | Fault::ComputeDies => None,
     }
 }

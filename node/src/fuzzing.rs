@@ -5,7 +5,7 @@
 
 use crate::messages::{
     self, EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, PipelineGossip, Service,
-    WeightsReply, WeightsRequest,
+    SpotCheckReply, SpotCheckRequest, WeightsReply, WeightsRequest,
 };
 
 /// [`messages::MAX_HEADER_BYTES`]: the largest JSON header of a request-response body.
@@ -45,6 +45,34 @@ pub fn weights_reply(body: &[u8]) -> bool {
     match messages::decode::<WeightsReply>(Service::Weights, body) {
         Ok((WeightsReply::Weights { .. }, payload)) => messages::f32_from_bytes(payload).is_some(),
         Ok((WeightsReply::NotHeld, _)) => true,
+        Err(_) => false,
+    }
+}
+
+/// [`messages::decode`] of a spot-check request, as a miner does.
+pub fn spot_check_request(body: &[u8]) -> bool {
+    messages::decode::<SpotCheckRequest>(Service::SpotCheck, body).is_ok()
+}
+
+/// A validator's split of a spot-check reply (for a middle stage and for a tail), then
+/// [`messages::f32_from_bytes`] of the weights it carries.
+pub fn spot_check_reply(body: &[u8]) -> bool {
+    let target = crate::validator::spot::Target {
+        epoch: 1,
+        peer: String::new(),
+        stage: 1,
+        tail: false,
+        sample: 0,
+        claimed_loss: 1.0,
+        served: 0,
+    };
+    let tail = crate::validator::spot::Target {
+        tail: true,
+        ..target.clone()
+    };
+    let _ = crate::validator::spot::parse_reply(body, &tail);
+    match crate::validator::spot::parse_reply(body, &target) {
+        Ok(evidence) => messages::f32_from_bytes(evidence.weights).is_some(),
         Err(_) => false,
     }
 }
@@ -125,6 +153,32 @@ pub fn pipeline_samples() -> Vec<Vec<u8>> {
             b"",
         ),
         body(Service::Weights, &WeightsReply::NotHeld, b""),
+        body(
+            Service::SpotCheck,
+            &SpotCheckRequest {
+                epoch: 3,
+                sample: 42,
+            },
+            b"",
+        ),
+        body(
+            Service::SpotCheck,
+            &SpotCheckReply::Evidence {
+                stage: 1,
+                loss: None,
+                input_len: frame.len() as u64,
+                output_len: frame.len() as u64,
+                weights_len: weights.len() as u64,
+            },
+            &[
+                frame.as_slice(),
+                frame.as_slice(),
+                &messages::f32_bytes(&weights),
+            ]
+            .concat(),
+        ),
+        body(Service::SpotCheck, &SpotCheckReply::NotHeld, b""),
+        body(Service::SpotCheck, &SpotCheckReply::Superseded, b""),
     ];
     let records = (0..16)
         .map(|i| LossRecord {

@@ -432,10 +432,12 @@ pub(crate) enum MergeMsg {
         request: Box<MergeRequest>,
         reply: oneshot::Sender<anyhow::Result<Vec<f32>>>,
     },
-    /// Audit the merges closing `closed`, which start as `next` says.
+    /// Audit the merges closing `closed`, which start as `next` says; every miner found
+    /// misbehaving is sent on `findings`.
     Audit {
         closed: Box<EpochPlan>,
         next: Box<EpochPlan>,
+        findings: mpsc::Sender<AuditFinding>,
     },
 }
 
@@ -495,6 +497,7 @@ impl MergeHandle {
         &self,
         closed: EpochPlan,
         next: EpochPlan,
+        findings: mpsc::Sender<AuditFinding>,
     ) -> Result<(), ServiceGone> {
         send(
             &self.tx,
@@ -502,6 +505,7 @@ impl MergeHandle {
             MergeMsg::Audit {
                 closed: Box::new(closed),
                 next: Box::new(next),
+                findings,
             },
         )
         .await
@@ -526,8 +530,10 @@ pub(crate) struct MinerWeight {
     pub(crate) effect: Option<f64>,
     /// The effect's standard error.
     pub(crate) standard_error: Option<f64>,
-    /// CLASP flagged it: quality 0 for the epoch.
+    /// Quality 0 for the epoch: CLASP flagged it, a spot check or a merge audit caught it.
     pub(crate) flagged: bool,
+    /// Why it was flagged (`clasp`, `spot_check: …`, `merge_audit: …`).
+    pub(crate) reason: Option<String>,
     /// Its weight in chain form (the largest is 65 535), from the smoothed scores.
     pub(crate) weight: u16,
 }
@@ -543,6 +549,20 @@ pub(crate) struct EpochWeights {
     pub(crate) fit_error: Option<String>,
     /// Per miner, by uid.
     pub(crate) miners: Vec<MinerWeight>,
+    /// Spot checks that ended while this epoch was scored: passed, failed, inconclusive.
+    #[serde(default)]
+    pub(crate) spot_checks: SpotCheckCounts,
+}
+
+/// Spot checks by outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct SpotCheckCounts {
+    /// Recomputed and reproduced.
+    pub(crate) passed: u64,
+    /// Recomputed and not reproduced (the miner is caught).
+    pub(crate) failed: u64,
+    /// Not concluded (no answer, evidence superseded by a merge, …).
+    pub(crate) inconclusive: u64,
 }
 
 /// The validator service's inbox.
@@ -559,6 +579,47 @@ pub(crate) enum ValidatorMsg {
     },
     /// Score `epoch` now: its last loss records have had time to arrive.
     Score(Box<EpochPlan>),
+    /// A stage's replicas gossiped the hash of their merged weights (the weights every
+    /// replica starts the next epoch from).
+    Merged {
+        epoch: u64,
+        stage: u32,
+        hash: String,
+    },
+    /// A merge audit named a miner.
+    AuditFinding(AuditFinding),
+    /// Time for the next spot check (the service's own timer).
+    SpotTick,
+    /// A spot check ended.
+    Checked(Box<SpotCheckDone>),
+}
+
+/// A miner a merge audit found misbehaving.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct AuditFinding {
+    /// Epoch of the merge.
+    pub(crate) epoch: u64,
+    /// The accused member's peer id.
+    pub(crate) accused: String,
+    /// What it did.
+    pub(crate) kind: String,
+}
+
+/// A finished spot check, as the validator service records it.
+#[derive(Debug, Clone)]
+pub(crate) struct SpotCheckDone {
+    /// Epoch of the sample checked.
+    pub(crate) epoch: u64,
+    /// The miner checked.
+    pub(crate) peer: String,
+    /// Its stage.
+    pub(crate) stage: u32,
+    /// The sample.
+    pub(crate) sample: u64,
+    /// `None` when passed; the failure's reason; or an inconclusive check's reason.
+    pub(crate) failed: Option<&'static str>,
+    /// Why nothing could be concluded, when nothing could.
+    pub(crate) inconclusive: Option<&'static str>,
 }
 
 /// The validator service, as the router sees it.
@@ -580,6 +641,21 @@ impl ValidatorHandle {
             &self.tx,
             "validator",
             ValidatorMsg::Losses { epoch, records },
+        )
+        .await
+    }
+
+    /// Hands the validator a stage's accepted merge hash.
+    pub(crate) async fn merged(
+        &self,
+        epoch: u64,
+        stage: u32,
+        hash: String,
+    ) -> Result<(), ServiceGone> {
+        send(
+            &self.tx,
+            "validator",
+            ValidatorMsg::Merged { epoch, stage, hash },
         )
         .await
     }

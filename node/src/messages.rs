@@ -26,6 +26,8 @@ pub(crate) enum Service {
     Eval = rpc::PIPELINE_EVAL as isize,
     /// Fetch a stage's current weights.
     Weights = rpc::STAGE_WEIGHTS as isize,
+    /// A validator's spot check: the evidence of one recent sample.
+    SpotCheck = rpc::SPOT_CHECK as isize,
 }
 
 impl Service {
@@ -35,6 +37,7 @@ impl Service {
             rpc::PIPELINE_FORWARD => Some(Service::Forward),
             rpc::PIPELINE_EVAL => Some(Service::Eval),
             rpc::STAGE_WEIGHTS => Some(Service::Weights),
+            rpc::SPOT_CHECK => Some(Service::SpotCheck),
             _ => None,
         }
     }
@@ -163,6 +166,41 @@ pub(crate) enum WeightsReply {
     },
     /// This node does not hold that stage.
     NotHeld,
+}
+
+/// Header of a spot-check request: a validator asks a miner for the evidence of a sample
+/// it took part in.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct SpotCheckRequest {
+    /// Epoch of the sample.
+    pub(crate) epoch: u64,
+    /// The sample.
+    pub(crate) sample: u64,
+}
+
+/// Header of a spot-check response. With `Evidence` the payload is the input frame
+/// (`input_len` bytes; none at the head, whose input the sample id determines), then the
+/// frame the miner sent on (`output_len` bytes: the activation, or the gradient at the tail),
+/// then its current weights as little-endian f32 (`weights_len` values).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) enum SpotCheckReply {
+    /// What the miner kept of the sample.
+    Evidence {
+        /// The stage it served the sample at.
+        stage: u32,
+        /// The loss it computed (the tail only).
+        loss: Option<f32>,
+        /// Bytes of the input frame.
+        input_len: u64,
+        /// Bytes of the output frame.
+        output_len: u64,
+        /// Number of f32 weights.
+        weights_len: u64,
+    },
+    /// The miner kept nothing of that sample (it never served it, or too long ago).
+    NotHeld,
+    /// The miner served the sample, but a merge has replaced its weights since.
+    Superseded,
 }
 
 /// One sample's result, as a tail reports it.

@@ -79,6 +79,13 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         None => Keypair::generate_ed25519(),
     };
     let local_peer_id = keypair.public().to_peer_id();
+    // The spot checks' schedule is drawn from the private key: unpredictable to others.
+    let secret = blake3::derive_key(
+        "iota-p2p validator spot-check schedule v1",
+        &keypair
+            .to_protobuf_encoding()
+            .context("encoding the node key")?,
+    );
     let me = peer_str(&local_peer_id).context("own peer id is not a valid peer id")?;
     let role = if args.validator {
         Role::Validator
@@ -149,6 +156,10 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                         inflate_samples: args.fault.contains(&Fault::InflateSamples),
                         nan_merge: args.fault.contains(&Fault::NanMerge),
                         compute_dies: args.fault.contains(&Fault::ComputeDies),
+                        noise: args.fault.contains(&Fault::Noise),
+                        lazy: args.fault.contains(&Fault::Lazy),
+                        lie_loss: args.fault.contains(&Fault::LieLoss),
+                        inflate: args.fault.contains(&Fault::Inflate),
                     },
                 },
                 pipeline_metrics.clone(),
@@ -172,7 +183,10 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 client: client.clone(),
                 topic: topics.pipeline.clone(),
                 me: local_peer_id.to_string(),
-            });
+                run: run_config.clone(),
+                device: args.device,
+                secret,
+            })?;
             (Some(handle), Some(task))
         }
         Role::Miner => (None, None),

@@ -18,6 +18,7 @@
 //! graph freed. Tensor work happens on the stage's compute thread ([`StageHandle`]); this
 //! module only moves bytes and decides.
 
+mod evidence;
 mod head;
 mod hop;
 mod service;
@@ -78,6 +79,42 @@ pub(crate) struct MinerFaults {
     pub(crate) nan_merge: bool,
     /// The compute thread crashes once the first epoch trains.
     pub(crate) compute_dies: bool,
+    /// Activations and gradients replaced by random values of the right shape and scale.
+    pub(crate) noise: bool,
+    /// Samples served but no optimizer step ever taken (stale weights to the merge).
+    pub(crate) lazy: bool,
+    /// A tail reporting losses 20 % below what it computed.
+    pub(crate) lie_loss: bool,
+    /// A tail claiming, besides each sample it served, one it never saw.
+    pub(crate) inflate: bool,
+}
+
+/// A frame like `frame` (same run, sample, stage, kind and shape) whose values are random,
+/// with the mean and spread of the real ones: what a `noise` miner sends.
+fn noise_frame(frame: &[u8], limits: &training::wire::DecodeLimits, seed: u64) -> Option<Vec<u8>> {
+    use rand::{Rng, SeedableRng};
+    let decoded = training::wire::decode(frame, limits).ok()?;
+    let n = decoded.values.len().max(1) as f64;
+    let mean = decoded.values.iter().map(|v| f64::from(*v)).sum::<f64>() / n;
+    let var = decoded
+        .values
+        .iter()
+        .map(|v| (f64::from(*v) - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    let std = var.sqrt();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    // Box–Muller: a standard normal from two uniforms.
+    let values: Vec<f32> = (0..decoded.values.len())
+        .map(|_| {
+            let u: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
+            let v: f64 = rng.gen_range(0.0..1.0);
+            let z = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+            (mean + std * z) as f32
+        })
+        .collect();
+    let codec = training::wire::Codec::new(decoded.header.dtype);
+    training::wire::encode(&codec, &decoded.header.meta, &decoded.header.shape, &values).ok()
 }
 
 /// A frame like `frame` (same run, sample, stage and kind) but of `windows` windows of
@@ -107,6 +144,13 @@ pub(crate) struct Shared {
     throughput: Mutex<HashMap<String, hop::Throughput>>,
     permits: Arc<tokio::sync::Semaphore>,
     losses: Mutex<Vec<(u64, LossRecord)>>,
+    /// Evidence of the recent samples, for spot checks.
+    recent: Mutex<evidence::Recent>,
+    /// Samples an `inflate` tail has claimed without serving them.
+    fabricated: AtomicU64,
+    /// Counts the times the stage's weights were replaced wholesale (a new stage, a merge):
+    /// evidence of an older generation no longer reproduces.
+    generation: AtomicU64,
     backward_done: AtomicU64,
     samples_processed: AtomicU64,
     epoch_processed: AtomicU64,
@@ -180,6 +224,9 @@ impl Miner {
                 throughput: Mutex::new(HashMap::new()),
                 permits: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
                 losses: Mutex::new(Vec::new()),
+                recent: Mutex::new(evidence::Recent::default()),
+                fabricated: AtomicU64::new(0),
+                generation: AtomicU64::new(0),
                 backward_done: AtomicU64::new(0),
                 samples_processed: AtomicU64::new(0),
                 epoch_processed: AtomicU64::new(0),
@@ -331,7 +378,26 @@ impl Miner {
             Service::Forward => hop::serve_forward(shared, &body).await,
             Service::Eval => hop::serve_eval(shared, &body).await,
             Service::Weights => serve_weights(shared, &body).await,
+            Service::SpotCheck => evidence::serve(shared, &body).await,
         }
+    }
+}
+
+impl Shared {
+    /// Keeps the evidence of a served sample for spot checks.
+    fn keep_evidence(&self, mut evidence: evidence::Evidence) {
+        evidence.generation = self.generation.load(Ordering::Relaxed);
+        lock(&self.recent).keep(evidence);
+    }
+
+    /// `frame` as this miner sends it: random values of its shape and scale if it is a
+    /// `noise` miner, else unchanged.
+    fn outgoing(&self, frame: Vec<u8>, sample: u64) -> Vec<u8> {
+        if !self.cfg.faults.noise {
+            return frame;
+        }
+        let seed = self.run_id ^ sample.rotate_left(7) ^ self.fabricated.load(Ordering::Relaxed);
+        noise_frame(&frame, &self.frames.limits(), seed).unwrap_or(frame)
     }
 }
 
@@ -469,6 +535,7 @@ async fn build_stage(
 }
 
 fn set_weights_hash(shared: &Shared, epoch: Option<u64>, hash: String) {
+    shared.generation.fetch_add(1, Ordering::Relaxed);
     let mut state = lock(&shared.state);
     state.merged_epoch = epoch;
     state.weights_hash = Some(hash);
@@ -578,6 +645,8 @@ async fn merge_and_checkpoint(
             max_samples: crate::schedule::max_samples(plan),
         })
         .await?;
+    // Evidence of samples served with the weights being replaced no longer reproduces.
+    shared.generation.fetch_add(1, Ordering::Relaxed);
     worker.set_flat_params(merged).await?;
     let state = worker.export_state().await?;
     let hash = hex(&worker.weights_hash().await?);

@@ -399,6 +399,15 @@ impl Router {
                 {
                     validator.losses(*epoch, records.clone()).await?;
                 }
+                if let (
+                    Some(validator),
+                    PipelineGossip::Merged {
+                        epoch, stage, hash, ..
+                    },
+                ) = (&self.validator, &message)
+                {
+                    validator.merged(*epoch, *stage, hash.clone()).await?;
+                }
                 if let PipelineGossip::Weights { epoch, weights } = &message {
                     self.consensus
                         .weights(author_str.clone(), *epoch, weights.clone())
@@ -494,6 +503,7 @@ impl Router {
             Service::Forward => self.check_forward(&peer_str, &data),
             Service::Eval => self.check_eval(&peer_str, &data),
             Service::Weights => self.check_weights(&peer_str, &data),
+            Service::SpotCheck => self.check_spot_check(&peer_str, &data),
         };
         if let Err(refusal) = checked {
             tracing::debug!(%peer, reason = refusal.reason(), "request refused");
@@ -541,5 +551,11 @@ impl Router {
         let (request, _) = messages::decode::<messages::WeightsRequest>(Service::Weights, data)
             .map_err(|_| Refusal::FrameMalformed)?;
         rules::check_weights(&self.book, peer, request.stage)
+    }
+
+    fn check_spot_check(&self, peer: &str, data: &[u8]) -> Result<(), Refusal> {
+        messages::decode::<messages::SpotCheckRequest>(Service::SpotCheck, data)
+            .map_err(|_| Refusal::FrameMalformed)?;
+        rules::check_spot_check(&self.consensus.view().validators, peer)
     }
 }

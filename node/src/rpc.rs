@@ -16,7 +16,8 @@
 //! | `0x02` | pipeline forward ([`crate::pipeline`]) | `0x02, header, activation frame` | `0x02, header, gradient frame` |
 //! | `0x03` | pipeline evaluation | `0x03, header, activation frame` | `0x03, header` |
 //! | `0x04` | stage weights for a joining replica | `0x04, header` | `0x04, header, f32 weights` |
-//! | `0x05`–`0xEF` | free: add a row and a constant here before using one | | |
+//! | `0x05` | spot check by a validator | `0x05, header` | `0x05, header, input frame, output frame, f32 weights` |
+//! | `0x06`–`0xEF` | free: add a row and a constant here before using one | | |
 //! | `0xF0`–`0xFF` | experiments, tests and benchmarks; a node never sends them and answers them with `UnknownService` | | |
 //!
 //! A service answers a request it cannot parse with [`ErrorCode::Malformed`], and answers
@@ -35,6 +36,8 @@ pub const PIPELINE_FORWARD: u8 = 0x02;
 pub const PIPELINE_EVAL: u8 = 0x03;
 /// Tag of the service that hands a stage's weights to a joining replica.
 pub const STAGE_WEIGHTS: u8 = 0x04;
+/// Tag of the service that shows a validator the evidence of one recent sample.
+pub const SPOT_CHECK: u8 = 0x05;
 /// Tags reserved for experiments, tests and benchmarks.
 pub const EXPERIMENTAL: RangeInclusive<u8> = 0xF0..=0xFF;
 

@@ -25,7 +25,8 @@
 //! * **Pipeline requests.** A forward comes from the previous stage's miner in the plan of
 //!   its epoch (current or the one before), which is the pathway's last hop, and every
 //!   pathway entry holds its stage in that plan; an evaluation from a previous-stage miner
-//!   of the current plan; a weights request from a replica of the requested stage.
+//!   of the current plan; a weights request from a replica of the requested stage; a spot
+//!   check from a permitted validator.
 //! * **Frames.** An activation or gradient frame must have exactly the shape
 //!   `[batch, seq, width]` the run configuration implies, the run's id and the expected
 //!   sample, checked on the header alone, before anything is decompressed or allocated.
@@ -148,6 +149,8 @@ pub(crate) enum Refusal {
     FrameMalformed,
     /// The peer, or all peers together, have too many requests in progress.
     TooManyRequests,
+    /// A request only a permitted validator may make (a spot check).
+    NotValidator,
 }
 
 impl Refusal {
@@ -164,6 +167,7 @@ impl Refusal {
             Refusal::FrameShape => "frame_shape",
             Refusal::FrameMalformed => "frame_malformed",
             Refusal::TooManyRequests => "too_many_requests",
+            Refusal::NotValidator => "not_validator",
         }
     }
 }
@@ -511,6 +515,17 @@ pub(crate) fn check_weights(book: &PlanBook, sender: &str, stage: u32) -> Result
         Ok(())
     } else {
         Err(Refusal::NotAReplica)
+    }
+}
+
+/// Checks that `sender` may spot-check this miner: a permitted validator of the metagraph.
+/// The evidence (inputs, outputs and the whole stage's weights) is costly to assemble and
+/// large, so no one else gets it.
+pub(crate) fn check_spot_check(validators: &BTreeSet<String>, sender: &str) -> Result<(), Refusal> {
+    if validators.contains(sender) {
+        Ok(())
+    } else {
+        Err(Refusal::NotValidator)
     }
 }
 

@@ -6,6 +6,7 @@
 //! first validator's `/status`, prints a line per epoch, writes a report (Markdown and an SVG
 //! loss curve) into `--out`, and stops every process it started — also on Ctrl-C or SIGTERM.
 
+mod adversary;
 mod report;
 
 use std::path::Path;
@@ -95,6 +96,29 @@ async fn drive(
             validator_permit: validator,
         });
     }
+    let miner_peers: Vec<PeerIdStr> = neurons
+        .iter()
+        .skip(args.validators as usize)
+        .map(|n| n.peer_id.clone())
+        .collect();
+    let faults = adversary::place(&args.adversary, miner_peers.len())?;
+    let roles: std::collections::BTreeMap<String, String> = miner_peers
+        .iter()
+        .enumerate()
+        .map(|(i, peer)| {
+            let role = faults
+                .get(&i)
+                .and_then(|f| crate::cli::fault_name(*f))
+                .unwrap_or("honest");
+            (peer.to_string(), role.to_string())
+        })
+        .collect();
+    for (i, fault) in &faults {
+        println!(
+            "  miner-{i} is an adversary: {}",
+            crate::cli::fault_name(*fault).unwrap_or("?")
+        );
+    }
     let metagraph = Metagraph::for_local_run(neurons)?;
     let metagraph_path = out.join("metagraph.json");
     std::fs::write(&metagraph_path, metagraph.to_json())?;
@@ -113,7 +137,19 @@ async fn drive(
 
     let started = Instant::now();
     let mut bootstrap = None::<String>;
-    for (i, name) in names.iter().enumerate() {
+    let validators = args.validators as usize;
+    let is_adversary = |i: usize| i >= validators && faults.contains_key(&(i - validators));
+    // Honest nodes first; adversaries once the honest miners are in a plan.
+    let order: Vec<usize> = (0..names.len())
+        .filter(|&i| !is_adversary(i))
+        .chain((0..names.len()).filter(|&i| is_adversary(i)))
+        .collect();
+    let honest_miners = miner_peers.len() - faults.len();
+    for i in order {
+        let name = &names[i];
+        if is_adversary(i) && nodes.len() == names.len() - faults.len() {
+            wait_for_plan(&nodes[0], honest_miners).await?;
+        }
         let mut node_args = vec![
             "--data-dir".to_string(),
             out.join(name).display().to_string(),
@@ -124,6 +160,11 @@ async fn drive(
         ];
         if (i as u32) < args.validators {
             node_args.push("--validator".into());
+        } else if let Some(fault) = faults
+            .get(&(i - args.validators as usize))
+            .and_then(|f| crate::cli::fault_name(*f))
+        {
+            node_args.extend(["--fault".to_string(), fault.to_string()]);
         }
         if let Some(addr) = &bootstrap {
             node_args.extend(["--bootstrap".to_string(), addr.clone()]);
@@ -183,9 +224,78 @@ async fn drive(
     let rows = rows.into_inner();
     let summary = report::Summary::new(&rows, epochs, &run, started.elapsed())?;
     report::write(out, &rows, &summary, &run, nodes)?;
+    if !args.adversary.is_empty() {
+        // Let the last epoch's scores and their consensus settle before reading them.
+        let status = settled_weights(watcher, epochs).await?;
+        let names: std::collections::BTreeMap<String, String> = nodes
+            .iter()
+            .map(|n| (crate::launcher::peer_of(&n.listen_addr()), n.name.clone()))
+            .collect();
+        let outcomes = adversary::outcomes(
+            &out.join(names_first(nodes)).join("weights"),
+            &status,
+            &names,
+            &roles,
+        );
+        std::fs::write(out.join("weights.svg"), adversary::svg(&outcomes))?;
+        let mut md = std::fs::read_to_string(out.join("report.md"))?;
+        md.push_str(&adversary::section(&outcomes));
+        std::fs::write(out.join("report.md"), md)?;
+        println!("{}", adversary::result_line(&outcomes));
+    }
     println!("local-swarm: report in {}", out.join("report.md").display());
     println!("{}", summary.result_line());
     Ok(())
+}
+
+/// Waits (bounded) until the plan in force at `watcher` holds `miners` miners.
+async fn wait_for_plan(watcher: &NodeProcess, miners: usize) -> anyhow::Result<()> {
+    println!(
+        "  waiting for the {miners} honest miners to be in a plan before the adversaries start"
+    );
+    wait_for(
+        "the honest miners to be in a plan",
+        READY_TIMEOUT * 2,
+        Duration::from_millis(500),
+        || async {
+            let status = watcher.status().await?;
+            let sizes: Vec<usize> = serde_json::from_value(status["stage_sizes"].clone())?;
+            let total: usize = sizes.iter().sum();
+            Ok((total >= miners, format!("{total} miners in the plan")))
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// The first node's name (the validator whose weights the report reads).
+fn names_first(nodes: &[NodeProcess]) -> String {
+    nodes.first().map(|n| n.name.clone()).unwrap_or_default()
+}
+
+/// The watcher's `/status` once its consensus covers the last trained epoch (or after a
+/// bounded wait, whatever it holds then).
+async fn settled_weights(watcher: &NodeProcess, epochs: u64) -> anyhow::Result<serde_json::Value> {
+    let latest = std::cell::RefCell::new(serde_json::Value::Null);
+    let waited = wait_for(
+        "the last epoch's weights",
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async {
+            let status = watcher.status().await?;
+            let epoch = status["consensus_epoch"].as_u64();
+            *latest.borrow_mut() = status;
+            Ok((
+                epoch.is_some_and(|e| e + 1 >= epochs),
+                format!("consensus at epoch {epoch:?}"),
+            ))
+        },
+    )
+    .await;
+    if let Err(error) = waited {
+        println!("local-swarm: {error:#}; reporting the weights as they are");
+    }
+    Ok(latest.into_inner())
 }
 
 fn parse_preset(name: &str) -> anyhow::Result<ModelPreset> {

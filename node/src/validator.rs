@@ -13,19 +13,26 @@
 //!   [`PipelineGossip::Weights`] vector (and handed to this node's own consensus, which
 //!   combines every validator's vector by Yuma consensus).
 //!
-//! Not yet here: spot checks.
+//! * All the while it spot-checks the miners at moments they cannot predict ([`spot`]): it
+//!   recomputes one of a miner's recent samples from the evidence the miner keeps. A miner
+//!   that fails a spot check, or that a merge audit names, gets quality 0 for the epoch and
+//!   loses its smoothed score.
 
-use std::collections::BTreeMap;
+pub(crate) mod spot;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use attribution::{clasp, EpochWork, Scores, Uid};
-use bootstrap::{EpochPlan, Metagraph};
+use bootstrap::{EpochPlan, Metagraph, RunConfig};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::handles::{
-    ConsensusHandle, EpochWeights, MergeHandle, MinerWeight, ValidatorHandle, ValidatorMsg, INBOX,
+    AuditFinding, ConsensusHandle, EpochWeights, MergeHandle, MinerWeight, SpotCheckCounts,
+    SpotCheckDone, ValidatorHandle, ValidatorMsg, INBOX,
 };
 use crate::messages::{LossRecord, PipelineGossip};
 
@@ -56,11 +63,28 @@ pub(crate) struct ValidatorParts {
     pub(crate) topic: String,
     /// This node's peer id.
     pub(crate) me: String,
+    /// The run (spot checks recompute its stages).
+    pub(crate) run: RunConfig,
+    /// Where spot checks compute.
+    pub(crate) device: training::Device,
+    /// Seeds the spot checks' schedule: derived from this node's private key.
+    pub(crate) secret: [u8; 32],
 }
 
+/// Why a miner's quality is 0 for an epoch, besides CLASP: kept until the epoch is scored.
+type Caught = BTreeMap<u64, BTreeMap<String, String>>;
+
+/// Epochs of merge hashes kept (a spot check needs the epoch before its own).
+const KEEP_MERGE_EPOCHS: usize = 4;
+
 /// Starts the service; it runs until every handle is dropped or the merge service stops.
-pub(crate) fn spawn(parts: ValidatorParts) -> (ValidatorHandle, JoinHandle<()>) {
+pub(crate) fn spawn(parts: ValidatorParts) -> anyhow::Result<(ValidatorHandle, JoinHandle<()>)> {
     let (tx, inbox) = mpsc::channel(INBOX);
+    let checker = Arc::new(spot::Checker::new(
+        parts.client.clone(),
+        parts.run.clone(),
+        parts.device,
+    )?);
     let (weights_tx, weights) = watch::channel(None);
     let uids: BTreeMap<String, Uid> = parts
         .metagraph
@@ -84,9 +108,16 @@ pub(crate) fn spawn(parts: ValidatorParts) -> (ValidatorHandle, JoinHandle<()>) 
         scores: Scores::default(),
         weights: weights_tx,
         me: tx.downgrade(),
+        schedule: spot::Schedule::new(parts.secret),
+        checker,
+        checking: false,
+        running: None,
+        merged: BTreeMap::new(),
+        caught: Caught::new(),
+        checks: SpotCheckCounts::default(),
     };
     let task = tokio::spawn(service.run(inbox));
-    (ValidatorHandle { tx, weights }, task)
+    Ok((ValidatorHandle { tx, weights }, task))
 }
 
 struct Service {
@@ -102,42 +133,178 @@ struct Service {
     weights: watch::Sender<Option<EpochWeights>>,
     /// Its own inbox, for the delayed scoring (weak: the service stops with its handles).
     me: mpsc::WeakSender<ValidatorMsg>,
+    schedule: spot::Schedule,
+    checker: Arc<spot::Checker>,
+    /// A spot check is running (one at a time).
+    checking: bool,
+    /// The epoch running now (the newest plan's).
+    running: Option<u64>,
+    /// Merge hashes gossiped per (epoch, stage).
+    merged: BTreeMap<(u64, u32), BTreeSet<String>>,
+    /// Miners caught by spot checks or merge audits, per epoch.
+    caught: Caught,
+    /// Spot checks ended since the last scoring.
+    checks: SpotCheckCounts,
+}
+
+/// Sends `message` to the service's own inbox after `delay` (nothing if it has stopped).
+fn later(me: &mpsc::WeakSender<ValidatorMsg>, delay: Duration, message: ValidatorMsg) {
+    let me = me.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        if let Some(me) = me.upgrade() {
+            let _ = me.send(message).await;
+        }
+    });
 }
 
 impl Service {
     async fn run(mut self, mut inbox: mpsc::Receiver<ValidatorMsg>) {
+        later(&self.me, self.schedule.next_delay(), ValidatorMsg::SpotTick);
         while let Some(message) = inbox.recv().await {
             match message {
                 ValidatorMsg::EpochClosed { closed, next } => {
                     if closed.epoch >= next.epoch {
                         continue;
                     }
+                    self.running = Some(next.epoch);
+                    later(&self.me, SCORE_DELAY, ValidatorMsg::Score(closed.clone()));
+                    // The audit's findings come back through this service's inbox.
+                    let (found_tx, mut found) = mpsc::channel::<AuditFinding>(INBOX);
                     let me = self.me.clone();
-                    let plan = closed.clone();
                     tokio::spawn(async move {
-                        tokio::time::sleep(SCORE_DELAY).await;
-                        if let Some(me) = me.upgrade() {
-                            let _ = me.send(ValidatorMsg::Score(plan)).await;
+                        while let Some(finding) = found.recv().await {
+                            let Some(me) = me.upgrade() else { return };
+                            if me.send(ValidatorMsg::AuditFinding(finding)).await.is_err() {
+                                return;
+                            }
                         }
                     });
-                    if let Err(error) = self.merge.audit(*closed, *next).await {
+                    if let Err(error) = self.merge.audit(*closed, *next, found_tx).await {
                         tracing::warn!(%error, "merges not audited");
                         return;
                     }
                 }
-                ValidatorMsg::Losses { epoch, records } => self.ledger.add(epoch, records),
+                ValidatorMsg::Losses { epoch, records } => {
+                    self.running = self.running.max(Some(epoch));
+                    self.ledger.add(epoch, records)
+                }
                 ValidatorMsg::Score(plan) => {
                     if self.score(&plan).await.is_err() {
                         return;
                     }
                 }
+                ValidatorMsg::Merged { epoch, stage, hash } => {
+                    self.merged.entry((epoch, stage)).or_default().insert(hash);
+                    while self.merged.len() > KEEP_MERGE_EPOCHS * 16 {
+                        self.merged.pop_first();
+                    }
+                }
+                ValidatorMsg::AuditFinding(finding) => {
+                    tracing::warn!(epoch = finding.epoch, accused = %finding.accused, kind = %finding.kind, "a merge audit caught a miner");
+                    self.caught
+                        .entry(finding.epoch)
+                        .or_default()
+                        .entry(finding.accused)
+                        .or_insert(format!("merge_audit: {}", finding.kind));
+                }
+                ValidatorMsg::SpotTick => {
+                    later(&self.me, self.schedule.next_delay(), ValidatorMsg::SpotTick);
+                    self.spot_check();
+                }
+                ValidatorMsg::Checked(done) => self.checked(*done),
             }
+        }
+    }
+
+    /// Starts the next spot check, unless one is running or there is nothing to check.
+    fn spot_check(&mut self) {
+        if self.checking {
+            return;
+        }
+        let Some(epoch) = self.running else { return };
+        let Some(target) = self
+            .ledger
+            .epochs
+            .get(&epoch)
+            .and_then(|records| self.schedule.pick(epoch, records))
+        else {
+            return;
+        };
+        let starts = epoch
+            .checked_sub(1)
+            .and_then(|before| self.merged.get(&(before, target.stage)))
+            .cloned()
+            .unwrap_or_default();
+        self.checking = true;
+        let checker = self.checker.clone();
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            let (outcome, measured) = checker.check(&target, &starts).await;
+            tracing::info!(
+                epoch = target.epoch,
+                peer = %target.peer,
+                stage = target.stage,
+                sample = target.sample,
+                ?outcome,
+                cosine = measured.cosine,
+                norm_ratio = measured.norm_ratio,
+                loss_ratio = measured.loss_ratio,
+                unchanged_weights = measured.unchanged_weights,
+                served = measured.served,
+                "spot check"
+            );
+            let (failed, inconclusive) = match outcome {
+                spot::Outcome::Pass => (None, None),
+                spot::Outcome::Fail(why) => (Some(why), None),
+                spot::Outcome::Inconclusive(why) => (None, Some(why)),
+            };
+            let done = SpotCheckDone {
+                epoch: target.epoch,
+                peer: target.peer,
+                stage: target.stage,
+                sample: target.sample,
+                failed,
+                inconclusive,
+            };
+            if let Some(me) = me.upgrade() {
+                let _ = me.send(ValidatorMsg::Checked(Box::new(done))).await;
+            }
+        });
+    }
+
+    /// Records a finished spot check.
+    fn checked(&mut self, done: SpotCheckDone) {
+        self.checking = false;
+        match (done.failed, done.inconclusive) {
+            (Some(why), _) => {
+                self.checks.failed += 1;
+                tracing::warn!(epoch = done.epoch, peer = %done.peer, stage = done.stage, sample = done.sample, reason = why, "a spot check caught a miner");
+                self.caught
+                    .entry(done.epoch)
+                    .or_default()
+                    .entry(done.peer)
+                    .or_insert(format!("spot_check: {why}"));
+            }
+            (None, Some(_)) => self.checks.inconclusive += 1,
+            (None, None) => self.checks.passed += 1,
         }
     }
 
     async fn score(&mut self, plan: &EpochPlan) -> Result<(), crate::handles::ServiceGone> {
         let records = self.ledger.take(plan.epoch);
-        let weights = weigh(plan, &records, &self.uids, &mut self.scores);
+        // Catches of this epoch and any earlier one not scored yet (a check that ended late).
+        let mut caught: BTreeMap<String, String> = BTreeMap::new();
+        while let Some(entry) = self.caught.first_entry() {
+            if *entry.key() > plan.epoch {
+                break;
+            }
+            for (peer, why) in entry.remove() {
+                caught.entry(peer).or_insert(why);
+            }
+        }
+        let mut weights = weigh(plan, &records, &self.uids, &caught, &mut self.scores);
+        weights.spot_checks = std::mem::take(&mut self.checks);
         let flagged: Vec<&str> = weights
             .miners
             .iter()
@@ -217,6 +384,7 @@ pub(crate) fn weigh(
     plan: &EpochPlan,
     records: &[LossRecord],
     uids: &BTreeMap<String, Uid>,
+    caught: &BTreeMap<String, String>,
     scores: &mut Scores,
 ) -> EpochWeights {
     let mut usable = Vec::with_capacity(records.len());
@@ -238,8 +406,20 @@ pub(crate) fn weigh(
             entry.1 += 1;
         }
     }
+    // A tail caught by a spot check (a loss it did not compute, a gradient it did not
+    // compute, a sample it never served) vouches for none of its losses: they stay out of
+    // the fit, where they would shift the blame onto its honest sibling (a stage's effects
+    // sum to zero). The other miners on those pathways keep the credit for serving them.
+    let distrusted = |record: &LossRecord| {
+        record
+            .pathway
+            .last()
+            .and_then(|tail| caught.get(tail))
+            .is_some_and(|why| why.starts_with("spot_check"))
+    };
     let fit: Vec<clasp::Record> = usable
         .iter()
+        .filter(|(_, _, record)| !distrusted(record))
         .map(|(order, pathway, record)| clasp::Record {
             order: *order,
             pathway: pathway.clone(),
@@ -257,14 +437,19 @@ pub(crate) fn weigh(
         ),
         Err(error) => (BTreeMap::new(), Some(error.to_string())),
     };
+    let peers: BTreeMap<Uid, &String> = uids.iter().map(|(peer, uid)| (*uid, peer)).collect();
+    let caught_of = |uid: &Uid| peers.get(uid).and_then(|p| caught.get(p.as_str()));
     let work: Vec<EpochWork> = served
         .iter()
-        .map(|(uid, (_, samples))| EpochWork {
-            uid: *uid,
-            samples_completed: *samples,
-            flagged: effects.get(uid).is_some_and(|e| e.flagged),
-            spot_check_failed: false,
-            merge_audit_failed: false,
+        .map(|(uid, (_, samples))| {
+            let why = caught_of(uid);
+            EpochWork {
+                uid: *uid,
+                samples_completed: *samples,
+                flagged: effects.get(uid).is_some_and(|e| e.flagged),
+                spot_check_failed: why.is_some_and(|w| w.starts_with("spot_check")),
+                merge_audit_failed: why.is_some_and(|w| w.starts_with("merge_audit")),
+            }
         })
         .collect();
     if let Err(error) = scores.update(&work) {
@@ -274,11 +459,14 @@ pub(crate) fn weigh(
         .unwrap_or_default()
         .into_iter()
         .collect();
-    let peers: BTreeMap<Uid, &String> = uids.iter().map(|(peer, uid)| (*uid, peer)).collect();
     let miners = served
         .iter()
         .map(|(uid, (stage, samples))| {
             let effect = effects.get(uid);
+            let clasp_flagged = effect.is_some_and(|e| e.flagged);
+            let reason = caught_of(uid)
+                .cloned()
+                .or_else(|| clasp_flagged.then(|| "clasp".to_string()));
             MinerWeight {
                 uid: *uid,
                 peer_id: peers.get(uid).map(|p| p.to_string()).unwrap_or_default(),
@@ -286,7 +474,8 @@ pub(crate) fn weigh(
                 samples: *samples,
                 effect: effect.map(|e| e.effect),
                 standard_error: effect.map(|e| e.standard_error),
-                flagged: effect.is_some_and(|e| e.flagged),
+                flagged: reason.is_some(),
+                reason,
                 weight: chain.get(uid).copied().unwrap_or(0),
             }
         })
@@ -296,6 +485,7 @@ pub(crate) fn weigh(
         records: usable.len() as u64,
         fit_error,
         miners,
+        spot_checks: SpotCheckCounts::default(),
     }
 }
 
@@ -363,6 +553,7 @@ mod tests {
             &plan(4),
             &records(400, Some((bad.clone(), 0.5))),
             &uids(),
+            &BTreeMap::new(),
             &mut scores,
         );
         assert_eq!(weights.epoch, 4);
@@ -383,12 +574,48 @@ mod tests {
     }
 
     #[test]
+    fn a_tail_caught_lying_loses_its_weight_and_does_not_shift_the_blame_to_its_sibling() {
+        // Peer 5 (a tail) reports losses far below the truth.
+        let liar = peer(5);
+        let records = records(400, Some((liar.clone(), -0.5)));
+        // Without the spot check's catch, CLASP sees the honest sibling as harmful.
+        let uncaught = weigh(
+            &plan(2),
+            &records,
+            &uids(),
+            &BTreeMap::new(),
+            &mut Scores::default(),
+        );
+        let sibling = uncaught
+            .miners
+            .iter()
+            .find(|m| m.peer_id == peer(4))
+            .unwrap();
+        assert!(sibling.flagged, "{sibling:?}");
+
+        let caught: BTreeMap<String, String> =
+            [(liar.clone(), "spot_check: loss_not_reproduced".to_string())].into();
+        let weights = weigh(&plan(2), &records, &uids(), &caught, &mut Scores::default());
+        for m in &weights.miners {
+            if m.peer_id == liar {
+                assert!(m.flagged);
+                assert_eq!(m.reason.as_deref(), Some("spot_check: loss_not_reproduced"));
+                assert_eq!(m.weight, 0);
+            } else {
+                assert!(!m.flagged, "{m:?}");
+                assert_eq!(m.samples, 200, "serving for the liar still counts: {m:?}");
+                assert_eq!(m.weight, u16::MAX, "{m:?}");
+            }
+        }
+    }
+
+    #[test]
     fn honest_work_is_weighed_by_samples_and_unknown_peers_are_left_out() {
         let mut records = records(400, None);
         // A record naming a peer the metagraph does not hold.
         records[0].pathway[1] = peer(50);
         let mut scores = Scores::default();
-        let weights = weigh(&plan(1), &records, &uids(), &mut scores);
+        let weights = weigh(&plan(1), &records, &uids(), &BTreeMap::new(), &mut scores);
         assert_eq!(weights.records, 399);
         assert!(weights.miners.iter().all(|m| !m.flagged));
         assert!(weights.miners.iter().all(|m| m.peer_id != peer(50)));
@@ -409,7 +636,13 @@ mod tests {
     #[test]
     fn too_few_records_still_count_the_work_and_say_why_nothing_was_flagged() {
         let mut scores = Scores::default();
-        let weights = weigh(&plan(0), &records(5, None), &uids(), &mut scores);
+        let weights = weigh(
+            &plan(0),
+            &records(5, None),
+            &uids(),
+            &BTreeMap::new(),
+            &mut scores,
+        );
         assert!(weights.fit_error.is_some());
         assert!(weights
             .miners

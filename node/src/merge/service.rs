@@ -16,7 +16,7 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 use crate::handles::{
-    MergeAnswer, MergeGossip, MergeHandle, MergeMsg, MergeRequest, Readers, INBOX,
+    AuditFinding, MergeAnswer, MergeGossip, MergeHandle, MergeMsg, MergeRequest, Readers, INBOX,
 };
 use crate::merge::{self, AuditParams, MergeParams, Router};
 use crate::rules::Verdict;
@@ -123,7 +123,12 @@ impl NetMerger {
     /// A validator's audit of the merges closing `closed`, which start as `next` says:
     /// recomputes a sample (the run's audit rate) of every stage's partitions and publishes
     /// a report naming any holder whose result does not reproduce.
-    pub(crate) fn audit(self: &Arc<Self>, closed: &EpochPlan, next: &EpochPlan) {
+    pub(crate) fn audit(
+        self: &Arc<Self>,
+        closed: &EpochPlan,
+        next: &EpochPlan,
+        findings: tokio::sync::mpsc::Sender<AuditFinding>,
+    ) {
         let start = merge_start(next);
         for stage in 0..closed.stages {
             let members: Vec<PeerId> = closed
@@ -135,6 +140,7 @@ impl NetMerger {
             }
             let this = self.clone();
             let closed = closed.clone();
+            let findings = findings.clone();
             tokio::spawn(async move {
                 this.follow_stage(stage).await;
                 let Some(len) = this.stage_len(stage) else {
@@ -159,7 +165,17 @@ impl NetMerger {
                 };
                 match merge::audit(&this.client, &this.router, params).await {
                     Ok(report) => {
-                        tracing::info!(stage, epoch = closed.epoch, ?report, "merge audited")
+                        tracing::info!(stage, epoch = closed.epoch, ?report, "merge audited");
+                        for found in &report.misbehaviour {
+                            let finding = AuditFinding {
+                                epoch: found.epoch,
+                                accused: found.accused.to_string(),
+                                kind: format!("{:?}", found.kind),
+                            };
+                            if findings.send(finding).await.is_err() {
+                                break;
+                            }
+                        }
                     }
                     Err(error) => tracing::warn!(%error, stage, "audit failed"),
                 }
@@ -251,7 +267,11 @@ pub(crate) fn spawn(
                         let _ = reply.send(merger.merge(*request).await);
                     });
                 }
-                MergeMsg::Audit { closed, next } => merger.audit(&closed, &next),
+                MergeMsg::Audit {
+                    closed,
+                    next,
+                    findings,
+                } => merger.audit(&closed, &next, findings),
             }
         }
     });

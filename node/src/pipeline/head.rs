@@ -8,6 +8,7 @@ use tokio::task::JoinSet;
 use training::worker::EvalOutput;
 use training::StageHandle;
 
+use super::evidence::Evidence;
 use super::hop::{after_backward, send_eval, send_forward, val_batch};
 use super::{lock, tokens_input, Shared, VAL_BATCHES};
 use crate::messages::{ForwardHeader, PipelineGossip};
@@ -96,12 +97,21 @@ async fn one_sample(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle, i
     };
     shared.metrics.samples_forward.inc();
     let frame = match worker.forward(id, tokens_input(&batch)).await {
-        Ok(frame) => frame,
+        Ok(frame) => shared.outgoing(frame, id),
         Err(error) => {
             tracing::warn!(%error, "head forward failed");
             return false;
         }
     };
+    shared.keep_evidence(Evidence {
+        epoch: plan.epoch,
+        sample: id,
+        stage: 0,
+        input: Vec::new(),
+        output: frame.clone(),
+        loss: None,
+        generation: 0,
+    });
     let header = ForwardHeader {
         epoch: plan.epoch,
         sample: id,

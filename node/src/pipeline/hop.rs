@@ -10,6 +10,7 @@ use bootstrap::EpochPlan;
 use rand::{Rng, SeedableRng};
 use training::worker::{EvalOutput, StageInput};
 
+use super::evidence::Evidence;
 use super::{eval_body, eval_reply, forward_body, forward_reply, lock, Shared, HOP_TIMEOUT};
 use crate::messages::{
     self, EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, Service,
@@ -25,6 +26,26 @@ const HUGE_WINDOWS: usize = 1024;
 
 /// Replicas tried for one hop before the sample is dropped.
 const ATTEMPTS: usize = 3;
+
+/// How far below the computed loss a `lie-loss` tail reports.
+const LIE_FRACTION: f32 = 0.2;
+
+/// What an `inflate` tail claims besides `real`: a sample the same head draws near the end
+/// of the epoch, which this tail has not served (and, if the epoch runs that far, another
+/// tail will), with `real`'s pathway and loss.
+fn fabricate(shared: &Shared, plan: &EpochPlan, real: &LossRecord) -> Option<LossRecord> {
+    let head = real.pathway.first()?;
+    let index = plan.miners_of(0).position(|h| h.as_str() == head)?;
+    let k = shared.fabricated.fetch_add(1, Ordering::Relaxed);
+    let counter = plan
+        .epoch_samples
+        .checked_sub(1 + k % plan.epoch_samples.max(1))?;
+    Some(LossRecord {
+        sample: crate::rules::sample_id(plan.seed, index as u64, counter),
+        pathway: real.pathway.clone(),
+        loss: real.loss,
+    })
+}
 
 /// Measured speed of a peer: an exponentially weighted mean of its hop latency.
 #[derive(Debug, Clone, Copy)]
@@ -196,7 +217,7 @@ pub(crate) async fn after_backward(
     shared.epoch_processed.fetch_add(1, Ordering::Relaxed);
     let done = shared.backward_done.fetch_add(1, Ordering::Relaxed) + 1;
     let k = u64::from(plan.inner_steps.max(1));
-    if done % k == 0 {
+    if done % k == 0 && !shared.cfg.faults.lazy {
         // Linear warm-up over the miner's first steps: a transformer given the full rate
         // from its first step tends to collapse onto byte frequencies.
         let step = done / k;
@@ -254,31 +275,53 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
                 after_backward(shared, &worker, &plan).await;
                 shared.metrics.train_loss.set(f64::from(out.loss));
                 lock(&shared.state).train_loss = Some(out.loss);
-                lock(&shared.losses).push((
-                    header.epoch,
-                    LossRecord {
-                        sample: header.sample,
-                        pathway: pathway.clone(),
-                        loss: out.loss,
-                    },
-                ));
-                let mut grad = out.grad_frame.unwrap_or_default();
-                if shared.cfg.faults.huge_frames {
+                let faults = shared.cfg.faults;
+                let loss = if faults.lie_loss {
+                    out.loss * (1.0 - LIE_FRACTION)
+                } else {
+                    out.loss
+                };
+                let record = LossRecord {
+                    sample: header.sample,
+                    pathway: pathway.clone(),
+                    loss,
+                };
+                let fabricated = faults.inflate.then(|| fabricate(shared, &plan, &record));
+                {
+                    let mut losses = lock(&shared.losses);
+                    losses.push((header.epoch, record));
+                    losses.extend(fabricated.flatten().map(|r| (header.epoch, r)));
+                }
+                let mut grad = shared.outgoing(out.grad_frame.unwrap_or_default(), header.sample);
+                shared.keep_evidence(Evidence {
+                    epoch: header.epoch,
+                    sample: header.sample,
+                    stage,
+                    input: frame.to_vec(),
+                    output: grad.clone(),
+                    loss: Some(loss),
+                    generation: 0,
+                });
+                if faults.huge_frames {
                     grad = super::inflated_frame(&grad, HUGE_WINDOWS).unwrap_or(grad);
                 }
-                forward_reply(
-                    &ForwardReply::Done {
-                        loss: out.loss,
-                        pathway,
-                    },
-                    &grad,
-                )
+                forward_reply(&ForwardReply::Done { loss, pathway }, &grad)
             }
             Err(error) => failed(error.to_string()),
         }
     } else {
         match worker.forward(header.sample, input).await {
             Ok(activation) => {
+                let activation = shared.outgoing(activation, header.sample);
+                shared.keep_evidence(Evidence {
+                    epoch: header.epoch,
+                    sample: header.sample,
+                    stage,
+                    input: frame.to_vec(),
+                    output: activation.clone(),
+                    loss: None,
+                    generation: 0,
+                });
                 let next = ForwardHeader {
                     epoch: header.epoch,
                     sample: header.sample,
@@ -288,10 +331,9 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
                     Ok((loss, pathway, grad)) => match worker.backward(grad).await {
                         Ok(grad_in) => {
                             after_backward(shared, &worker, &plan).await;
-                            forward_reply(
-                                &ForwardReply::Done { loss, pathway },
-                                &grad_in.unwrap_or_default(),
-                            )
+                            let grad_in =
+                                shared.outgoing(grad_in.unwrap_or_default(), header.sample);
+                            forward_reply(&ForwardReply::Done { loss, pathway }, &grad_in)
                         }
                         Err(error) => failed(error.to_string()),
                     },

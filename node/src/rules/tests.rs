@@ -418,6 +418,29 @@ fn evaluations_and_weights_are_served_only_to_the_plan() {
     assert_eq!(check_weights(&book, &head, 1), Err(Refusal::NotAReplica));
 }
 
+#[test]
+fn spot_checks_are_answered_only_to_permitted_validators() {
+    let (book, _) = book(&[3]);
+    let plan = book.get(3).unwrap();
+    let validator = peer(200).to_string();
+    let validators: BTreeSet<String> = [validator.clone()].into();
+    assert_eq!(check_spot_check(&validators, &validator), Ok(()));
+    // Neither a miner of the plan nor a stranger may ask for a miner's evidence.
+    let miner = on(plan, 1)[0].clone();
+    assert_eq!(
+        check_spot_check(&validators, &miner),
+        Err(Refusal::NotValidator)
+    );
+    assert_eq!(
+        check_spot_check(&validators, peer(201).as_str()),
+        Err(Refusal::NotValidator)
+    );
+    assert_eq!(
+        check_spot_check(&BTreeSet::new(), &validator),
+        Err(Refusal::NotValidator)
+    );
+}
+
 fn frame(run_id: u64, sample: u64, stage: u32, kind: FrameKind, shape: &[usize]) -> Vec<u8> {
     let meta = wire::FrameMeta {
         run: run_id,
