@@ -124,6 +124,9 @@ pub(crate) enum Fault {
     LieLoss,
     /// As a tail, claim samples never served (one per sample served).
     Inflate,
+    /// As a validator, publish weights that give everything to the lowest uid it scored
+    /// (a validator out of line with the others, whom consensus must discount).
+    SkewWeights,
 }
 
 /// Options of `keygen`.
@@ -296,7 +299,8 @@ pub(crate) fn parse_adversary(text: &str) -> Result<Adversary, String> {
 }
 
 /// The modes `--adversary` takes.
-pub(crate) const MODES: &str = "noise, lazy, lie-loss, inflate, inflate-samples, nan-merge";
+pub(crate) const MODES: &str =
+    "noise, lazy, lie-loss, inflate, inflate-samples, nan-merge (miners), skew-weights (a validator)";
 
 /// The `--fault` value of a miner misbehaviour (`None` for faults that are not one).
 pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
@@ -307,6 +311,7 @@ pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
         Fault::Inflate => Some("inflate"),
         Fault::InflateSamples => Some("inflate-samples"),
         Fault::NanMerge => Some("nan-merge"),
+        Fault::SkewWeights => Some("skew-weights"),
         Fault::ForgePlans | Fault::HugeFrames | Fault::ComputeDies => None,
     }
 }

@@ -122,6 +122,11 @@ pub(crate) struct MinerConsensus {
     pub(crate) weight: f64,
     /// Its share of the emission: normalised Σ stake × clipped weight.
     pub(crate) incentive: f64,
+    /// Weighed 0 by consensus (or flagged by this node, when it is a validator).
+    pub(crate) flagged: bool,
+    /// Why: this validator's own reason when it has one (`clasp`, `spot_check: …`, …), else
+    /// that the consensus weighs it 0.
+    pub(crate) reason: Option<String>,
 }
 
 /// One validator's standing in the consensus.

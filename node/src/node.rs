@@ -186,6 +186,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 run: run_config.clone(),
                 device: args.device,
                 secret,
+                skew_weights: args.fault.contains(&Fault::SkewWeights),
             })?;
             (Some(handle), Some(task))
         }

@@ -30,6 +30,24 @@ pub(crate) use service::spawn;
 /// are in when it assigns stages.
 const FIRST_PLAN_DELAY: Duration = Duration::from_secs(3);
 
+/// The first plan also waits until no new miner has been heard for this long (miners of a
+/// swarm that starts together are still joining, and one left out of the first plan loses
+/// a whole epoch)…
+const FIRST_PLAN_SETTLE: Duration = Duration::from_secs(2);
+
+/// …but no longer than this after start, however miners keep arriving.
+const FIRST_PLAN_MAX_DELAY: Duration = Duration::from_secs(20);
+
+/// Whether the first plan of a run may go out at `now` (time since start), the last new
+/// miner having been heard at `last_new_miner`.
+fn first_plan_ready(now: Duration, last_new_miner: Option<Duration>) -> bool {
+    if now < FIRST_PLAN_DELAY {
+        return false;
+    }
+    now >= FIRST_PLAN_MAX_DELAY
+        || last_new_miner.is_some_and(|at| now.saturating_sub(at) >= FIRST_PLAN_SETTLE)
+}
+
 /// Shortest epoch, so that a quick epoch still leaves every node time to take its plan in.
 const MIN_EPOCH: Duration = Duration::from_secs(1);
 
@@ -43,6 +61,8 @@ pub(crate) struct Orchestration {
     metagraph: Option<Metagraph>,
     validators: View,
     miners: BTreeMap<PeerIdStr, Duration>,
+    /// When a miner was last heard for the first time (the first plan waits for quiet).
+    last_new_miner: Option<Duration>,
     heartbeats: crate::rules::HeartbeatGate,
     current: Option<EpochPlan>,
     /// When this node last published a plan (as orchestrator).
@@ -86,6 +106,7 @@ impl Orchestration {
             metagraph,
             validators: View::new(),
             miners: BTreeMap::new(),
+            last_new_miner: None,
             heartbeats: crate::rules::HeartbeatGate::default(),
             current,
             published_at: None,
@@ -135,7 +156,9 @@ impl Orchestration {
                 }
             }
             Role::Miner => {
-                self.miners.insert(author.clone(), now);
+                if self.miners.insert(author.clone(), now).is_none() {
+                    self.last_new_miner = Some(now);
+                }
             }
         }
         Ok(())
@@ -271,6 +294,9 @@ impl Orchestration {
         let took_over = mine && !self.was_orchestrator;
         self.was_orchestrator = mine;
         if !mine || now < FIRST_PLAN_DELAY {
+            return None;
+        }
+        if self.current.is_none() && !first_plan_ready(now, self.last_new_miner) {
             return None;
         }
         let since = self.published_at.map(|at| now.saturating_sub(at));
@@ -476,6 +502,26 @@ mod tests {
             .unwrap();
         let _ = node.tick(now, std::time::SystemTime::now(), false);
         now
+    }
+
+    #[test]
+    fn the_first_plan_waits_for_the_miners_to_stop_arriving_within_a_bound() {
+        let s = Duration::from_secs;
+        // Not before the fixed delay, even with every miner long in.
+        assert!(!first_plan_ready(s(2), Some(s(0))));
+        // Miners still arriving: wait.
+        assert!(!first_plan_ready(s(3), Some(s(2))));
+        assert!(!first_plan_ready(Duration::from_millis(4500), Some(s(3))));
+        // Quiet for the settle time: go.
+        assert!(first_plan_ready(s(5), Some(s(3))));
+        assert!(first_plan_ready(s(3), Some(s(1))));
+        // No miner yet, or miners that never stop arriving: go at the bound.
+        assert!(!first_plan_ready(s(10), None));
+        assert!(first_plan_ready(FIRST_PLAN_MAX_DELAY, None));
+        assert!(first_plan_ready(
+            FIRST_PLAN_MAX_DELAY,
+            Some(FIRST_PLAN_MAX_DELAY)
+        ));
     }
 
     #[test]

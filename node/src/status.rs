@@ -89,6 +89,9 @@ impl StatusSource {
         if let Some(validator) = &self.validator {
             view.validator_weights = validator.borrow().clone();
         }
+        if let (Some(own), Some(consensus)) = (&view.validator_weights, &mut view.weights) {
+            annotate(consensus, own);
+        }
         Ok(Status {
             peer_id: self.client.local_peer_id().to_string(),
             role: self.role,
@@ -97,5 +100,92 @@ impl StatusSource {
             routing_table: routing,
             view,
         })
+    }
+}
+
+/// Adds a validator's own reasons to the consensus of the same epoch.
+fn annotate(consensus: &mut crate::handles::ConsensusWeights, own: &crate::handles::EpochWeights) {
+    if consensus.epoch != own.epoch {
+        return;
+    }
+    for miner in &mut consensus.miners {
+        if let Some(reason) = own
+            .miners
+            .iter()
+            .find(|m| m.uid == miner.uid)
+            .and_then(|m| m.reason.clone())
+        {
+            miner.flagged = true;
+            miner.reason = Some(reason);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handles::{ConsensusWeights, EpochWeights, MinerConsensus, MinerWeight};
+
+    fn consensus(epoch: u64) -> ConsensusWeights {
+        let miner = |uid: u16, weight: f64| MinerConsensus {
+            uid,
+            hotkey: String::new(),
+            peer_id: format!("p{uid}"),
+            weight,
+            incentive: weight,
+            flagged: weight == 0.0,
+            reason: (weight == 0.0).then(|| "weighed 0 by consensus".into()),
+        };
+        ConsensusWeights {
+            epoch,
+            miners: vec![miner(1, 0.5), miner(2, 0.5), miner(3, 0.0)],
+            validators: Vec::new(),
+        }
+    }
+
+    fn own(epoch: u64) -> EpochWeights {
+        let miner = |uid: u16, reason: Option<&str>| MinerWeight {
+            uid,
+            peer_id: format!("p{uid}"),
+            stage: 0,
+            samples: 10,
+            effect: None,
+            standard_error: None,
+            flagged: reason.is_some(),
+            reason: reason.map(str::to_string),
+            weight: 0,
+        };
+        EpochWeights {
+            epoch,
+            records: 30,
+            fit_error: None,
+            miners: vec![
+                miner(1, None),
+                miner(2, Some("spot_check: output_not_reproduced")),
+            ],
+            spot_checks: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_validators_own_reasons_annotate_the_consensus_of_the_same_epoch_only() {
+        let mut weights = consensus(4);
+        annotate(&mut weights, &own(4));
+        let reasons: Vec<(bool, Option<&str>)> = weights
+            .miners
+            .iter()
+            .map(|m| (m.flagged, m.reason.as_deref()))
+            .collect();
+        assert_eq!(
+            reasons,
+            vec![
+                (false, None),
+                (true, Some("spot_check: output_not_reproduced")),
+                (true, Some("weighed 0 by consensus")),
+            ]
+        );
+        let mut other = consensus(5);
+        annotate(&mut other, &own(4));
+        assert!(!other.miners[1].flagged);
     }
 }

@@ -101,23 +101,34 @@ async fn drive(
         .skip(args.validators as usize)
         .map(|n| n.peer_id.clone())
         .collect();
-    let faults = adversary::place(&args.adversary, miner_peers.len())?;
+    let (validator_adversaries, miner_adversaries): (Vec<_>, Vec<_>) = args
+        .adversary
+        .iter()
+        .partition(|a| a.fault == crate::cli::Fault::SkewWeights);
+    let faults = adversary::place(&miner_adversaries, miner_peers.len())?;
+    let validator_faults = adversary::place(&validator_adversaries, args.validators as usize)?;
+    let role_of = |fault: Option<&crate::cli::Fault>| {
+        fault
+            .and_then(|f| crate::cli::fault_name(*f))
+            .unwrap_or("honest")
+            .to_string()
+    };
     let roles: std::collections::BTreeMap<String, String> = miner_peers
         .iter()
         .enumerate()
-        .map(|(i, peer)| {
-            let role = faults
-                .get(&i)
-                .and_then(|f| crate::cli::fault_name(*f))
-                .unwrap_or("honest");
-            (peer.to_string(), role.to_string())
-        })
+        .map(|(i, peer)| (peer.to_string(), role_of(faults.get(&i))))
         .collect();
+    let validator_roles: std::collections::BTreeMap<String, String> = neurons
+        .iter()
+        .take(args.validators as usize)
+        .enumerate()
+        .map(|(i, n)| (n.peer_id.to_string(), role_of(validator_faults.get(&i))))
+        .collect();
+    for (i, fault) in &validator_faults {
+        println!("  validator-{i} is an adversary: {}", role_of(Some(fault)));
+    }
     for (i, fault) in &faults {
-        println!(
-            "  miner-{i} is an adversary: {}",
-            crate::cli::fault_name(*fault).unwrap_or("?")
-        );
+        println!("  miner-{i} is an adversary: {}", role_of(Some(fault)));
     }
     let metagraph = Metagraph::for_local_run(neurons)?;
     let metagraph_path = out.join("metagraph.json");
@@ -160,6 +171,12 @@ async fn drive(
         ];
         if (i as u32) < args.validators {
             node_args.push("--validator".into());
+            if let Some(fault) = validator_faults
+                .get(&i)
+                .and_then(|f| crate::cli::fault_name(*f))
+            {
+                node_args.extend(["--fault".to_string(), fault.to_string()]);
+            }
         } else if let Some(fault) = faults
             .get(&(i - args.validators as usize))
             .and_then(|f| crate::cli::fault_name(*f))
@@ -226,22 +243,44 @@ async fn drive(
     report::write(out, &rows, &summary, &run, nodes)?;
     if !args.adversary.is_empty() {
         // Let the last epoch's scores and their consensus settle before reading them.
-        let status = settled_weights(watcher, epochs).await?;
+        let statuses = settled_weights(nodes, epochs).await;
         let names: std::collections::BTreeMap<String, String> = nodes
             .iter()
             .map(|n| (crate::launcher::peer_of(&n.listen_addr()), n.name.clone()))
             .collect();
+        let status = statuses.first().cloned().unwrap_or_default();
         let outcomes = adversary::outcomes(
             &out.join(names_first(nodes)).join("weights"),
             &status,
             &names,
             &roles,
         );
+        let trust = adversary::validators(&status, &names, &validator_roles);
+        let agreeing = adversary::agreeing(&statuses);
         std::fs::write(out.join("weights.svg"), adversary::svg(&outcomes))?;
+        std::fs::write(
+            out.join("weights.json"),
+            serde_json::to_vec_pretty(&serde_json::json!({
+                "consensus_epoch": status["consensus_epoch"],
+                "miners": outcomes,
+                "validators": trust,
+                "nodes": statuses.len(),
+                "agreeing_nodes": agreeing,
+            }))?,
+        )?;
         let mut md = std::fs::read_to_string(out.join("report.md"))?;
         md.push_str(&adversary::section(&outcomes));
+        md.push_str(&adversary::validators_section(
+            &trust,
+            agreeing,
+            statuses.len(),
+        ));
         std::fs::write(out.join("report.md"), md)?;
         println!("{}", adversary::result_line(&outcomes));
+        println!(
+            "RESULT consensus agreeing_nodes={agreeing}/{}",
+            statuses.len()
+        );
     }
     println!("local-swarm: report in {}", out.join("report.md").display());
     println!("{}", summary.result_line());
@@ -273,29 +312,32 @@ fn names_first(nodes: &[NodeProcess]) -> String {
     nodes.first().map(|n| n.name.clone()).unwrap_or_default()
 }
 
-/// The watcher's `/status` once its consensus covers the last trained epoch (or after a
-/// bounded wait, whatever it holds then).
-async fn settled_weights(watcher: &NodeProcess, epochs: u64) -> anyhow::Result<serde_json::Value> {
-    let latest = std::cell::RefCell::new(serde_json::Value::Null);
+/// Every node's `/status` once each one's consensus covers the last trained epoch (or after
+/// a bounded wait, whatever they hold then), in the order of `nodes`.
+async fn settled_weights(nodes: &[NodeProcess], epochs: u64) -> Vec<serde_json::Value> {
+    let latest = std::cell::RefCell::new(Vec::new());
     let waited = wait_for(
-        "the last epoch's weights",
+        "every node's consensus on the last epoch's weights",
         Duration::from_secs(30),
         Duration::from_millis(500),
         || async {
-            let status = watcher.status().await?;
-            let epoch = status["consensus_epoch"].as_u64();
-            *latest.borrow_mut() = status;
-            Ok((
-                epoch.is_some_and(|e| e + 1 >= epochs),
-                format!("consensus at epoch {epoch:?}"),
-            ))
+            let mut statuses = Vec::with_capacity(nodes.len());
+            for node in nodes {
+                statuses.push(node.status().await?);
+            }
+            let behind = statuses
+                .iter()
+                .filter(|s| s["consensus_epoch"].as_u64().is_none_or(|e| e + 1 < epochs))
+                .count();
+            *latest.borrow_mut() = statuses;
+            Ok((behind == 0, format!("{behind} node(s) behind")))
         },
     )
     .await;
     if let Err(error) = waited {
         println!("local-swarm: {error:#}; reporting the weights as they are");
     }
-    Ok(latest.into_inner())
+    latest.into_inner()
 }
 
 fn parse_preset(name: &str) -> anyhow::Result<ModelPreset> {

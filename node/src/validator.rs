@@ -69,10 +69,16 @@ pub(crate) struct ValidatorParts {
     pub(crate) device: training::Device,
     /// Seeds the spot checks' schedule: derived from this node's private key.
     pub(crate) secret: [u8; 32],
+    /// Misbehaviour on purpose: publish skewed weights (the hidden `skew-weights` fault).
+    pub(crate) skew_weights: bool,
 }
 
 /// Why a miner's quality is 0 for an epoch, besides CLASP: kept until the epoch is scored.
 type Caught = BTreeMap<u64, BTreeMap<String, String>>;
+
+/// Epochs a miner caught by a spot check or a merge audit stays at quality 0 (the epoch it
+/// was caught in included): cheating must cost more than the epochs a check might miss.
+pub(crate) const PROBATION_EPOCHS: u64 = 10;
 
 /// Epochs of merge hashes kept (a spot check needs the epoch before its own).
 const KEEP_MERGE_EPOCHS: usize = 4;
@@ -115,6 +121,8 @@ pub(crate) fn spawn(parts: ValidatorParts) -> anyhow::Result<(ValidatorHandle, J
         merged: BTreeMap::new(),
         caught: Caught::new(),
         checks: SpotCheckCounts::default(),
+        skew_weights: parts.skew_weights,
+        probation: Probation::new(),
     };
     let task = tokio::spawn(service.run(inbox));
     Ok((ValidatorHandle { tx, weights }, task))
@@ -145,6 +153,9 @@ struct Service {
     caught: Caught,
     /// Spot checks ended since the last scoring.
     checks: SpotCheckCounts,
+    /// Miners on probation.
+    probation: Probation,
+    skew_weights: bool,
 }
 
 /// Sends `message` to the service's own inbox after `delay` (nothing if it has stopped).
@@ -303,6 +314,7 @@ impl Service {
                 caught.entry(peer).or_insert(why);
             }
         }
+        apply_probation(&mut self.probation, &mut caught, plan.epoch);
         let mut weights = weigh(plan, &records, &self.uids, &caught, &mut self.scores);
         weights.spot_checks = std::mem::take(&mut self.checks);
         let flagged: Vec<&str> = weights
@@ -324,7 +336,14 @@ impl Service {
                 tracing::warn!(%error, "weights not written");
             }
         }
-        let vector: Vec<(u16, u16)> = weights.miners.iter().map(|m| (m.uid, m.weight)).collect();
+        let mut vector: Vec<(u16, u16)> =
+            weights.miners.iter().map(|m| (m.uid, m.weight)).collect();
+        if self.skew_weights {
+            // Everything to the lowest uid, nothing to the others.
+            for (i, (_, weight)) in vector.iter_mut().enumerate() {
+                *weight = if i == 0 { u16::MAX } else { 0 };
+            }
+        }
         self.weights.send_replace(Some(weights));
         if vector.is_empty() {
             return Ok(());
@@ -375,6 +394,29 @@ impl Ledger {
     }
 }
 
+/// Miners on probation: the first epoch each is paid again, and why.
+type Probation = BTreeMap<String, (u64, String)>;
+
+/// A miner caught in `epoch` starts (or restarts) a probation of [`PROBATION_EPOCHS`]; one
+/// still on probation is added to `caught` (a spot check may miss a cheater for an epoch;
+/// being caught once costs the whole probation).
+fn apply_probation(probation: &mut Probation, caught: &mut BTreeMap<String, String>, epoch: u64) {
+    for (peer, why) in caught.iter() {
+        probation.insert(peer.clone(), (epoch + PROBATION_EPOCHS, why.clone()));
+    }
+    probation.retain(|_, (until, _)| *until > epoch);
+    for (peer, (_, why)) in probation.iter() {
+        caught
+            .entry(peer.clone())
+            .or_insert_with(|| format!("probation after {}", proof(why)));
+    }
+}
+
+/// The check behind a reason, whether caught now or on probation after it.
+fn proof(why: &str) -> &str {
+    why.strip_prefix("probation after ").unwrap_or(why)
+}
+
 /// Scores the miners of `plan`'s epoch from its authenticated loss records and folds the
 /// epoch into `scores`; returns the weights. Records naming a peer without a uid in the
 /// metagraph (an open-registration miner) are left out: such a miner cannot be weighted
@@ -415,7 +457,7 @@ pub(crate) fn weigh(
             .pathway
             .last()
             .and_then(|tail| caught.get(tail))
-            .is_some_and(|why| why.starts_with("spot_check"))
+            .is_some_and(|why| proof(why).starts_with("spot_check"))
     };
     let fit: Vec<clasp::Record> = usable
         .iter()
@@ -447,8 +489,8 @@ pub(crate) fn weigh(
                 uid: *uid,
                 samples_completed: *samples,
                 flagged: effects.get(uid).is_some_and(|e| e.flagged),
-                spot_check_failed: why.is_some_and(|w| w.starts_with("spot_check")),
-                merge_audit_failed: why.is_some_and(|w| w.starts_with("merge_audit")),
+                spot_check_failed: why.is_some_and(|w| proof(w).starts_with("spot_check")),
+                merge_audit_failed: why.is_some_and(|w| proof(w).starts_with("merge_audit")),
             }
         })
         .collect();
@@ -649,6 +691,52 @@ mod tests {
             .iter()
             .all(|m| !m.flagged && m.effect.is_none()));
         assert!(weights.miners.iter().any(|m| m.weight == u16::MAX));
+    }
+
+    #[test]
+    fn a_miner_caught_once_stays_unpaid_for_its_probation() {
+        let mut probation = Probation::new();
+        let mut caught: BTreeMap<String, String> = [(
+            "p".to_string(),
+            "spot_check: loss_not_reproduced".to_string(),
+        )]
+        .into();
+        apply_probation(&mut probation, &mut caught, 3);
+        assert_eq!(caught.len(), 1);
+        // Not caught again in the next epochs: still unpaid, and weighed as caught.
+        for epoch in 4..3 + PROBATION_EPOCHS {
+            let mut caught = BTreeMap::new();
+            apply_probation(&mut probation, &mut caught, epoch);
+            let why = caught.get("p").unwrap_or_else(|| panic!("epoch {epoch}"));
+            assert_eq!(why, "probation after spot_check: loss_not_reproduced");
+            assert!(proof(why).starts_with("spot_check"));
+        }
+        // Paid again once the probation is over.
+        let mut caught = BTreeMap::new();
+        apply_probation(&mut probation, &mut caught, 3 + PROBATION_EPOCHS);
+        assert!(caught.is_empty());
+        assert!(probation.is_empty());
+        // A weighing on probation: weight 0, the reason shown.
+        let mut scores = Scores::default();
+        let on_probation: BTreeMap<String, String> = [(
+            peer(3),
+            "probation after spot_check: weights_never_stepped".to_string(),
+        )]
+        .into();
+        let weights = weigh(
+            &plan(5),
+            &records(400, None),
+            &uids(),
+            &on_probation,
+            &mut scores,
+        );
+        let m = weights
+            .miners
+            .iter()
+            .find(|m| m.peer_id == peer(3))
+            .unwrap();
+        assert!(m.flagged);
+        assert_eq!(m.weight, 0);
     }
 
     #[test]

@@ -165,11 +165,15 @@ async fn stake_elects_the_orchestrator_and_failover_keeps_epochs_moving() {
             "no forged epoch accepted"
         );
         let metrics = node.metrics().await.unwrap();
-        rejected_forgeries += metric(
-            &metrics,
-            "iota_gossip_rejected_total",
-            &["reason=\"not_orchestrator\""],
-        );
+        // A forged plan is refused for naming a miner outside the metagraph (checked
+        // first) or for its author, who is not the orchestrator.
+        for reason in ["not_orchestrator", "plan_unregistered_miners"] {
+            rejected_forgeries += metric(
+                &metrics,
+                "iota_gossip_rejected_total",
+                &[&format!("reason=\"{reason}\"")],
+            );
+        }
     }
     assert!(
         rejected_forgeries > 0.0,

@@ -79,18 +79,23 @@ impl WeightBook {
             .miners
             .iter()
             .enumerate()
-            .map(|(j, uid)| MinerConsensus {
-                uid: *uid,
-                hotkey: by_uid
-                    .get(uid)
-                    .map(|n| n.hotkey.to_string())
-                    .unwrap_or_default(),
-                peer_id: by_uid
-                    .get(uid)
-                    .map(|n| n.peer_id.to_string())
-                    .unwrap_or_default(),
-                weight: outcome.consensus.get(j).copied().unwrap_or(0.0),
-                incentive: outcome.incentive.get(j).copied().unwrap_or(0.0),
+            .map(|(j, uid)| {
+                let weight = outcome.consensus.get(j).copied().unwrap_or(0.0);
+                MinerConsensus {
+                    uid: *uid,
+                    hotkey: by_uid
+                        .get(uid)
+                        .map(|n| n.hotkey.to_string())
+                        .unwrap_or_default(),
+                    peer_id: by_uid
+                        .get(uid)
+                        .map(|n| n.peer_id.to_string())
+                        .unwrap_or_default(),
+                    weight,
+                    incentive: outcome.incentive.get(j).copied().unwrap_or(0.0),
+                    flagged: weight <= 0.0,
+                    reason: (weight <= 0.0).then(|| "weighed 0 by consensus".to_string()),
+                }
             })
             .collect();
         let validators = heard

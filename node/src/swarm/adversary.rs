@@ -38,10 +38,12 @@ pub(crate) fn place(
 }
 
 /// What the run's validator concluded about one miner.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub(crate) struct MinerOutcome {
     /// Process name.
     pub(crate) name: String,
+    /// Its peer id.
+    pub(crate) peer_id: String,
     /// `honest` or the adversary's mode.
     pub(crate) role: String,
     /// Stage in the last epoch it was scored.
@@ -71,6 +73,7 @@ pub(crate) fn outcomes(
             peer.clone(),
             MinerOutcome {
                 name: names.get(peer).cloned().unwrap_or_default(),
+                peer_id: peer.clone(),
                 role: role.clone(),
                 ..MinerOutcome::default()
             },
@@ -111,6 +114,95 @@ pub(crate) fn outcomes(
         }
     }
     by_peer.into_values().collect()
+}
+
+/// One validator as consensus saw it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub(crate) struct ValidatorOutcome {
+    /// Process name.
+    pub(crate) name: String,
+    /// `honest` or its adversary mode.
+    pub(crate) role: String,
+    /// Its peer id.
+    pub(crate) peer_id: String,
+    /// Its share of the validators' stake.
+    pub(crate) stake: f64,
+    /// The share of its weight that survived clipping to consensus.
+    pub(crate) trust: f64,
+}
+
+/// The validators of the final consensus in `status`.
+pub(crate) fn validators(
+    status: &serde_json::Value,
+    names: &BTreeMap<String, String>,
+    roles: &BTreeMap<String, String>,
+) -> Vec<ValidatorOutcome> {
+    status["weights"]["validators"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| {
+            let peer = v["peer_id"].as_str().unwrap_or_default().to_string();
+            ValidatorOutcome {
+                name: names.get(&peer).cloned().unwrap_or_default(),
+                role: roles.get(&peer).cloned().unwrap_or_else(|| "honest".into()),
+                stake: v["stake"].as_f64().unwrap_or(0.0),
+                trust: v["trust"].as_f64().unwrap_or(0.0),
+                peer_id: peer,
+            }
+        })
+        .collect()
+}
+
+/// How many of `statuses` hold exactly the first one's consensus (same epoch, same weight
+/// per miner).
+pub(crate) fn agreeing(statuses: &[serde_json::Value]) -> usize {
+    let key = |s: &serde_json::Value| {
+        let miners: Vec<(u64, String)> = s["weights"]["miners"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                (
+                    m["uid"].as_u64().unwrap_or(u64::MAX),
+                    format!("{:.9}", m["weight"].as_f64().unwrap_or(f64::NAN)),
+                )
+            })
+            .collect();
+        (s["consensus_epoch"].as_u64(), miners)
+    };
+    let Some(first) = statuses.first().map(key) else {
+        return 0;
+    };
+    if first.0.is_none() {
+        return 0;
+    }
+    statuses.iter().filter(|s| key(s) == first).count()
+}
+
+/// The report's validators section (Markdown).
+pub(crate) fn validators_section(
+    trust: &[ValidatorOutcome],
+    agreeing: usize,
+    nodes: usize,
+) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "\n## Validators\n");
+    let _ = writeln!(
+        md,
+        "{agreeing} of {nodes} nodes hold the same consensus. Trust is the share of a \
+         validator's weight that survived clipping to the stake-weighted median.\n"
+    );
+    let _ = writeln!(md, "| validator | role | stake share | trust |");
+    let _ = writeln!(md, "|---|---|---|---|");
+    for v in trust {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.3} | {:.3} |",
+            v.name, v.role, v.stake, v.trust
+        );
+    }
+    md
 }
 
 /// `RESULT adversaries detected=<k>/<n> honest_flagged=<a>/<b>`: adversaries flagged in at
@@ -291,5 +383,20 @@ mod tests {
             "RESULT adversaries detected=1/2 honest_flagged=1/6"
         );
         assert!(svg(&outcomes).contains("#c83232"));
+    }
+
+    #[test]
+    fn agreement_needs_the_same_epoch_and_the_same_weights() {
+        let status = |epoch: u64, w: f64| {
+            serde_json::json!({
+                "consensus_epoch": epoch,
+                "weights": {"miners": [{"uid": 3, "weight": w}, {"uid": 4, "weight": 1.0 - w}]}
+            })
+        };
+        let same = [status(5, 0.25), status(5, 0.25), status(5, 0.25)];
+        assert_eq!(agreeing(&same), 3);
+        let differ = [status(5, 0.25), status(5, 0.5), status(4, 0.25)];
+        assert_eq!(agreeing(&differ), 1);
+        assert_eq!(agreeing(&[serde_json::json!({})]), 0);
     }
 }

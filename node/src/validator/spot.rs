@@ -40,7 +40,7 @@ use crate::messages::{self, LossRecord, Service, SpotCheckReply, SpotCheckReques
 use crate::rules::{Expect, FrameRules};
 
 /// Mean time between two checks.
-pub(crate) const MEAN_INTERVAL: Duration = Duration::from_millis(1500);
+pub(crate) const MEAN_INTERVAL: Duration = Duration::from_millis(1000);
 
 /// A check is made on one of the miner's this many newest records.
 pub(crate) const RECENT_RECORDS: usize = 4;

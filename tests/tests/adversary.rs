@@ -1,0 +1,190 @@
+//! Adversarial miners in a live swarm: 1 validator (2 in the last test) and 6 miners on 3
+//! stages on 127.0.0.1, one miner committing a hidden fault. The validator must catch it
+//! from what it observes, weigh it at (almost) nothing, and keep paying the honest miners
+//! alike; every node must hold the same consensus.
+//!
+//! Each test runs `iota-p2p local-swarm --adversary MODE` (4 epochs of 60 samples per head),
+//! which starts the adversary once the honest miners are in a plan (so it joins at epoch 1)
+//! and writes what the first validator concluded into `weights.json`. The swarms run one at
+//! a time: two cores cannot hold two swarms' timing.
+
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use iota_tests::{binary, scratch_dir};
+use serde_json::Value;
+
+/// One swarm at a time.
+static SWARM: Mutex<()> = Mutex::new(());
+
+/// Runs a local swarm with `extra` flags into `out`; returns `weights.json`.
+fn swarm(out: &Path, extra: &[&str]) -> Value {
+    let _one = SWARM
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let output = std::process::Command::new(binary())
+        .args([
+            "local-swarm",
+            "--epochs",
+            "4",
+            "--samples-per-epoch",
+            "60",
+            "--timeout-secs",
+            "600",
+            "--out",
+        ])
+        .arg(out)
+        .args(extra)
+        .output()
+        .expect("local-swarm runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "local-swarm {extra:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    println!("{stdout}");
+    let text = std::fs::read_to_string(out.join("weights.json")).expect("weights.json written");
+    serde_json::from_str(&text).expect("weights.json is JSON")
+}
+
+/// Checks one adversary run: the adversary is flagged within 2 epochs of its first sample
+/// and weighs at most 1 % of the total; no honest miner is ever flagged, and each weighs
+/// within ±25 % of the honest mean; every node holds the same consensus.
+fn assert_caught(weights: &Value, mode: &str) {
+    let miners = weights["miners"].as_array().expect("miners");
+    assert_eq!(miners.len(), 6, "{weights:#}");
+    let total: f64 = miners.iter().map(|m| m["weight"].as_f64().unwrap()).sum();
+    assert!(total > 0.0, "no consensus weights: {weights:#}");
+    let adversary: Vec<&Value> = miners.iter().filter(|m| m["role"] == mode).collect();
+    assert_eq!(adversary.len(), 1, "{weights:#}");
+    let adversary = adversary[0];
+    // The epochs it was scored in start with its first sample; it must be flagged in the
+    // first or the second of them.
+    let flagged = adversary["flagged"].as_array().unwrap();
+    assert!(!flagged.is_empty(), "{mode} never flagged: {weights:#}");
+    let epochs_scored = adversary["epochs"].as_u64().unwrap();
+    let last_epoch = weights["consensus_epoch"].as_u64().unwrap();
+    let first_scored = last_epoch + 1 - epochs_scored;
+    let first_flagged = flagged[0][0].as_u64().unwrap();
+    assert!(
+        first_flagged <= first_scored + 1,
+        "{mode} first flagged at epoch {first_flagged}, its first samples were in epoch {first_scored}: {weights:#}"
+    );
+    let share = adversary["weight"].as_f64().unwrap() / total;
+    assert!(
+        share <= 0.01,
+        "{mode} keeps {:.2} % of the weight",
+        100.0 * share
+    );
+
+    let honest: Vec<&Value> = miners.iter().filter(|m| m["role"] == "honest").collect();
+    assert_eq!(honest.len(), 5);
+    for m in &honest {
+        assert!(
+            m["flagged"].as_array().unwrap().is_empty(),
+            "honest miner flagged: {m:#}"
+        );
+    }
+    let mean: f64 = honest
+        .iter()
+        .map(|m| m["weight"].as_f64().unwrap())
+        .sum::<f64>()
+        / honest.len() as f64;
+    for m in &honest {
+        let w = m["weight"].as_f64().unwrap();
+        assert!(
+            (w - mean).abs() <= 0.25 * mean,
+            "honest weight {w:.4} is not within ±25 % of the honest mean {mean:.4}: {m:#}"
+        );
+    }
+    assert_eq!(
+        weights["agreeing_nodes"], weights["nodes"],
+        "nodes disagree on the consensus: {weights:#}"
+    );
+}
+
+#[test]
+fn a_noise_miner_is_caught_and_paid_nothing() {
+    let out = scratch_dir("adversary-noise");
+    let weights = swarm(&out, &["--adversary", "noise"]);
+    assert_caught(&weights, "noise");
+}
+
+#[test]
+fn a_tail_that_lies_about_its_losses_is_caught_and_paid_nothing() {
+    let out = scratch_dir("adversary-lie-loss");
+    let weights = swarm(&out, &["--adversary", "lie-loss"]);
+    assert_caught(&weights, "lie-loss");
+}
+
+#[test]
+fn a_lazy_miner_is_caught_and_paid_nothing() {
+    let out = scratch_dir("adversary-lazy");
+    let weights = swarm(&out, &["--adversary", "lazy"]);
+    assert_caught(&weights, "lazy");
+}
+
+/// Two validators (stake 2 : 1), the smaller one publishing skewed weights: every node
+/// computes the same stake-weighted median, which follows the larger validator, and the one
+/// that deviates gets the lower trust.
+#[test]
+fn validators_out_of_line_lose_trust_and_every_node_agrees() {
+    let out = scratch_dir("adversary-skew");
+    let weights = swarm(&out, &["--validators", "2", "--adversary", "skew-weights"]);
+    assert_eq!(weights["nodes"], 8);
+    assert_eq!(
+        weights["agreeing_nodes"], weights["nodes"],
+        "nodes disagree on the consensus: {weights:#}"
+    );
+    let validators = weights["validators"].as_array().expect("validators");
+    assert_eq!(validators.len(), 2, "{weights:#}");
+    let of = |role: &str| {
+        validators
+            .iter()
+            .find(|v| v["role"] == role)
+            .unwrap_or_else(|| panic!("no {role} validator: {weights:#}"))
+    };
+    let (honest, skewed) = (of("honest"), of("skew-weights"));
+    assert!(honest["stake"].as_f64().unwrap() > skewed["stake"].as_f64().unwrap());
+    let (t_honest, t_skewed) = (
+        honest["trust"].as_f64().unwrap(),
+        skewed["trust"].as_f64().unwrap(),
+    );
+    assert!(
+        t_skewed < t_honest,
+        "trust {t_skewed} of the skewed validator is not below {t_honest}"
+    );
+
+    // The consensus is the larger validator's weights: compare with what it published for
+    // that epoch, normalised.
+    let epoch = weights["consensus_epoch"].as_u64().unwrap();
+    let file = out
+        .join("validator-0")
+        .join("weights")
+        .join(format!("{epoch}.json"));
+    let published: Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).expect("validator-0's weights"))
+            .unwrap();
+    let published = published["miners"].as_array().unwrap();
+    let sum: f64 = published
+        .iter()
+        .map(|m| m["weight"].as_f64().unwrap())
+        .sum();
+    assert!(sum > 0.0);
+    let miners = weights["miners"].as_array().unwrap();
+    for m in published {
+        let expected = m["weight"].as_f64().unwrap() / sum;
+        let got = miners
+            .iter()
+            .find(|c| c["peer_id"] == m["peer_id"])
+            .map(|c| c["weight"].as_f64().unwrap())
+            .unwrap_or_else(|| panic!("no consensus weight for {m:#}"));
+        assert!(
+            (got - expected).abs() < 1e-6,
+            "consensus {got} differs from the larger validator's {expected} for {m:#}"
+        );
+    }
+}
