@@ -166,12 +166,17 @@ impl NetMerger {
                 match merge::audit(&this.client, &this.router, params).await {
                     Ok(report) => {
                         tracing::info!(stage, epoch = closed.epoch, ?report, "merge audited");
-                        for found in &report.misbehaviour {
-                            let finding = AuditFinding {
-                                epoch: found.epoch,
-                                accused: found.accused.to_string(),
-                                kind: format!("{:?}", found.kind),
-                            };
+                        let capped = report.weights_capped.iter().map(|m| AuditFinding {
+                            epoch: closed.epoch,
+                            accused: m.clone(),
+                            kind: "InflatedSamples".into(),
+                        });
+                        let found = report.misbehaviour.iter().map(|m| AuditFinding {
+                            epoch: m.epoch,
+                            accused: m.accused.clone(),
+                            kind: format!("{:?}", m.kind),
+                        });
+                        for finding in found.chain(capped) {
                             if findings.send(finding).await.is_err() {
                                 break;
                             }

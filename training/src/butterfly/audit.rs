@@ -59,8 +59,11 @@ pub struct AuditReport {
     pub unverifiable: Vec<u32>,
     /// Sampled partitions without any claim.
     pub unclaimed: Vec<u32>,
-    /// Reports published (one per wrong claim).
+    /// Reports published (one per wrong claim, one per member whose committed input holds
+    /// a NaN or an infinity).
     pub misbehaviour: Vec<Misbehaviour>,
+    /// Members whose commitment claimed more samples than the merge's cap.
+    pub weights_capped: Vec<MemberId>,
     /// Encoded bytes sent (requests and reports).
     pub bytes_sent: u64,
     /// Encoded bytes received (gossip and responses).
@@ -117,7 +120,8 @@ async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditRepor
         config.auditor.clone(),
     )
     .with_max_samples(config.max_samples);
-    gather(&*transport, &config, &mut ledger, &mut traffic).await;
+    let reported = gather(&*transport, &config, &mut ledger, &mut traffic).await;
+    report.weights_capped = ledger.capped();
 
     let fetcher = Fetcher {
         transport: Arc::clone(&transport),
@@ -135,7 +139,8 @@ async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditRepor
         config.rate,
     );
     let mut accused: BTreeSet<(MemberId, u32)> = BTreeSet::new();
-    for p in (0..plan.partitions()).filter(|&p| sample[p]) {
+    let mut poisoned: BTreeSet<usize> = BTreeSet::new();
+    for p in (0..plan.partitions()).filter(|&p| sample[p] || reported.contains(&p)) {
         let claims: Vec<_> = ledger
             .claims(p)
             .filter(|c| ledger.consistent(c))
@@ -153,6 +158,54 @@ async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditRepor
             .check_claims(Arc::clone(&plan), p, &claims, specs, Default::default())
             .await;
         traffic.add(effects.traffic);
+        // Members the holders left out: the audit fetches their committed input too, to
+        // confirm why (the holders report it, but their word is not proof).
+        let included: BTreeSet<&str> = claims
+            .iter()
+            .flat_map(|c| c.included.iter().map(String::as_str))
+            .collect();
+        let mut non_finite = effects.non_finite;
+        for member in 0..plan.members().len() {
+            let (Some(commitment), false) = (
+                ledger.commitment(member),
+                included.contains(plan.member(member)),
+            ) else {
+                continue;
+            };
+            let Some(&hash) = commitment.partition_hashes.get(p) else {
+                continue;
+            };
+            let spec = crate::butterfly::fetch::InputSpec {
+                index: member,
+                member: plan.member(member).to_string(),
+                samples: commitment.samples,
+                hash,
+            };
+            let (fetched, spent) = fetcher.input(&plan, &spec, p).await;
+            traffic.add(spent);
+            if matches!(fetched, crate::butterfly::fetch::Fetched::NonFinite) {
+                non_finite.push((member, hash));
+            }
+        }
+        // A committed input that holds a NaN or an infinity is proof on its own: anyone
+        // can fetch the bytes, check them against the commitment and see the value.
+        for (member, committed) in non_finite {
+            if !poisoned.insert(member) {
+                continue;
+            }
+            let evidence = Evidence::NonFiniteInput {
+                partition: p as u32,
+                committed,
+            };
+            let message = ledger.report(member, MisbehaviourKind::NonFinite, evidence);
+            tracing::warn!(accused = %message.accused, partition = p, "audit found a non-finite input");
+            report.misbehaviour.push(message.clone());
+            let gossip = Gossip::Misbehaviour(message);
+            traffic.sent += gossip.encoded_len() as u64;
+            if let Err(error) = transport.publish(gossip).await {
+                tracing::warn!(%error, "publishing audit report failed");
+            }
+        }
         if checked.iter().any(|c| c.check == Check::Unknown) {
             report.unverifiable.push(p as u32);
         } else {
@@ -195,30 +248,42 @@ async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditRepor
 }
 
 /// Records the merge's gossip until `claims_by`, or earlier once every member committed and
-/// every partition is settled.
+/// every partition is settled; returns the partitions members reported a non-finite input
+/// in (the audit checks those besides its sample).
 async fn gather<T: Transport>(
     transport: &T,
     config: &AuditConfig,
     ledger: &mut Ledger,
     traffic: &mut Traffic,
-) {
+) -> BTreeSet<usize> {
     let deadline = config.timing.claims_by;
+    let mut reported = BTreeSet::new();
     loop {
         if ledger.all_committed() && ledger.all_settled() {
-            return;
+            return reported;
         }
         tokio::select! {
             received = transport.next_gossip() => {
-                let Some(Received { from, message }) = received else { return };
+                let Some(Received { from, message }) = received else { return reported };
                 traffic.received += message.encoded_len() as u64;
                 let on_time = Instant::now() <= config.timing.commit_by;
-                if let Observed::Conflict(report) = ledger.observe(&from, message, on_time) {
-                    if let Some(index) = config.plan.index_of(&report.accused) {
-                        ledger.exclude(index);
+                match ledger.observe(&from, message, on_time) {
+                    Observed::Conflict(report) => {
+                        if let Some(index) = config.plan.index_of(&report.accused) {
+                            ledger.exclude(index);
+                        }
                     }
+                    // A member's word that an input is poisoned is checked, not taken.
+                    Observed::Report(Misbehaviour {
+                        evidence: Evidence::NonFiniteInput { partition, .. },
+                        ..
+                    }) if (partition as usize) < config.plan.partitions() => {
+                        reported.insert(partition as usize);
+                    }
+                    _ => {}
                 }
             }
-            _ = tokio::time::sleep_until(deadline) => return,
+            _ = tokio::time::sleep_until(deadline) => return reported,
         }
     }
 }

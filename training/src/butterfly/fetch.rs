@@ -92,6 +92,9 @@ pub(crate) struct CheckSideEffects {
     pub(crate) served_mismatch: Vec<(usize, Hash, Hash)>,
     /// Members whose input could not be fetched.
     pub(crate) unreachable: Vec<usize>,
+    /// Members whose input matched their commitment but held a NaN or an infinity:
+    /// (member, committed hash). They are also in `unreachable` (nothing to average).
+    pub(crate) non_finite: Vec<(usize, Hash)>,
 }
 
 impl<T: Transport> Fetcher<T> {
@@ -209,7 +212,11 @@ impl<T: Transport> Fetcher<T> {
                 Fetched::Mismatch(served) => effects
                     .served_mismatch
                     .push((spec.index, spec.hash, served)),
-                Fetched::NonFinite | Fetched::Failed => effects.unreachable.push(spec.index),
+                Fetched::NonFinite => {
+                    effects.non_finite.push((spec.index, spec.hash));
+                    effects.unreachable.push(spec.index);
+                }
+                Fetched::Failed => effects.unreachable.push(spec.index),
             }
         }
         let checked = claims

@@ -528,6 +528,38 @@ async fn colluding_holders_pass_the_members_but_not_the_audit() {
     ));
 }
 
+#[tokio::test]
+async fn the_audit_names_poisoned_inputs_and_inflated_sample_counts() {
+    let mut swarm = Swarm::new(4, 4, 400);
+    let (poisoned, greedy) = (1, 3);
+    for p in 0..swarm.plan.partitions() {
+        let at = swarm.plan.range(p).start + 3;
+        swarm.values[poisoned][at] = f32::NAN;
+    }
+    swarm.samples[greedy] = u64::MAX;
+    swarm.max_samples = 100;
+    let everyone = swarm.all_but(&[]);
+    // An audit rate of 0 samples no partition: the members' reports of the poisoned input
+    // lead the audit to it, and it checks them itself.
+    let run = swarm.run_with(&everyone, Some(0.0), |_| {}).await;
+    let audit = run.audit.expect("audit ran");
+    let named: BTreeSet<(String, MisbehaviourKind)> = audit
+        .misbehaviour
+        .iter()
+        .map(|m| (m.accused.clone(), m.kind))
+        .collect();
+    assert_eq!(
+        named,
+        BTreeSet::from([(swarm.id(poisoned).to_string(), MisbehaviourKind::NonFinite)]),
+        "the member that committed NaN is named once, with its evidence"
+    );
+    assert!(audit
+        .misbehaviour
+        .iter()
+        .all(|m| matches!(m.evidence, Evidence::NonFiniteInput { .. })));
+    assert_eq!(audit.weights_capped, vec![swarm.id(greedy).to_string()]);
+}
+
 #[test]
 fn merge_config_is_checked() {
     let members = vec!["a".to_string(), "b".to_string()];
