@@ -19,11 +19,13 @@
 //! whose hash is the epoch's starting hash (the run seed's, or a merge hash its stage
 //! gossiped for the epoch before) after [`lazy_threshold`] samples served in the epoch fail.
 //!
-//! **Tolerances** (measured on honest miners in local swarms): the recomputed output
-//! and the miner's must have cosine ≥ [`COSINE_MIN`] and norm ratio within
-//! [`NORM_RATIO_MIN`]–1/[`NORM_RATIO_MIN`]; at the tail the loss in the ledger must be within
-//! [`LOSS_TOLERANCE`] (relative) of the recomputed loss, and the gradient it sent back must
-//! pass the same cosine and norm tests. A tail that cannot show a sample it claimed fails.
+//! **Tolerances** (measured on honest miners in local swarms, docs/BENCHMARKS.md): the
+//! recomputed activation and the miner's must have cosine ≥ [`COSINE_MIN`] and norm ratio
+//! within [`NORM_RATIO_MIN`]–1/[`NORM_RATIO_MIN`]; at the tail the loss in the ledger must be
+//! within [`LOSS_TOLERANCE`] (relative) of the recomputed loss, and the gradient it sent back
+//! must have cosine ≥ [`GRADIENT_COSINE_MIN`] and the same norm ratio. A tail that cannot
+//! show a sample it claimed fails. In the run's first epoch only the exact test is judged
+//! (see [`judge`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -45,18 +47,22 @@ pub(crate) const MEAN_INTERVAL: Duration = Duration::from_millis(1000);
 /// A check is made on one of the miner's this many newest records.
 pub(crate) const RECENT_RECORDS: usize = 4;
 
-/// Least cosine between the recomputed and the miner's output. Honest miners measured
-/// 0.952–1.000 after the first epoch (tail gradients drift more than activations); `noise`
-/// miners 0.38–0.60.
+/// Least cosine between the recomputed activation and the miner's. Honest heads and
+/// middle stages measured 0.96–1.000 after the first epoch; `noise` miners about 0.0.
 pub(crate) const COSINE_MIN: f64 = 0.9;
 
+/// Least cosine between the recomputed gradient a tail sent back and the tail's: a
+/// gradient moves more with the weights than an activation does. Honest tails measured
+/// 0.916–1.000 after the first epoch; `noise` tails about 0.0.
+pub(crate) const GRADIENT_COSINE_MIN: f64 = 0.8;
+
 /// Least ratio of the miner's output norm to the recomputed one (and at most its inverse).
-/// Honest miners measured 0.87–1.10 after the first epoch.
+/// Honest miners measured 0.905–1.155 after the first epoch.
 pub(crate) const NORM_RATIO_MIN: f64 = 0.75;
 
 /// Largest relative difference between the ledger's loss and the recomputed loss. Honest
 /// tails measured within 4.1 % after the first epoch (the largest right after a merge);
-/// `lie-loss` tails 19.7–20.3 % below.
+/// `lie-loss` tails 16.7–20.3 % below.
 pub(crate) const LOSS_TOLERANCE: f64 = 0.1;
 
 /// How long a miner has to answer.
@@ -96,6 +102,8 @@ pub(crate) struct Measured {
     pub(crate) norm_ratio: Option<f64>,
     /// The ledger's loss over the recomputed loss (the tail).
     pub(crate) loss_ratio: Option<f64>,
+    /// The output compared is a tail's gradient (else an activation).
+    pub(crate) gradient: bool,
     /// The weights are the epoch's starting weights.
     pub(crate) unchanged_weights: bool,
     /// Samples served in the epoch when the check was chosen.
@@ -124,7 +132,12 @@ pub(crate) fn judge(m: &Measured, lazy_threshold: u64, first_epoch: bool) -> Out
     if first_epoch {
         return Outcome::Pass;
     }
-    if m.cosine.is_some_and(|c| c.is_nan() || c < COSINE_MIN) {
+    let least = if m.gradient {
+        GRADIENT_COSINE_MIN
+    } else {
+        COSINE_MIN
+    };
+    if m.cosine.is_some_and(|c| c.is_nan() || c < least) {
         return Outcome::Fail("output_not_reproduced");
     }
     if m.norm_ratio
@@ -327,6 +340,7 @@ impl Checker {
     ) -> (Outcome, Measured) {
         let mut measured = Measured {
             served: target.served,
+            gradient: target.tail,
             ..Measured::default()
         };
         let outcome = match self.recompute(target, starts, &mut measured).await {
@@ -507,6 +521,7 @@ mod tests {
             cosine: Some(0.999),
             norm_ratio: Some(1.01),
             loss_ratio: Some(0.995),
+            gradient: false,
             unchanged_weights: false,
             served: 100,
         };
@@ -526,6 +541,29 @@ mod tests {
         };
         assert_eq!(
             judge(&nan, lazy, false),
+            Outcome::Fail("output_not_reproduced")
+        );
+        // A tail's gradient drifts more: 0.85 passes there, not for an activation.
+        let drifted = Measured {
+            cosine: Some(0.85),
+            ..honest
+        };
+        assert_eq!(
+            judge(&drifted, lazy, false),
+            Outcome::Fail("output_not_reproduced")
+        );
+        let drifted_gradient = Measured {
+            gradient: true,
+            ..drifted
+        };
+        assert_eq!(judge(&drifted_gradient, lazy, false), Outcome::Pass);
+        let noise_gradient = Measured {
+            cosine: Some(0.01),
+            gradient: true,
+            ..honest
+        };
+        assert_eq!(
+            judge(&noise_gradient, lazy, false),
             Outcome::Fail("output_not_reproduced")
         );
         let scaled = Measured {
