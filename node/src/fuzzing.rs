@@ -133,13 +133,23 @@ pub fn pipeline_samples() -> Vec<Vec<u8>> {
             &EvalReply::Failed("no stage yet".into()),
             b"",
         ),
-        body(Service::Weights, &WeightsRequest { stage: 2 }, b""),
+        body(
+            Service::Weights,
+            &WeightsRequest {
+                stage: 2,
+                offset: 0,
+                count: 1 << 22,
+            },
+            b"",
+        ),
         body(
             Service::Weights,
             &WeightsReply::Weights {
                 stage: 2,
                 epoch: Some(5),
                 hash: "ab".repeat(32),
+                total: weights.len() as u64,
+                offset: 0,
             },
             &messages::f32_bytes(&weights),
         ),
@@ -149,6 +159,8 @@ pub fn pipeline_samples() -> Vec<Vec<u8>> {
                 stage: 0,
                 epoch: None,
                 hash: String::new(),
+                total: 1 << 20,
+                offset: 1 << 19,
             },
             b"",
         ),

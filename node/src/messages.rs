@@ -145,24 +145,34 @@ pub(crate) enum EvalReply {
     Failed(String),
 }
 
-/// Header of a weights request.
+/// Header of a weights request: a chunk of a stage's merged snapshot.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) struct WeightsRequest {
     /// The stage whose weights are wanted.
     pub(crate) stage: u32,
+    /// First value of the chunk.
+    pub(crate) offset: u64,
+    /// Values wanted (the server sends at most its chunk bound).
+    pub(crate) count: u64,
 }
 
-/// Header of a weights response; the payload is the little-endian f32 weight vector.
+/// Header of a weights response; the payload is a chunk of the little-endian f32 weight
+/// vector, values `offset .. offset + payload / 4` of `total`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) enum WeightsReply {
-    /// The weights as of the end of `epoch`'s merge (or the initial weights when `None`).
+    /// The stage's weights as of the end of `epoch`'s merge (the initial weights when
+    /// `None`): the snapshot a replica keeps, not its live weights.
     Weights {
         /// Stage of the weights.
         stage: u32,
         /// The merge they come from.
         epoch: Option<u64>,
-        /// blake3 of the payload, hex.
+        /// blake3 of the whole vector's little-endian bytes, hex (the merge hash).
         hash: String,
+        /// Values in the whole vector.
+        total: u64,
+        /// First value of this chunk.
+        offset: u64,
     },
     /// This node does not hold that stage.
     NotHeld,

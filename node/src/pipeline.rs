@@ -22,6 +22,7 @@ mod evidence;
 mod head;
 mod hop;
 mod service;
+mod snapshot;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -38,11 +39,18 @@ use crate::handles::{MergeHandle, MergeRequest, MinerStatus};
 use crate::lifecycle::{Lifecycle, LifecycleError, Overrun, Phase};
 use crate::messages::{
     self, EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, PipelineGossip, Service,
-    WeightsReply, WeightsRequest,
 };
 use crate::metrics::PipelineMetrics;
 use crate::rules::run_id;
 pub(crate) use service::spawn;
+
+/// A transition given up for a newer plan's.
+#[derive(Debug, thiserror::Error)]
+#[error("superseded by a newer plan")]
+struct Superseded;
+
+/// How long a miner that joins waits for the merge hash beyond the merge's own budget.
+const JOIN_SLACK: Duration = Duration::from_secs(5);
 
 /// How long one hop (and everything after it) may take before the sender gives up.
 const HOP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -146,8 +154,14 @@ pub(crate) struct Shared {
     losses: Mutex<Vec<(u64, LossRecord)>>,
     /// Evidence of the recent samples, for spot checks.
     recent: Mutex<evidence::Recent>,
+    /// The stage's weights as of its last merge, served to replicas that join.
+    snapshot: Mutex<Option<snapshot::Snapshot>>,
     /// Samples an `inflate` tail has claimed without serving them.
     fabricated: AtomicU64,
+    /// The newest plan's epoch this miner has begun to enter.
+    newest_plan: AtomicU64,
+    /// Held while a merge and stage build run (one at a time, never aborted midway).
+    preparing: tokio::sync::Mutex<()>,
     /// Counts the times the stage's weights were replaced wholesale (a new stage, a merge):
     /// evidence of an older generation no longer reproduces.
     generation: AtomicU64,
@@ -176,6 +190,9 @@ struct State {
     weights_hash: Option<String>,
     /// Latest merge hash gossiped per stage: (epoch, hash).
     merge_hashes: BTreeMap<u32, (u64, String)>,
+    /// (epoch, stage) merges whose members gossiped different hashes: none of them is
+    /// loaded.
+    merge_conflicts: std::collections::BTreeSet<(u64, u32)>,
     train_loss: Option<f32>,
     /// The compute thread of `worker`, joined at shutdown.
     thread: Option<std::thread::JoinHandle<()>>,
@@ -225,8 +242,11 @@ impl Miner {
                 permits: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
                 losses: Mutex::new(Vec::new()),
                 recent: Mutex::new(evidence::Recent::default()),
+                snapshot: Mutex::new(None),
                 fabricated: AtomicU64::new(0),
                 generation: AtomicU64::new(0),
+                newest_plan: AtomicU64::new(0),
+                preparing: tokio::sync::Mutex::new(()),
                 backward_done: AtomicU64::new(0),
                 samples_processed: AtomicU64::new(0),
                 epoch_processed: AtomicU64::new(0),
@@ -274,8 +294,14 @@ impl Miner {
         }
         let shared = self.shared.clone();
         *running = Some(tokio::spawn(async move {
-            if let Err(error) = enter_epoch(&shared, plan).await {
-                tracing::warn!(error = %format!("{error:#}"), "epoch transition failed");
+            match enter_epoch(&shared, plan).await {
+                Ok(()) => {}
+                Err(error) if error.is::<Superseded>() => {
+                    tracing::debug!("epoch transition superseded by a newer plan")
+                }
+                Err(error) => {
+                    tracing::warn!(error = %format!("{error:#}"), "epoch transition failed")
+                }
             }
         }));
     }
@@ -331,12 +357,15 @@ impl Miner {
         } = message
         {
             let mut state = lock(&self.shared.state);
-            let newer = state
-                .merge_hashes
-                .get(stage)
-                .is_none_or(|(e, _)| *epoch >= *e);
-            if newer {
-                state.merge_hashes.insert(*stage, (*epoch, hash.clone()));
+            match state.merge_hashes.get(stage) {
+                Some((e, known)) if e == epoch && known != hash => {
+                    tracing::warn!(epoch, stage, "members gossiped different merge hashes");
+                    state.merge_conflicts.insert((*epoch, *stage));
+                }
+                Some((e, _)) if e >= epoch => {}
+                _ => {
+                    state.merge_hashes.insert(*stage, (*epoch, hash.clone()));
+                }
             }
         }
     }
@@ -377,7 +406,7 @@ impl Miner {
         match service {
             Service::Forward => hop::serve_forward(shared, &body).await,
             Service::Eval => hop::serve_eval(shared, &body).await,
-            Service::Weights => serve_weights(shared, &body).await,
+            Service::Weights => snapshot::serve(shared, &body),
             Service::SpotCheck => evidence::serve(shared, &body).await,
         }
     }
@@ -406,19 +435,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The merge of the epoch that ended, then the new stage and the new epoch's work.
-async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()> {
-    if let Err(error) = shared.advance(|life, now| life.planned(now, plan.epoch)) {
-        tracing::warn!(%error, "plan not entered");
-        return Ok(());
-    }
+/// The merge of the epoch that ended (when this miner held a stage in it), then this
+/// plan's stage, built when it changed; `None` when the plan gives this miner no stage.
+async fn prepare(
+    shared: &Arc<Shared>,
+    plan: &EpochPlan,
+) -> anyhow::Result<Option<(u32, StageHandle)>> {
     let (previous, worker, old_stage) = {
         let state = lock(&shared.state);
         (state.plan.clone(), state.worker.clone(), state.stage)
     };
     if let (Some(prev), Some(worker), Some(stage)) = (&previous, &worker, old_stage) {
         if prev.epoch < plan.epoch && prev.stage_of(&shared.peer) == Some(stage) {
-            let start = crate::schedule::merge_start(&plan);
+            let start = crate::schedule::merge_start(plan);
             let len =
                 usize::try_from(shared.frames_len.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
             let until_start = start
@@ -437,17 +466,46 @@ async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()
     let Some(stage) = new_stage else {
         tracing::info!(epoch = plan.epoch, "no stage for this miner in this epoch");
         let _ = shared.advance(|life, now| life.draining(now, plan.epoch));
-        return Ok(());
+        return Ok(None);
     };
     let worker = match (old_stage, worker) {
         (Some(old), Some(worker)) if old == stage => worker,
-        _ => build_stage(shared, &plan, stage).await?,
+        _ => build_stage(shared, plan, stage).await?,
     };
     {
         let mut state = lock(&shared.state);
         state.stage = Some(stage);
         state.worker = Some(worker.clone());
     }
+    Ok(Some((stage, worker)))
+}
+
+/// The merge of the epoch that ended, then the new stage and the new epoch's work.
+async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()> {
+    if let Err(error) = shared.advance(|life, now| life.planned(now, plan.epoch)) {
+        tracing::warn!(%error, "plan not entered");
+        return Ok(());
+    }
+    shared.newest_plan.fetch_max(plan.epoch, Ordering::Relaxed);
+    // The merge and the stage (re)build run to their end even when a newer plan arrives
+    // (an aborted merge would leave the merge service's feed open and the replicas' weights
+    // half merged): they run in a task of their own, one at a time, which the newer plan's
+    // transition waits for.
+    let prepared = {
+        let shared = shared.clone();
+        let plan = plan.clone();
+        tokio::spawn(async move {
+            let _one = shared.preparing.lock().await;
+            if shared.newest_plan.load(Ordering::Relaxed) > plan.epoch {
+                // Superseded while waiting: the newer plan's preparation does the merge.
+                return Ok(None);
+            }
+            prepare(&shared, &plan).await
+        })
+    };
+    let Some((stage, worker)) = prepared.await?? else {
+        return Ok(());
+    };
     // Follow the stage's merge gossip from now on: a member whose commitment is not heard
     // is left out of the merge.
     let topic = crate::topics::butterfly(&shared.cfg.run.run_name, stage);
@@ -509,29 +567,90 @@ async fn build_stage(
     // Nothing larger than the run's own frames is ever decompressed.
     worker_cfg.limits = shared.frames.limits();
     let (handle, thread) = StageHandle::spawn(worker_cfg).await?;
-    // The previous stage's thread (if any) ends once its last handle is dropped.
+    load_stage(shared, plan, stage, &handle).await?;
+    // The previous stage's thread (if any) ends once its last handle is dropped; this
+    // one's is watched only once the stage is loaded (a build given up for a newer plan
+    // ends its thread, which is not a dead miner).
     lock(&shared.state).thread = Some(thread);
+    Ok(handle)
+}
 
-    if let Some(store) = &shared.store {
-        if let Some((manifest, state)) = store.load_latest(shared.run_id, stage)? {
-            handle.import_state(state).await?;
-            let hash = hex(&handle.weights_hash().await?);
-            tracing::info!(stage, epoch = manifest.epoch, weights_hash = %hash, "resumed from checkpoint");
-            set_weights_hash(shared, Some(manifest.epoch), hash);
-            return Ok(handle);
+/// Loads `stage`'s weights into `handle`: the newest state of the run.
+async fn load_stage(
+    shared: &Arc<Shared>,
+    plan: &EpochPlan,
+    stage: u32,
+    handle: &StageHandle,
+) -> anyhow::Result<()> {
+    // The newest state of the run is the merge that closed the epoch before this plan's:
+    // its members gossip its hash when it ends (wait for it if it is still running).
+    let len = handle.num_params();
+    let latest = match plan.epoch.checked_sub(1) {
+        Some(before) => {
+            let until_start = crate::schedule::merge_start(plan)
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            let patience = until_start + crate::schedule::merge_budget(len) + JOIN_SLACK;
+            match snapshot::merged_hash(shared, stage, before, patience).await {
+                Ok(hash) => Some((before, hash)),
+                Err(snapshot::NoHash::NotHeard) => None,
+                // A newer plan's transition builds the stage from the newer state.
+                Err(snapshot::NoHash::Superseded) => anyhow::bail!(Superseded),
+            }
         }
-    }
-    if let Some(weights) = fetch_from_replica(shared, plan, stage).await {
-        handle.set_flat_params(weights.1).await?;
+        None => None,
+    };
+    let checkpoint = match &shared.store {
+        Some(store) => store.load_latest(shared.run_id, stage)?,
+        None => None,
+    };
+    // One's own checkpoint when it is that state (or no merge is known), else the
+    // replicas' snapshot; a stale checkpoint only when no replica serves the snapshot.
+    let own_is_latest = |epoch: u64| latest.as_ref().is_none_or(|(e, _)| epoch >= *e);
+    let (checkpoint, stale) = match checkpoint {
+        Some((manifest, state)) if own_is_latest(manifest.epoch) => (Some((manifest, state)), None),
+        Some(old) => (None, Some(old)),
+        None => (None, None),
+    };
+    if let Some((manifest, state)) = checkpoint {
+        handle.import_state(state).await?;
         let hash = hex(&handle.weights_hash().await?);
-        tracing::info!(stage, epoch = ?weights.0, weights_hash = %hash, "weights fetched from a replica");
-        set_weights_hash(shared, weights.0, hash);
-        return Ok(handle);
+        tracing::info!(stage, epoch = manifest.epoch, weights_hash = %hash, "resumed from checkpoint");
+        let values = handle.flat_params().await?;
+        snapshot::keep(shared, stage, Some(manifest.epoch), hash.clone(), values);
+        set_weights_hash(shared, Some(manifest.epoch), hash);
+        return Ok(());
+    }
+    if let Some((before, expected)) = &latest {
+        if let Some((epoch, values)) = snapshot::fetch(shared, plan, stage, expected, len).await {
+            handle.set_flat_params(values.clone()).await?;
+            let hash = hex(&handle.weights_hash().await?);
+            tracing::info!(stage, epoch = ?epoch, weights_hash = %hash, "weights fetched from a replica");
+            snapshot::keep(shared, stage, epoch, hash.clone(), values);
+            set_weights_hash(shared, epoch, hash);
+            return Ok(());
+        }
+        tracing::warn!(
+            stage,
+            epoch = before,
+            "no replica served the latest merged snapshot"
+        );
+    }
+    if let Some((manifest, state)) = stale {
+        handle.import_state(state).await?;
+        let hash = hex(&handle.weights_hash().await?);
+        tracing::warn!(stage, epoch = manifest.epoch, weights_hash = %hash, "resumed from an older checkpoint");
+        let values = handle.flat_params().await?;
+        snapshot::keep(shared, stage, Some(manifest.epoch), hash.clone(), values);
+        set_weights_hash(shared, Some(manifest.epoch), hash);
+        return Ok(());
     }
     let hash = hex(&handle.weights_hash().await?);
     tracing::info!(stage, weights_hash = %hash, "initialised from the run seed");
+    let values = handle.flat_params().await?;
+    snapshot::keep(shared, stage, None, hash.clone(), values);
     set_weights_hash(shared, None, hash);
-    Ok(handle)
+    Ok(())
 }
 
 fn set_weights_hash(shared: &Shared, epoch: Option<u64>, hash: String) {
@@ -539,75 +658,6 @@ fn set_weights_hash(shared: &Shared, epoch: Option<u64>, hash: String) {
     let mut state = lock(&shared.state);
     state.merged_epoch = epoch;
     state.weights_hash = Some(hash);
-}
-
-/// Asks the live replicas of `stage` for their weights; accepts weights whose hash matches
-/// the latest merge hash gossiped for the stage. `None` when there is no merge yet (everyone
-/// still has the seed's weights) or no replica answers with matching weights.
-async fn fetch_from_replica(
-    shared: &Arc<Shared>,
-    plan: &EpochPlan,
-    stage: u32,
-) -> Option<(Option<u64>, Vec<f32>)> {
-    let expected = lock(&shared.state).merge_hashes.get(&stage).cloned()?;
-    let body = messages::encode(Service::Weights, &WeightsRequest { stage }, &[]).ok()?;
-    for peer in plan.miners_of(stage) {
-        if peer.as_str() == shared.me {
-            continue;
-        }
-        let Ok(peer_id) = peer.as_str().parse::<p2p::PeerId>() else {
-            continue;
-        };
-        let Ok(Ok(reply)) =
-            tokio::time::timeout(HOP_TIMEOUT, shared.client.request(peer_id, body.clone())).await
-        else {
-            continue;
-        };
-        let Ok((WeightsReply::Weights { epoch, hash, .. }, payload)) =
-            messages::decode::<WeightsReply>(Service::Weights, &reply)
-        else {
-            continue;
-        };
-        let Some(values) = messages::f32_from_bytes(payload) else {
-            continue;
-        };
-        let actual = hex(&training::stage::hash_f32(&values));
-        if actual == hash && hash == expected.1 {
-            return Some((epoch, values));
-        }
-        tracing::warn!(%peer, "replica served weights that do not match the merge hash");
-    }
-    None
-}
-
-/// Serves this miner's weights to a replica that joins.
-async fn serve_weights(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
-    let not_held =
-        || messages::encode(Service::Weights, &WeightsReply::NotHeld, &[]).unwrap_or_default();
-    let Ok((request, _)) = messages::decode::<WeightsRequest>(Service::Weights, body) else {
-        return not_held();
-    };
-    let (stage, worker, epoch) = {
-        let state = lock(&shared.state);
-        (state.stage, state.worker.clone(), state.merged_epoch)
-    };
-    let (Some(stage), Some(worker)) = (stage, worker) else {
-        return not_held();
-    };
-    if stage != request.stage {
-        return not_held();
-    }
-    let Ok(values) = worker.flat_params().await else {
-        return not_held();
-    };
-    let hash = hex(&training::stage::hash_f32(&values));
-    let payload = messages::f32_bytes(&values);
-    messages::encode(
-        Service::Weights,
-        &WeightsReply::Weights { stage, epoch, hash },
-        &payload,
-    )
-    .unwrap_or_default()
 }
 
 /// Merges this replica's weights with the other replicas of `stage` in `plan`, then
@@ -647,9 +697,10 @@ async fn merge_and_checkpoint(
         .await?;
     // Evidence of samples served with the weights being replaced no longer reproduces.
     shared.generation.fetch_add(1, Ordering::Relaxed);
-    worker.set_flat_params(merged).await?;
+    worker.set_flat_params(merged.clone()).await?;
     let state = worker.export_state().await?;
     let hash = hex(&worker.weights_hash().await?);
+    snapshot::keep(shared, stage, Some(plan.epoch), hash.clone(), merged);
     if let Some(store) = &shared.store {
         let key = CheckpointKey {
             run: shared.run_id,

@@ -21,7 +21,8 @@
 //! * **`ValLoss`** only from the evaluating head (the first head, in peer-id order), once
 //!   per epoch, finite and non-negative.
 //! * **`HeadDone`** only from a head, once per head and epoch, with counts within the plan.
-//! * **`Merged`** only from a member of that stage in that epoch's plan, once.
+//! * **`Merged`** only from a member of that stage in that epoch's plan, once (on a node
+//!   that joined without the previous plan, from a member of that stage in the current one).
 //! * **Pipeline requests.** A forward comes from the previous stage's miner in the plan of
 //!   its epoch (current or the one before), which is the pathway's last hop, and every
 //!   pathway entry holds its stage in that plan; an evaluation from a previous-stage miner
@@ -285,7 +286,22 @@ impl PipelineRules {
         if current.checked_add(1) == Some(epoch) {
             return Verdict::Ignore("no_plan_for_epoch");
         }
-        let Some(plan) = book.recent(epoch) else {
+        // A node catching up (restarted with an old plan) keeps the merge hashes of epochs
+        // ahead of it until their plans arrive: it needs them to load its stage.
+        if matches!(message, PipelineGossip::Merged { .. }) && epoch > current {
+            return Verdict::Ignore("no_plan_for_epoch");
+        }
+        // A node that joined with the current plan never had the previous one, but needs
+        // the hashes of the merges closing it to load a stage: it takes them from the
+        // members of that stage in the plan in force (it then loads only a snapshot that
+        // hashes to them, and none when members disagree).
+        let joined_late_merge = matches!(message, PipelineGossip::Merged { .. })
+            && epoch.checked_add(1) == Some(current)
+            && book.recent(epoch).is_none();
+        let Some(plan) = book
+            .recent(epoch)
+            .or_else(|| joined_late_merge.then(|| book.current()).flatten())
+        else {
             return Verdict::Ignore("epoch_out_of_window");
         };
         // Forget epochs that left the window.

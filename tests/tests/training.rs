@@ -187,7 +187,9 @@ async fn six_miners_train_merge_and_survive_a_crash() {
         }
     }
 
-    // Restart it with its data dir: it resumes from its checkpoint and trains again.
+    // Restart it with its data dir after the run moved on: its own checkpoint is older
+    // than the latest merge, so it loads the replicas' merged snapshot, whose hash is the
+    // one the stage's members gossiped for the merge before its first epoch back.
     let saved = logged_hash(
         &std::fs::read_to_string(dir.join(format!("{victim_name}.log"))).unwrap(),
         "checkpoint saved",
@@ -210,11 +212,48 @@ async fn six_miners_train_merge_and_survive_a_crash() {
     .await
     .unwrap();
     let log = std::fs::read_to_string(&log_path).unwrap();
-    let loaded = logged_hash(&log, "resumed from checkpoint");
+    assert!(
+        !log.contains("resumed from checkpoint") && !log.contains("initialised from the run seed"),
+        "neither its stale checkpoint nor the seed: {log}"
+    );
+    let line = log
+        .lines()
+        .rfind(|l| l.contains("weights fetched from a replica"))
+        .unwrap_or_else(|| panic!("the restarted miner loaded the replicas' snapshot: {log}"));
+    let field = |name: &str| -> String {
+        let clean: String = line.chars().filter(|c| !c.is_control()).collect();
+        let clean = clean
+            .replace("[0m", "")
+            .replace("[3m", "")
+            .replace("[2m", "");
+        clean
+            .split(&format!("{name}="))
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+            .to_string()
+    };
+    let loaded = field("weights_hash");
+    let stage = field("stage");
+    let merged_epoch: u64 = field("epoch")
+        .trim_start_matches("Some(")
+        .trim_end_matches(')')
+        .parse()
+        .unwrap_or_else(|_| panic!("a merged epoch in {line}"));
+    assert_ne!(loaded, saved, "the stale checkpoint is not what it loaded");
+    let rows = epochs(&validator).await.unwrap();
+    let merged: BTreeSet<String> = rows
+        .iter()
+        .find(|r| r["epoch"] == merged_epoch)
+        .and_then(|r| r["merged"][stage.as_str()].as_object().cloned())
+        .unwrap_or_default()
+        .values()
+        .filter_map(|h| h.as_str().map(str::to_string))
+        .collect();
     assert_eq!(
-        loaded.as_deref(),
-        Some(saved.as_str()),
-        "resumed from the last checkpoint it saved"
+        merged,
+        BTreeSet::from([loaded.clone()]),
+        "loaded {loaded}: the merge of epoch {merged_epoch}, stage {stage} gossiped {merged:?}"
     );
 
     // A miner of another run is refused, and the run goes on.

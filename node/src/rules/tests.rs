@@ -262,6 +262,59 @@ fn merged_hashes_come_from_members_of_that_stage() {
 }
 
 #[test]
+fn a_node_without_the_previous_plan_takes_its_merge_hashes_from_the_stage_in_force() {
+    // A node that joined at epoch 5 holds only plan 5; the merges closing epoch 4 end
+    // after it joined, and it needs their hashes to load a stage.
+    let (full, _) = book(&[4, 5]);
+    let mut book = PlanBook::default();
+    book.insert(full.get(5).unwrap().clone());
+    let current = book.current().unwrap().clone();
+    let mut rules = PipelineRules::new(&run());
+    let merged = |epoch, stage| PipelineGossip::Merged {
+        epoch,
+        stage,
+        hash: "00".repeat(32),
+        wire_bytes: 0,
+    };
+    let member = on(&current, 1)[0].clone();
+    assert_eq!(rules.check(&book, &member, &merged(4, 1)), Verdict::Accept);
+    assert_eq!(
+        rules.check(&book, &member, &merged(4, 1)),
+        Verdict::Reject("merged_duplicate")
+    );
+    // Not a member of that stage now, or a stranger: refused.
+    assert_eq!(
+        rules.check(&book, &on(&current, 2)[0], &merged(4, 1)),
+        Verdict::Reject("merged_not_member")
+    );
+    assert_eq!(
+        rules.check(&book, peer(99).as_ref(), &merged(4, 1)),
+        Verdict::Reject("merged_not_member")
+    );
+    // A node that restarted with an old plan keeps merge hashes of later epochs until
+    // their plans arrive.
+    let (old, _) = self::book(&[2]);
+    assert_eq!(
+        PipelineRules::new(&run()).check(&old, &member, &merged(4, 1)),
+        Verdict::Ignore("no_plan_for_epoch")
+    );
+    // Older epochs stay out of the window; other messages of epoch 4 too.
+    assert_eq!(
+        rules.check(&book, &member, &merged(3, 1)),
+        Verdict::Ignore("epoch_out_of_window")
+    );
+    let done = PipelineGossip::HeadDone {
+        epoch: 4,
+        samples: 1,
+        dropped: 0,
+    };
+    assert_eq!(
+        rules.check(&book, &on(&current, 0)[0], &done),
+        Verdict::Ignore("epoch_out_of_window")
+    );
+}
+
+#[test]
 fn weights_come_from_permitted_validators_once_an_epoch_and_well_formed() {
     let book_at = book;
     let (book, _) = book_at(&[0, 1]);

@@ -1,0 +1,211 @@
+//! The stage's merged snapshot: what a replica keeps of its last merge, serves in chunks to a
+//! miner that joins or restarts, and what such a miner loads, checked against the merge hash
+//! the stage's members gossiped.
+//!
+//! A replica keeps the weights its last merge produced (or that it started the epoch from),
+//! not its live weights, which an optimizer step changes every sample: only the snapshot
+//! hashes to the gossiped merge hash. Chunks of at most [`CHUNK_VALUES`] values keep every
+//! reply far below the request-response frame limit whatever the stage's size.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bootstrap::EpochPlan;
+
+use super::{lock, Shared, HOP_TIMEOUT};
+use crate::messages::{self, Service, WeightsReply, WeightsRequest};
+
+/// Values per chunk: 16 MiB of f32, a quarter of the 64 MiB frame limit.
+pub(crate) const CHUNK_VALUES: u64 = 1 << 22;
+
+/// How often a joining miner looks for the merge hash it waits for.
+const POLL: Duration = Duration::from_millis(100);
+
+/// A stage's weights as of a merge.
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    /// The stage.
+    pub(crate) stage: u32,
+    /// The merge they come from (`None`: the run seed's weights).
+    pub(crate) epoch: Option<u64>,
+    /// blake3 of the values' little-endian bytes, hex.
+    pub(crate) hash: String,
+    /// The values.
+    pub(crate) values: Arc<Vec<f32>>,
+}
+
+/// Answers a chunk request from a replica that joins.
+pub(crate) fn serve(shared: &Shared, body: &[u8]) -> Vec<u8> {
+    let not_held =
+        || messages::encode(Service::Weights, &WeightsReply::NotHeld, &[]).unwrap_or_default();
+    let Ok((request, _)) = messages::decode::<WeightsRequest>(Service::Weights, body) else {
+        return not_held();
+    };
+    let Some(snapshot) = lock(&shared.snapshot).clone() else {
+        return not_held();
+    };
+    if snapshot.stage != request.stage {
+        return not_held();
+    }
+    let total = snapshot.values.len() as u64;
+    let offset = request.offset.min(total);
+    let end = offset
+        .saturating_add(request.count.min(CHUNK_VALUES))
+        .min(total);
+    let payload = messages::f32_bytes(&snapshot.values[offset as usize..end as usize]);
+    messages::encode(
+        Service::Weights,
+        &WeightsReply::Weights {
+            stage: snapshot.stage,
+            epoch: snapshot.epoch,
+            hash: snapshot.hash,
+            total,
+            offset,
+        },
+        &payload,
+    )
+    .unwrap_or_default()
+}
+
+/// Why no merge hash came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NoHash {
+    /// None within the patience given (or the members disagree).
+    NotHeard,
+    /// A newer plan arrived meanwhile: the hash waited for is no longer the newest state.
+    Superseded,
+}
+
+/// The merge hash of `stage` for the merge that closed `epoch`, waiting up to `patience` for
+/// the members' gossip (a miner that joins as the merge runs hears it when it ends).
+pub(crate) async fn merged_hash(
+    shared: &Shared,
+    stage: u32,
+    epoch: u64,
+    patience: Duration,
+) -> Result<String, NoHash> {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        if shared
+            .newest_plan
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > epoch + 1
+        {
+            return Err(NoHash::Superseded);
+        }
+        {
+            let state = lock(&shared.state);
+            if let Some((e, hash)) = state.merge_hashes.get(&stage) {
+                if *e >= epoch {
+                    // Members that disagree: trust none of them.
+                    if state.merge_conflicts.contains(&(*e, stage)) {
+                        return Err(NoHash::NotHeard);
+                    }
+                    return Ok(hash.clone());
+                }
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(NoHash::NotHeard);
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Loads the snapshot hashing to `expected` from a replica of `stage` in `plan`, chunk by
+/// chunk; `None` when no replica serves it whole.
+pub(crate) async fn fetch(
+    shared: &Arc<Shared>,
+    plan: &EpochPlan,
+    stage: u32,
+    expected: &str,
+    len: usize,
+) -> Option<(Option<u64>, Vec<f32>)> {
+    for peer in plan.miners_of(stage) {
+        if peer.as_str() == shared.me {
+            continue;
+        }
+        let Ok(peer_id) = peer.as_str().parse::<p2p::PeerId>() else {
+            continue;
+        };
+        match fetch_from(shared, peer_id, stage, expected, len).await {
+            Ok(found) => return Some(found),
+            Err(why) => tracing::warn!(%peer, why, "no snapshot from this replica"),
+        }
+    }
+    None
+}
+
+/// The snapshot from one replica, or why not.
+async fn fetch_from(
+    shared: &Shared,
+    peer: p2p::PeerId,
+    stage: u32,
+    expected: &str,
+    len: usize,
+) -> Result<(Option<u64>, Vec<f32>), &'static str> {
+    let mut values: Vec<f32> = Vec::new();
+    let mut merged_epoch = None;
+    while values.len() < len {
+        let request = WeightsRequest {
+            stage,
+            offset: values.len() as u64,
+            count: CHUNK_VALUES,
+        };
+        let body =
+            messages::encode(Service::Weights, &request, &[]).map_err(|_| "request not encoded")?;
+        let reply = match tokio::time::timeout(HOP_TIMEOUT, shared.client.request(peer, body)).await
+        {
+            Ok(Ok(reply)) => reply,
+            _ => return Err("no answer"),
+        };
+        let (header, payload) = messages::decode::<WeightsReply>(Service::Weights, &reply)
+            .map_err(|_| "malformed reply")?;
+        let WeightsReply::Weights {
+            epoch,
+            hash,
+            total,
+            offset,
+            stage: served,
+        } = header
+        else {
+            return Err("does not hold the stage");
+        };
+        // Checked before anything is kept: the run's size, this chunk, the hash wanted.
+        if served != stage || total != len as u64 || offset != values.len() as u64 {
+            return Err("chunk out of place");
+        }
+        if hash != expected {
+            return Err("holds another snapshot");
+        }
+        let chunk = messages::f32_from_bytes(payload).ok_or("chunk not f32")?;
+        if chunk.is_empty() || values.len() + chunk.len() > len {
+            return Err("chunk of the wrong size");
+        }
+        if values.is_empty() {
+            values.reserve_exact(len);
+        }
+        values.extend_from_slice(&chunk);
+        merged_epoch = epoch;
+    }
+    if super::hex(&training::stage::hash_f32(&values)) != expected {
+        return Err("snapshot does not match the merge hash");
+    }
+    Ok((merged_epoch, values))
+}
+
+/// Keeps `values` as the stage's snapshot.
+pub(crate) fn keep(
+    shared: &Shared,
+    stage: u32,
+    epoch: Option<u64>,
+    hash: String,
+    values: Vec<f32>,
+) {
+    *lock(&shared.snapshot) = Some(Snapshot {
+        stage,
+        epoch,
+        hash,
+        values: Arc::new(values),
+    });
+}
