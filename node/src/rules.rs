@@ -17,7 +17,8 @@
 //! * **`Losses`** only from a tail miner of that epoch's plan, with the run's tokens per
 //!   sample, each record's pathway one plan member per stage ending at the author, a finite
 //!   loss, a sample that the pathway's head really draws in that epoch, and each sample
-//!   counted once.
+//!   counted once (a message of samples all claimed before is ignored, not punished: another
+//!   tail may have claimed them falsely).
 //! * **`ValLoss`** only from the evaluating head (the first head, in peer-id order), once
 //!   per epoch, finite and non-negative.
 //! * **`HeadDone`** only from a head, once per head and epoch, with counts within the plan.
@@ -453,9 +454,15 @@ fn check_losses(
                 return Verdict::Reject("losses_not_drawn");
             }
         }
-        if seen.samples.contains(&record.sample) || !fresh.insert(record.sample) {
-            return Verdict::Reject("losses_duplicate");
+        // A sample already claimed is skipped, not held against the author: another tail
+        // may have claimed it first, falsely (validators catch that tail: it cannot show
+        // the sample). The validator's ledger keeps the first record of each sample.
+        if !seen.samples.contains(&record.sample) {
+            fresh.insert(record.sample);
         }
+    }
+    if fresh.is_empty() {
+        return Verdict::Ignore("losses_duplicate");
     }
     seen.samples.extend(fresh);
     Verdict::Accept

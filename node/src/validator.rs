@@ -374,22 +374,34 @@ fn write_weights(dir: &std::path::Path, weights: &EpochWeights) -> anyhow::Resul
 }
 
 /// The loss records of the last few epochs, in the order they were accepted.
+/// The first record of each sample is kept; a later claim of the same sample is dropped.
 #[derive(Default)]
 struct Ledger {
     epochs: BTreeMap<u64, Vec<LossRecord>>,
+    samples: BTreeMap<u64, std::collections::HashSet<u64>>,
 }
 
 impl Ledger {
     fn add(&mut self, epoch: u64, records: Vec<LossRecord>) {
         let kept = self.epochs.entry(epoch).or_default();
-        let room = MAX_RECORDS.saturating_sub(kept.len());
-        kept.extend(records.into_iter().take(room));
+        let seen = self.samples.entry(epoch).or_default();
+        for record in records {
+            if kept.len() >= MAX_RECORDS {
+                break;
+            }
+            if seen.insert(record.sample) {
+                kept.push(record);
+            }
+        }
         while self.epochs.len() > KEEP_EPOCHS {
-            self.epochs.pop_first();
+            if let Some((old, _)) = self.epochs.pop_first() {
+                self.samples.remove(&old);
+            }
         }
     }
 
     fn take(&mut self, epoch: u64) -> Vec<LossRecord> {
+        self.samples.remove(&epoch);
         self.epochs.remove(&epoch).unwrap_or_default()
     }
 }
@@ -746,6 +758,9 @@ mod tests {
             ledger.add(epoch, records(3, None));
         }
         assert!(ledger.take(0).is_empty(), "the oldest epochs are forgotten");
+        // A sample claimed again (by another tail) is not counted twice.
+        ledger.add(4, records(3, None));
+        assert_eq!(ledger.epochs[&4].len(), 3);
         assert_eq!(ledger.take(4).len(), 3);
         assert!(ledger.take(4).is_empty(), "an epoch is scored once");
     }

@@ -143,9 +143,23 @@ fn loss_records_come_from_tails_for_samples_drawn_once() {
     assert_eq!(rules.check(&book, &tail, &good), Verdict::Accept);
     assert_eq!(
         rules.check(&book, &tail, &good),
-        Verdict::Reject("losses_duplicate"),
-        "each sample counts once"
+        Verdict::Ignore("losses_duplicate"),
+        "each sample counts once; a message of nothing new is not relayed"
     );
+    // Another tail claimed samples first (an `inflate` tail pre-claims samples its heads
+    // will draw): the honest tail that really serves them is not punished for it, and its
+    // other records still count.
+    let other_tail = on(&plan, 2)[1].clone();
+    let pre_claimed = losses(0, vec![record(&plan, 1, 1, &other_tail)]);
+    assert_eq!(
+        rules.check(&book, &other_tail, &pre_claimed),
+        Verdict::Accept
+    );
+    let honest = losses(
+        0,
+        vec![record(&plan, 1, 1, &tail), record(&plan, 1, 2, &tail)],
+    );
+    assert_eq!(rules.check(&book, &tail, &honest), Verdict::Accept);
     // A sample no head draws this epoch (counter past epoch_samples).
     let undrawn = losses(0, vec![record(&plan, 0, 4, &tail)]);
     assert_eq!(
@@ -181,11 +195,12 @@ fn loss_records_come_from_tails_for_samples_drawn_once() {
     // Duplicates inside one message, and forged token counts.
     let twice = losses(
         0,
-        vec![record(&plan, 0, 2, &tail), record(&plan, 0, 2, &tail)],
+        vec![record(&plan, 0, 3, &tail), record(&plan, 0, 3, &tail)],
     );
+    assert_eq!(rules.check(&book, &tail, &twice), Verdict::Accept);
     assert_eq!(
         rules.check(&book, &tail, &twice),
-        Verdict::Reject("losses_duplicate")
+        Verdict::Ignore("losses_duplicate")
     );
     let tokens = PipelineGossip::Losses {
         epoch: 0,
