@@ -162,6 +162,8 @@ pub(crate) struct Shared {
     newest_plan: AtomicU64,
     /// Held while a merge and stage build run (one at a time, never aborted midway).
     preparing: tokio::sync::Mutex<()>,
+    /// The merges and stage builds started, for a shutdown to stop.
+    preparations: Mutex<Vec<tokio::task::AbortHandle>>,
     /// Counts the times the stage's weights were replaced wholesale (a new stage, a merge):
     /// evidence of an older generation no longer reproduces.
     generation: AtomicU64,
@@ -247,6 +249,7 @@ impl Miner {
                 generation: AtomicU64::new(0),
                 newest_plan: AtomicU64::new(0),
                 preparing: tokio::sync::Mutex::new(()),
+                preparations: Mutex::new(Vec::new()),
                 backward_done: AtomicU64::new(0),
                 samples_processed: AtomicU64::new(0),
                 epoch_processed: AtomicU64::new(0),
@@ -312,6 +315,10 @@ impl Miner {
         if let Some(task) = self.transition.lock().await.take() {
             task.abort();
             let _ = task.await;
+        }
+        // Merges and stage builds outlive a transition, not the miner: they hold the stage.
+        for preparation in lock(&self.shared.preparations).drain(..) {
+            preparation.abort();
         }
         let (worker, thread) = {
             let mut state = lock(&self.shared.state);
@@ -503,6 +510,12 @@ async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()
             prepare(&shared, &plan).await
         })
     };
+    {
+        // Kept so that a shutdown can stop it (nothing else does).
+        let mut running = lock(&shared.preparations);
+        running.retain(|p| !p.is_finished());
+        running.push(prepared.abort_handle());
+    }
     let Some((stage, worker)) = prepared.await?? else {
         return Ok(());
     };
@@ -614,20 +627,15 @@ async fn load_stage(
     };
     if let Some((manifest, state)) = checkpoint {
         handle.import_state(state).await?;
-        let hash = hex(&handle.weights_hash().await?);
+        let hash = settle(shared, handle, stage, Some(manifest.epoch), None).await?;
         tracing::info!(stage, epoch = manifest.epoch, weights_hash = %hash, "resumed from checkpoint");
-        let values = handle.flat_params().await?;
-        snapshot::keep(shared, stage, Some(manifest.epoch), hash.clone(), values);
-        set_weights_hash(shared, Some(manifest.epoch), hash);
         return Ok(());
     }
     if let Some((before, expected)) = &latest {
         if let Some((epoch, values)) = snapshot::fetch(shared, plan, stage, expected, len).await {
             handle.set_flat_params(values.clone()).await?;
-            let hash = hex(&handle.weights_hash().await?);
+            let hash = settle(shared, handle, stage, epoch, Some(values)).await?;
             tracing::info!(stage, epoch = ?epoch, weights_hash = %hash, "weights fetched from a replica");
-            snapshot::keep(shared, stage, epoch, hash.clone(), values);
-            set_weights_hash(shared, epoch, hash);
             return Ok(());
         }
         tracing::warn!(
@@ -638,19 +646,32 @@ async fn load_stage(
     }
     if let Some((manifest, state)) = stale {
         handle.import_state(state).await?;
-        let hash = hex(&handle.weights_hash().await?);
+        let hash = settle(shared, handle, stage, Some(manifest.epoch), None).await?;
         tracing::warn!(stage, epoch = manifest.epoch, weights_hash = %hash, "resumed from an older checkpoint");
-        let values = handle.flat_params().await?;
-        snapshot::keep(shared, stage, Some(manifest.epoch), hash.clone(), values);
-        set_weights_hash(shared, Some(manifest.epoch), hash);
         return Ok(());
     }
-    let hash = hex(&handle.weights_hash().await?);
+    let hash = settle(shared, handle, stage, None, None).await?;
     tracing::info!(stage, weights_hash = %hash, "initialised from the run seed");
-    let values = handle.flat_params().await?;
-    snapshot::keep(shared, stage, None, hash.clone(), values);
-    set_weights_hash(shared, None, hash);
     Ok(())
+}
+
+/// Takes the weights just loaded into `handle` (`values`, when the caller has them) as the
+/// stage's snapshot and current hash, as of the merge of `epoch`; returns the hash.
+async fn settle(
+    shared: &Shared,
+    handle: &StageHandle,
+    stage: u32,
+    epoch: Option<u64>,
+    values: Option<Vec<f32>>,
+) -> anyhow::Result<String> {
+    let hash = hex(&handle.weights_hash().await?);
+    let values = match values {
+        Some(values) => values,
+        None => handle.flat_params().await?,
+    };
+    snapshot::keep(shared, stage, epoch, hash.clone(), values);
+    set_weights_hash(shared, epoch, hash.clone());
+    Ok(hash)
 }
 
 fn set_weights_hash(shared: &Shared, epoch: Option<u64>, hash: String) {
