@@ -416,7 +416,11 @@ async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
     );
     let small = zeros_frame(&run, u64::MAX, &[16, 64, 32]);
     let eval = body(EVAL, serde_json::json!({"batch": 0}), &small);
-    let weights = body(WEIGHTS, serde_json::json!({"stage": 1}), &[]);
+    let weights = body(
+        WEIGHTS,
+        serde_json::json!({"stage": 1, "offset": 0, "count": 1024}),
+        &[],
+    );
     for (what, request) in [
         ("forward", &forward),
         ("eval", &eval),
