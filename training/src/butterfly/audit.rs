@@ -199,12 +199,7 @@ async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditRepor
             };
             let message = ledger.report(member, MisbehaviourKind::NonFinite, evidence);
             tracing::warn!(accused = %message.accused, partition = p, "audit found a non-finite input");
-            report.misbehaviour.push(message.clone());
-            let gossip = Gossip::Misbehaviour(message);
-            traffic.sent += gossip.encoded_len() as u64;
-            if let Err(error) = transport.publish(gossip).await {
-                tracing::warn!(%error, "publishing audit report failed");
-            }
+            publish_report(&*transport, &mut report, &mut traffic, message).await;
         }
         if checked.iter().any(|c| c.check == Check::Unknown) {
             report.unverifiable.push(p as u32);
@@ -229,12 +224,7 @@ async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditRepor
             };
             let message = ledger.report(holder, MisbehaviourKind::WrongAverage, evidence);
             tracing::warn!(accused = %message.accused, partition = p, "audit refuted a claim");
-            report.misbehaviour.push(message.clone());
-            let gossip = Gossip::Misbehaviour(message);
-            traffic.sent += gossip.encoded_len() as u64;
-            if let Err(error) = transport.publish(gossip).await {
-                tracing::warn!(%error, "publishing audit report failed");
-            }
+            publish_report(&*transport, &mut report, &mut traffic, message).await;
         }
     }
     report.bytes_sent = traffic.sent;
@@ -245,6 +235,21 @@ async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditRepor
         "audit done"
     );
     report
+}
+
+/// Keeps `message` in the audit's report and gossips it.
+async fn publish_report<T: Transport>(
+    transport: &T,
+    report: &mut AuditReport,
+    traffic: &mut Traffic,
+    message: Misbehaviour,
+) {
+    report.misbehaviour.push(message.clone());
+    let gossip = Gossip::Misbehaviour(message);
+    traffic.sent += gossip.encoded_len() as u64;
+    if let Err(error) = transport.publish(gossip).await {
+        tracing::warn!(%error, "publishing audit report failed");
+    }
 }
 
 /// Records the merge's gossip until `claims_by`, or earlier once every member committed and
