@@ -533,6 +533,25 @@ impl Stage {
         self.scatter(flat, |p, src| p.assign(src))
     }
 
+    /// Takes a merge's result while keeping the progress made since the merge's input was
+    /// taken: the weights become `merged + (now − snapshot)`, where `snapshot` is what this
+    /// replica gave the merge. Optimizer steps taken while the merge ran (it takes seconds;
+    /// samples keep coming) are not lost, and a replica that took none holds exactly
+    /// `merged` (adding 0.0 changes no bit). Graphs in flight are freed, as for
+    /// [`Stage::set_flat_params`].
+    pub fn apply_merge(&mut self, snapshot: &[f32], merged: &[f32]) -> Result<(), ParamsError> {
+        self.check_flat(snapshot)?;
+        self.check_flat(merged)?;
+        let now = self.flat_params();
+        let target: Vec<f32> = merged
+            .iter()
+            .zip(snapshot)
+            .zip(&now)
+            .map(|((m, s), n)| if n == s { *m } else { m + (n - s) })
+            .collect();
+        self.set_flat_params(&target)
+    }
+
     /// Weights and optimizer state as plain vectors.
     pub fn export_state(&self) -> StageState {
         StageState {

@@ -168,6 +168,7 @@ enum Command {
     Eval(StageInput, Option<Vec<i64>>, Reply<EvalOutput>),
     FlatParams(Reply<Vec<f32>>),
     SetFlatParams(Vec<f32>, Reply<()>),
+    ApplyMerge(Vec<f32>, Vec<f32>, Reply<()>),
     WeightsHash(Reply<[u8; 32]>),
     ExportState(Reply<StageState>),
     ImportState(Box<StageState>, Reply<()>),
@@ -321,6 +322,16 @@ impl StageHandle {
         self.call(false, |r| Command::SetFlatParams(flat, r)).await
     }
 
+    /// [`Stage::apply_merge`]: the merge's result plus the progress made since `snapshot`.
+    pub async fn apply_merge(
+        &self,
+        snapshot: Vec<f32>,
+        merged: Vec<f32>,
+    ) -> Result<(), WorkerError> {
+        self.call(false, |r| Command::ApplyMerge(snapshot, merged, r))
+            .await
+    }
+
     /// blake3 of the weight vector's little-endian bytes.
     pub async fn weights_hash(&self) -> Result<[u8; 32], WorkerError> {
         self.call(false, Command::WeightsHash).await
@@ -438,6 +449,13 @@ impl Worker {
             }
             Command::SetFlatParams(flat, r) => {
                 let _ = r.send(self.stage.set_flat_params(&flat).map_err(Into::into));
+            }
+            Command::ApplyMerge(snapshot, merged, r) => {
+                let _ = r.send(
+                    self.stage
+                        .apply_merge(&snapshot, &merged)
+                        .map_err(Into::into),
+                );
             }
             Command::WeightsHash(r) => {
                 let _ = r.send(Ok(self.stage.weights_hash()));

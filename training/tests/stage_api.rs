@@ -270,3 +270,46 @@ fn a_step_frees_graphs_recorded_with_the_old_weights() {
     let _ = body.forward(4, &x).unwrap();
     assert!(body.backward(4, &x).unwrap().is_some());
 }
+
+#[test]
+fn a_merge_keeps_the_steps_taken_while_it_ran() {
+    let mut tail = stage(1, 0);
+    let b = Corpus::shakespeare()
+        .unwrap()
+        .train_sample(0, 0, 2, 16)
+        .unwrap();
+    // The replica gives the merge its weights, then trains on while the merge runs.
+    let snapshot = tail.flat_params();
+    tail.forward_loss(&b.inputs_tensor(), &b.targets_tensor())
+        .unwrap();
+    tail.step().unwrap();
+    let trained = tail.flat_params();
+    let progress: Vec<f32> = trained.iter().zip(&snapshot).map(|(t, s)| t - s).collect();
+    assert!(progress.iter().any(|d| *d != 0.0));
+    // The merge's result (here: the snapshot moved by a fixed offset) comes back.
+    let merged: Vec<f32> = snapshot.iter().map(|s| s + 0.01).collect();
+    tail.apply_merge(&snapshot, &merged).unwrap();
+    let now = tail.flat_params();
+    for ((n, m), d) in now.iter().zip(&merged).zip(&progress) {
+        assert!((n - (m + d)).abs() < 1e-6, "{n} != {m} + {d}");
+    }
+    // A replica that took no step since its snapshot holds exactly the merged weights.
+    let mut idle = stage(1, 0);
+    let snapshot = idle.flat_params();
+    let merged: Vec<f32> = snapshot.iter().map(|s| s * 0.5 + 0.001).collect();
+    idle.apply_merge(&snapshot, &merged).unwrap();
+    assert_eq!(idle.weights_hash(), training::stage::hash_f32(&merged));
+    // Wrong lengths and non-finite values are refused, and nothing changes.
+    let before = idle.weights_hash();
+    assert!(matches!(
+        idle.apply_merge(&snapshot[1..], &merged),
+        Err(ParamsError::LengthMismatch { .. })
+    ));
+    let mut nan = merged.clone();
+    nan[0] = f32::NAN;
+    assert_eq!(
+        idle.apply_merge(&snapshot, &nan),
+        Err(ParamsError::NonFinite)
+    );
+    assert_eq!(idle.weights_hash(), before);
+}
