@@ -160,6 +160,9 @@ pub(crate) struct Shared {
     fabricated: AtomicU64,
     /// The newest plan's epoch this miner has begun to enter.
     newest_plan: AtomicU64,
+    /// That plan's epoch and the stage it gives this miner: a stage build waits on for a
+    /// merge hash while newer plans keep the miner on the same stage.
+    newest_stage: Mutex<(u64, Option<u32>)>,
     /// Held while a merge and stage build run (one at a time, never aborted midway).
     preparing: tokio::sync::Mutex<()>,
     /// The merges and stage builds started, for a shutdown to stop.
@@ -248,6 +251,7 @@ impl Miner {
                 fabricated: AtomicU64::new(0),
                 generation: AtomicU64::new(0),
                 newest_plan: AtomicU64::new(0),
+                newest_stage: Mutex::new((0, None)),
                 preparing: tokio::sync::Mutex::new(()),
                 preparations: Mutex::new(Vec::new()),
                 backward_done: AtomicU64::new(0),
@@ -448,12 +452,20 @@ async fn prepare(
     shared: &Arc<Shared>,
     plan: &EpochPlan,
 ) -> anyhow::Result<Option<(u32, StageHandle)>> {
-    let (previous, worker, old_stage) = {
+    let (previous, worker, old_stage, merged_epoch) = {
         let state = lock(&shared.state);
-        (state.plan.clone(), state.worker.clone(), state.stage)
+        (
+            state.plan.clone(),
+            state.worker.clone(),
+            state.stage,
+            state.merged_epoch,
+        )
     };
     if let (Some(prev), Some(worker), Some(stage)) = (&previous, &worker, old_stage) {
-        if prev.epoch < plan.epoch && prev.stage_of(&shared.peer) == Some(stage) {
+        // A miner that joined by loading the merge closing `prev` (or a later one) already
+        // holds that merge's result: the merge ran without it.
+        let holds_merge = merged_epoch.is_some_and(|m| m >= prev.epoch);
+        if prev.epoch < plan.epoch && prev.stage_of(&shared.peer) == Some(stage) && !holds_merge {
             let start = crate::schedule::merge_start(plan);
             let len =
                 usize::try_from(shared.frames_len.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
@@ -494,6 +506,12 @@ async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()
         return Ok(());
     }
     shared.newest_plan.fetch_max(plan.epoch, Ordering::Relaxed);
+    {
+        let mut newest = lock(&shared.newest_stage);
+        if plan.epoch >= newest.0 {
+            *newest = (plan.epoch, plan.stage_of(&shared.peer));
+        }
+    }
     // The merge and the stage (re)build run to their end even when a newer plan arrives
     // (an aborted merge would leave the merge service's feed open and the replicas' weights
     // half merged): they run in a task of their own, one at a time, which the newer plan's
@@ -692,6 +710,9 @@ async fn merge_and_checkpoint(
 ) -> anyhow::Result<()> {
     let members: Vec<String> = plan.miners_of(stage).map(|p| p.to_string()).collect();
     let mut weights = worker.flat_params().await?;
+    // What this replica gives the merge: the steps it takes while the merge runs are kept
+    // on top of the merge's result.
+    let given = weights.clone();
     shared
         .frames_len
         .store(weights.len() as u64, Ordering::Relaxed);
@@ -718,9 +739,11 @@ async fn merge_and_checkpoint(
         .await?;
     // Evidence of samples served with the weights being replaced no longer reproduces.
     shared.generation.fetch_add(1, Ordering::Relaxed);
-    worker.set_flat_params(merged.clone()).await?;
+    // The merge's hash is that of the result every replica computed; the live weights also
+    // hold the steps taken meanwhile.
+    let hash = hex(&training::stage::hash_f32(&merged));
+    worker.apply_merge(given, merged.clone()).await?;
     let state = worker.export_state().await?;
-    let hash = hex(&worker.weights_hash().await?);
     snapshot::keep(shared, stage, Some(plan.epoch), hash.clone(), merged);
     if let Some(store) = &shared.store {
         let key = CheckpointKey {
@@ -730,7 +753,8 @@ async fn merge_and_checkpoint(
             step: state.step,
         };
         store.save(&key, &state)?;
-        tracing::info!(stage, epoch = plan.epoch, weights_hash = %hash, "checkpoint saved");
+        let saved = hex(&training::stage::hash_f32(&state.params));
+        tracing::info!(stage, epoch = plan.epoch, weights_hash = %saved, merged_hash = %hash, "checkpoint saved");
     }
     set_weights_hash(shared, Some(plan.epoch), hash.clone());
     let message = PipelineGossip::Merged {

@@ -72,12 +72,47 @@ pub(crate) fn serve(shared: &Shared, body: &[u8]) -> Vec<u8> {
 pub(crate) enum NoHash {
     /// None within the patience given (or the members disagree).
     NotHeard,
-    /// A newer plan arrived meanwhile: the hash waited for is no longer the newest state.
+    /// A newer plan moved this miner to another stage meanwhile: the stage waited for is
+    /// no longer the one to build.
     Superseded,
 }
 
-/// The merge hash of `stage` for the merge that closed `epoch`, waiting up to `patience` for
-/// the members' gossip (a miner that joins as the merge runs hears it when it ends).
+/// What [`merged_hash`] looks at: the hashes heard and the newest plan, at one moment.
+pub(crate) struct HashView<'a> {
+    /// Latest merge hash gossiped per stage: (epoch, hash).
+    pub(crate) merge_hashes: &'a std::collections::BTreeMap<u32, (u64, String)>,
+    /// (epoch, stage) merges whose members disagree.
+    pub(crate) merge_conflicts: &'a std::collections::BTreeSet<(u64, u32)>,
+    /// The newest plan's epoch and the stage it gives this miner.
+    pub(crate) newest: (u64, Option<u32>),
+}
+
+/// One look at what is known: `Some(Ok(hash))` of the newest merge of `stage` at or after
+/// `epoch`, `Some(Err(..))` when waiting on is pointless, `None` to keep waiting.
+///
+/// A hash already heard wins over a newer plan: in short epochs the hash of one merge
+/// arrives with the next plan, and a joiner that gave up on every newer plan would chase
+/// the run forever. A newer plan stops the wait only when it moves this miner off `stage`.
+pub(crate) fn look(view: &HashView<'_>, stage: u32, epoch: u64) -> Option<Result<String, NoHash>> {
+    if let Some((e, hash)) = view.merge_hashes.get(&stage) {
+        if *e >= epoch {
+            // Members that disagree: trust none of them.
+            if view.merge_conflicts.contains(&(*e, stage)) {
+                return Some(Err(NoHash::NotHeard));
+            }
+            return Some(Ok(hash.clone()));
+        }
+    }
+    let (newest, newest_stage) = view.newest;
+    if newest > epoch.saturating_add(1) && newest_stage != Some(stage) {
+        return Some(Err(NoHash::Superseded));
+    }
+    None
+}
+
+/// The merge hash of `stage` for the merge that closed `epoch` (or a later one), waiting up
+/// to `patience` for the members' gossip (a miner that joins as the merge runs hears it
+/// when it ends).
 pub(crate) async fn merged_hash(
     shared: &Shared,
     stage: u32,
@@ -86,24 +121,21 @@ pub(crate) async fn merged_hash(
 ) -> Result<String, NoHash> {
     let deadline = tokio::time::Instant::now() + patience;
     loop {
-        if shared
-            .newest_plan
-            .load(std::sync::atomic::Ordering::Relaxed)
-            > epoch + 1
-        {
-            return Err(NoHash::Superseded);
-        }
-        {
+        let newest = *lock(&shared.newest_stage);
+        let seen = {
             let state = lock(&shared.state);
-            if let Some((e, hash)) = state.merge_hashes.get(&stage) {
-                if *e >= epoch {
-                    // Members that disagree: trust none of them.
-                    if state.merge_conflicts.contains(&(*e, stage)) {
-                        return Err(NoHash::NotHeard);
-                    }
-                    return Ok(hash.clone());
-                }
-            }
+            look(
+                &HashView {
+                    merge_hashes: &state.merge_hashes,
+                    merge_conflicts: &state.merge_conflicts,
+                    newest,
+                },
+                stage,
+                epoch,
+            )
+        };
+        if let Some(outcome) = seen {
+            return outcome;
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(NoHash::NotHeard);
@@ -208,4 +240,77 @@ pub(crate) fn keep(
         hash,
         values: Arc::new(values),
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::{look, HashView, NoHash};
+
+    fn view<'a>(
+        hashes: &'a BTreeMap<u32, (u64, String)>,
+        conflicts: &'a BTreeSet<(u64, u32)>,
+        newest: (u64, Option<u32>),
+    ) -> HashView<'a> {
+        HashView {
+            merge_hashes: hashes,
+            merge_conflicts: conflicts,
+            newest,
+        }
+    }
+
+    #[test]
+    fn a_hash_heard_wins_over_a_newer_plan_on_the_same_stage() {
+        // The joiner built for plan 7 waits for the merge closing 6; plan 8 arrived with
+        // the hash of 6 (short epochs): it loads that hash instead of starting again.
+        let hashes = BTreeMap::from([(1, (6, "h6".to_string()))]);
+        let none = BTreeSet::new();
+        assert_eq!(
+            look(&view(&hashes, &none, (8, Some(1))), 1, 6),
+            Some(Ok("h6".into()))
+        );
+        // A later merge's hash is the newer state: taken too.
+        let later = BTreeMap::from([(1, (9, "h9".to_string()))]);
+        assert_eq!(
+            look(&view(&later, &none, (10, Some(1))), 1, 6),
+            Some(Ok("h9".into()))
+        );
+    }
+
+    #[test]
+    fn newer_plans_on_the_same_stage_keep_the_wait_going() {
+        let empty = BTreeMap::new();
+        let none = BTreeSet::new();
+        assert_eq!(look(&view(&empty, &none, (7, Some(1))), 1, 6), None);
+        assert_eq!(look(&view(&empty, &none, (30, Some(1))), 1, 6), None);
+        let old = BTreeMap::from([(1, (5, "h5".to_string()))]);
+        assert_eq!(look(&view(&old, &none, (9, Some(1))), 1, 6), None);
+    }
+
+    #[test]
+    fn a_plan_that_moves_the_miner_ends_the_wait() {
+        let empty = BTreeMap::new();
+        let none = BTreeSet::new();
+        assert_eq!(
+            look(&view(&empty, &none, (8, Some(2))), 1, 6),
+            Some(Err(NoHash::Superseded))
+        );
+        assert_eq!(
+            look(&view(&empty, &none, (8, None)), 1, 6),
+            Some(Err(NoHash::Superseded))
+        );
+        // The plan right after the awaited merge is the one being built for: no news.
+        assert_eq!(look(&view(&empty, &none, (7, Some(2))), 1, 6), None);
+    }
+
+    #[test]
+    fn members_that_disagree_are_not_trusted() {
+        let hashes = BTreeMap::from([(1, (6, "h6".to_string()))]);
+        let conflict = BTreeSet::from([(6, 1)]);
+        assert_eq!(
+            look(&view(&hashes, &conflict, (7, Some(1))), 1, 6),
+            Some(Err(NoHash::NotHeard))
+        );
+    }
 }
