@@ -359,7 +359,14 @@ async fn on_tick(
     let agreed = consensus.view();
     let complete = agreed.current.as_ref().is_some_and(|plan| {
         let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
-        router.stats().epoch_done(plan.epoch, &heads, &live_now)
+        let stats = router.stats();
+        // The merges that opened this epoch (closing the one before) must be done too.
+        let merged = plan
+            .epoch
+            .checked_sub(1)
+            .and_then(|before| router.plan(before))
+            .is_none_or(|before| stats.merges_done(before, &live_now));
+        stats.epoch_done(plan.epoch, &heads, &live_now) && merged
     });
     if let Some(miner) = miner {
         miner.tick(live_now.into_iter().collect()).await?;

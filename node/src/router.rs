@@ -146,6 +146,11 @@ impl Router {
         &self.stats
     }
 
+    /// The kept plan of `epoch`, if any.
+    pub(crate) fn plan(&self, epoch: u64) -> Option<&bootstrap::EpochPlan> {
+        self.book.get(epoch)
+    }
+
     /// Routes one event of the p2p layer.
     pub(crate) async fn on_event(&mut self, event: Event) -> Next {
         match event {

@@ -128,6 +128,21 @@ impl RunStats {
         !e.heads_done.is_empty() && waiting == 0
     }
 
+    /// Whether the merges closing `plan`'s epoch are done: every stage that has a live
+    /// member in `plan` has had its merge hash gossiped by at least one member. The next
+    /// epoch is not opened before (a stage whose merge outlasts the next epoch falls behind
+    /// by one more merge each epoch, and its miners never train: their merges overlap).
+    pub(crate) fn merges_done(&self, plan: &bootstrap::EpochPlan, live: &BTreeSet<String>) -> bool {
+        let merged = self.epochs.get(&plan.epoch).map(|e| &e.merged);
+        (0..plan.stages).all(|stage| {
+            let has_live_member = plan.miners_of(stage).any(|m| live.contains(m.as_str()));
+            !has_live_member
+                || merged
+                    .and_then(|m| m.get(&stage))
+                    .is_some_and(|by_miner| !by_miner.is_empty())
+        })
+    }
+
     /// The epochs, oldest first.
     pub(crate) fn epochs(&self) -> Vec<EpochStats> {
         self.epochs.values().cloned().collect()
@@ -175,5 +190,39 @@ mod tests {
         assert_eq!((e.samples, e.tokens), (1, 10));
         assert_eq!(e.train_loss, Some(2.0));
         assert_eq!(e.samples_by_miner["b"], 1);
+    }
+
+    #[test]
+    fn the_next_epoch_waits_for_every_live_stage_to_merge() {
+        let run = bootstrap::RunConfig::default();
+        let peer = |i: u8| bootstrap::PeerIdStr::from_ed25519_public_key(&[i; 32]);
+        let miners: BTreeSet<bootstrap::PeerIdStr> = (10..16).map(peer).collect();
+        let plan = bootstrap::next_plan(&run, &peer(1), None, None, &miners).unwrap();
+        let members =
+            |stage| -> Vec<String> { plan.miners_of(stage).map(|p| p.to_string()).collect() };
+        let live: BTreeSet<String> = miners.iter().map(|m| m.to_string()).collect();
+        let merged = |stage| PipelineGossip::Merged {
+            epoch: plan.epoch,
+            stage,
+            hash: format!("h{stage}"),
+            wire_bytes: 0,
+        };
+        let mut stats = RunStats::default();
+        let now = Duration::from_secs(1);
+        assert!(!stats.merges_done(&plan, &live));
+        stats.observe(&members(0)[0], &merged(0), now);
+        stats.observe(&members(2)[1], &merged(2), now);
+        // Stage 1 is still merging.
+        assert!(!stats.merges_done(&plan, &live));
+        // A stage whose members are all gone has no merge to wait for.
+        let without_1: BTreeSet<String> = live
+            .iter()
+            .filter(|m| !members(1).contains(m))
+            .cloned()
+            .collect();
+        assert!(stats.merges_done(&plan, &without_1));
+        // One member's hash is enough: the merge round is over.
+        stats.observe(&members(1)[0], &merged(1), now);
+        assert!(stats.merges_done(&plan, &live));
     }
 }
