@@ -538,7 +538,7 @@ impl Stage {
     /// replica gave the merge. Optimizer steps taken while the merge ran (it takes seconds;
     /// samples keep coming) are not lost, and a replica that took none holds exactly
     /// `merged` (adding 0.0 changes no bit). Graphs in flight are freed, as for
-    /// [`Stage::set_flat_params`].
+    /// [`Stage::set_flat_params`], and gradients accumulated before are discarded.
     pub fn apply_merge(&mut self, snapshot: &[f32], merged: &[f32]) -> Result<(), ParamsError> {
         self.check_flat(snapshot)?;
         self.check_flat(merged)?;
@@ -549,7 +549,10 @@ impl Stage {
             .zip(&now)
             .map(|((m, s), n)| if n == s { *m } else { m + (n - s) })
             .collect();
-        self.set_flat_params(&target)
+        self.set_flat_params(&target)?;
+        // Gradients accumulated on the weights before the merge belong to those weights.
+        self.zero_grad();
+        Ok(())
     }
 
     /// Weights and optimizer state as plain vectors.

@@ -312,9 +312,11 @@ impl StageHandle {
         self.call(false, |r| Command::Eval(input, targets, r)).await
     }
 
-    /// The canonical f32 weight vector.
+    /// The canonical f32 weight vector. Like the other reads of the weights and
+    /// [`StageHandle::apply_merge`], served before queued forward work and while a step
+    /// waits for backward passes: a merge has a deadline, and must not queue behind either.
     pub async fn flat_params(&self) -> Result<Vec<f32>, WorkerError> {
-        self.call(false, Command::FlatParams).await
+        self.call(true, Command::FlatParams).await
     }
 
     /// Replaces the weights (optimizer state kept).
@@ -328,18 +330,18 @@ impl StageHandle {
         snapshot: Vec<f32>,
         merged: Vec<f32>,
     ) -> Result<(), WorkerError> {
-        self.call(false, |r| Command::ApplyMerge(snapshot, merged, r))
+        self.call(true, |r| Command::ApplyMerge(snapshot, merged, r))
             .await
     }
 
     /// blake3 of the weight vector's little-endian bytes.
     pub async fn weights_hash(&self) -> Result<[u8; 32], WorkerError> {
-        self.call(false, Command::WeightsHash).await
+        self.call(true, Command::WeightsHash).await
     }
 
     /// Weights and optimizer state, for a checkpoint.
     pub async fn export_state(&self) -> Result<StageState, WorkerError> {
-        self.call(false, Command::ExportState).await
+        self.call(true, Command::ExportState).await
     }
 
     /// Restores weights and optimizer state.

@@ -234,3 +234,74 @@ async fn a_step_waits_for_the_samples_in_flight() {
     assert!(!status.step_waiting);
     assert_eq!((status.in_flight, status.steps), (0, 1));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_merge_is_served_while_a_step_waits_and_drops_stale_gradients() {
+    tch::set_num_threads(1);
+    let (head, _thread) = spawn(0).await;
+    let b = Corpus::shakespeare()
+        .unwrap()
+        .train_sample(0, SEED, 2, 16)
+        .unwrap();
+    // One sample with its gradient accumulated, a second one in flight, and a step held
+    // back behind the second.
+    let act = head.forward(0, tokens(&b)).await.unwrap();
+    let h = wire::decode_header(&act, &DecodeLimits::default()).unwrap();
+    let n: usize = h.shape.iter().product();
+    let grad = |sample| {
+        wire::encode(
+            &Codec::new(WireDtype::F32),
+            &wire::FrameMeta {
+                run: RUN,
+                sample,
+                stage: 1,
+                kind: wire::FrameKind::Gradient,
+            },
+            &h.shape,
+            &vec![1e-3; n],
+        )
+        .unwrap()
+    };
+    head.backward(grad(0)).await.unwrap();
+    head.forward(1, tokens(&b)).await.unwrap();
+    let step = {
+        let head = head.clone();
+        tokio::spawn(async move { head.step(None).await })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !head.status().await.unwrap().step_waiting {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the step never waited"
+        );
+        tokio::task::yield_now().await;
+    }
+    // The merge reads the weights and sets its result while the step waits (it used to
+    // queue behind the step for up to a minute, past the merge's deadline).
+    let merge = async {
+        let given = head.flat_params().await.unwrap();
+        let merged: Vec<f32> = given.iter().map(|v| v * 0.5).collect();
+        head.apply_merge(given, merged.clone()).await.unwrap();
+        merged
+    };
+    let merged = tokio::time::timeout(std::time::Duration::from_secs(10), merge)
+        .await
+        .expect("the merge is not held up by a waiting step");
+    // The gradients of the old weights are gone: the step has nothing to apply, and the
+    // weights are exactly the merge's.
+    let stepped = step.await.unwrap();
+    assert!(
+        matches!(
+            stepped,
+            Err(WorkerError::Step(
+                training::stage::StepError::NothingAccumulated
+            ))
+        ),
+        "{stepped:?}"
+    );
+    assert_eq!(
+        head.weights_hash().await.unwrap(),
+        training::stage::hash_f32(&merged)
+    );
+    assert_eq!(head.status().await.unwrap().accumulated, 0);
+}
