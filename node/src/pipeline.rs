@@ -383,20 +383,10 @@ impl Miner {
 
     /// Publishes buffered loss records.
     pub(crate) async fn flush_losses(&self, topic: &str) {
-        let batch: Vec<(u64, LossRecord)> = {
-            let mut losses = lock(&self.shared.losses);
-            let n = losses.len().min(LOSS_BATCH);
-            losses.drain(..n).collect()
-        };
-        let Some((epoch, _)) = batch.first() else {
+        let Some((epoch, records)) = take_loss_batch(&mut lock(&self.shared.losses), LOSS_BATCH)
+        else {
             return;
         };
-        let epoch = *epoch;
-        let records: Vec<LossRecord> = batch
-            .into_iter()
-            .filter(|(e, _)| *e == epoch)
-            .map(|(_, r)| r)
-            .collect();
         let tokens_per_sample =
             u64::from(self.shared.cfg.run.batch_size * self.shared.cfg.run.seq_len);
         let message = PipelineGossip::Losses {
@@ -439,6 +429,22 @@ impl Shared {
         let seed = self.run_id ^ sample.rotate_left(7) ^ self.fabricated.load(Ordering::Relaxed);
         noise_frame(&frame, &self.frames.limits(), seed).unwrap_or(frame)
     }
+}
+
+/// The next gossip message's worth of buffered loss records: up to `max` of the oldest
+/// epoch's, taken from the front of `buffer`. Records of a later epoch stay for the next
+/// message (one message names one epoch).
+fn take_loss_batch(
+    buffer: &mut Vec<(u64, LossRecord)>,
+    max: usize,
+) -> Option<(u64, Vec<LossRecord>)> {
+    let epoch = buffer.first()?.0;
+    let n = buffer
+        .iter()
+        .take(max)
+        .take_while(|(e, _)| *e == epoch)
+        .count();
+    Some((epoch, buffer.drain(..n).map(|(_, r)| r).collect()))
 }
 
 /// Locks a std mutex, recovering the data of a poisoned one.
@@ -804,4 +810,38 @@ pub(crate) fn eval_body(header: &EvalHeader, frame: &[u8]) -> Vec<u8> {
 /// Encodes an evaluation reply.
 pub(crate) fn eval_reply(reply: &EvalReply) -> Vec<u8> {
     messages::encode(Service::Eval, reply, &[]).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{take_loss_batch, LossRecord};
+
+    fn record(sample: u64) -> LossRecord {
+        LossRecord {
+            sample,
+            pathway: vec!["h".into(), "t".into()],
+            loss: 2.0,
+        }
+    }
+
+    #[test]
+    fn loss_records_of_two_epochs_in_one_buffer_are_all_sent() {
+        // Three records of epoch 4, then two of epoch 5 (the tail served a sample of the
+        // new epoch before the tick flushed the old one's).
+        let mut buffer: Vec<(u64, LossRecord)> = [(4, 1), (4, 2), (4, 3), (5, 4), (5, 5)]
+            .into_iter()
+            .map(|(e, s)| (e, record(s)))
+            .collect();
+        let mut sent = Vec::new();
+        while let Some((epoch, records)) = take_loss_batch(&mut buffer, 16) {
+            assert!(!records.is_empty());
+            sent.extend(records.into_iter().map(|r| (epoch, r.sample)));
+        }
+        assert_eq!(sent, vec![(4, 1), (4, 2), (4, 3), (5, 4), (5, 5)]);
+        // A batch never exceeds its bound.
+        let mut many: Vec<(u64, LossRecord)> = (0..40).map(|s| (1, record(s))).collect();
+        let (_, first) = take_loss_batch(&mut many, 16).unwrap();
+        assert_eq!((first.len(), many.len()), (16, 24));
+        assert!(take_loss_batch(&mut Vec::new(), 16).is_none());
+    }
 }
