@@ -34,7 +34,12 @@ pub(crate) fn progress_line(row: &EpochStats, val_after: f32) -> String {
 #[derive(Debug, Clone)]
 pub(crate) struct Summary {
     pub(crate) val_loss_start: f32,
+    /// The epoch whose start `val_loss_start` was measured at (0 unless that evaluation
+    /// was missed).
+    pub(crate) val_loss_start_epoch: u64,
     pub(crate) val_loss: f32,
+    /// The epoch whose start `val_loss` was measured at (`epochs` unless missed).
+    pub(crate) val_loss_epoch: u64,
     pub(crate) tokens_per_s: f64,
     pub(crate) epochs: u64,
     pub(crate) tokens: u64,
@@ -53,9 +58,7 @@ impl Summary {
         run: &RunConfig,
         wall: Duration,
     ) -> anyhow::Result<Summary> {
-        let find = |e: u64| rows.iter().find(|r| r.epoch == e);
-        let start = find(0).and_then(|r| r.val_loss).unwrap_or(f32::NAN);
-        let end = find(epochs).and_then(|r| r.val_loss).unwrap_or(f32::NAN);
+        let ((start_epoch, start), (end_epoch, end)) = val_loss_span(rows, epochs)?;
         let trained: Vec<&EpochStats> = rows.iter().filter(|r| r.epoch < epochs).collect();
         let tokens: u64 = trained.iter().map(|r| r.tokens).sum();
         let samples: u64 = trained.iter().map(|r| r.samples).sum();
@@ -67,11 +70,12 @@ impl Summary {
             .iter()
             .filter_map(|r| r.last_record_s)
             .fold(0.0, f64::max);
-        let tokens_per_s = if last > first {
-            tokens as f64 / (last - first)
-        } else {
-            f64::NAN
-        };
+        if last <= first {
+            anyhow::bail!(
+                "the validator heard no span of loss records ({samples} samples): no throughput to report"
+            );
+        }
+        let tokens_per_s = tokens as f64 / (last - first);
         // Each miner reports its cumulative activation bytes at every merge; the latest
         // report per miner is its total.
         let mut latest: BTreeMap<&str, u64> = BTreeMap::new();
@@ -87,7 +91,9 @@ impl Summary {
         let raw = f64::from(run.batch_size * run.seq_len) * preset.config().d_model as f64 * 4.0;
         Ok(Summary {
             val_loss_start: start,
+            val_loss_start_epoch: start_epoch,
             val_loss: end,
+            val_loss_epoch: end_epoch,
             tokens_per_s,
             epochs,
             tokens,
@@ -97,12 +103,40 @@ impl Summary {
         })
     }
 
-    /// The machine-readable closing line.
+    /// The machine-readable closing line; it names the epochs of the held-out losses when
+    /// an evaluation was missed, so that a number is never passed off as another.
     pub(crate) fn result_line(&self) -> String {
-        format!(
+        let mut line = format!(
             "RESULT local-swarm val_loss_start={:.4} val_loss={:.4} tokens_per_s={:.1} epochs={}",
             self.val_loss_start, self.val_loss, self.tokens_per_s, self.epochs
-        )
+        );
+        if self.val_loss_start_epoch != 0 || self.val_loss_epoch != self.epochs {
+            line.push_str(&format!(
+                " val_loss_start_epoch={} val_loss_epoch={}",
+                self.val_loss_start_epoch, self.val_loss_epoch
+            ));
+        }
+        line
+    }
+}
+
+/// The first and the last finite held-out loss of the run, `(epoch, loss)` each: measured
+/// at the start of epoch 0 and after the last epoch (the start of epoch `epochs`), or the
+/// nearest evaluation inside the run when one of those was missed. An error when the run
+/// has none at all, rather than a NaN in the result.
+fn val_loss_span(rows: &[EpochStats], epochs: u64) -> anyhow::Result<((u64, f32), (u64, f32))> {
+    let measured: Vec<(u64, f32)> = rows
+        .iter()
+        .filter(|r| r.epoch <= epochs)
+        .filter_map(|r| Some((r.epoch, r.val_loss.filter(|l| l.is_finite())?)))
+        .collect();
+    let first = measured.iter().min_by_key(|(e, _)| *e).copied();
+    let last = measured.iter().max_by_key(|(e, _)| *e).copied();
+    match (first, last) {
+        (Some(first), Some(last)) => Ok((first, last)),
+        _ => anyhow::bail!(
+            "no held-out loss was reported in {epochs} epochs (is the evaluating head reachable?)"
+        ),
     }
 }
 
@@ -251,4 +285,76 @@ fn loss_svg(rows: &[EpochStats], epochs: u64) -> String {
     svg += &format!("\n<text x=\"{:.1}\" y=\"20\" fill=\"#1f77b4\">train loss</text><text x=\"{:.1}\" y=\"36\" fill=\"#d62728\">held-out loss (nats/byte)</text>\n", w - 200.0, w - 200.0);
     svg += "</svg>\n";
     svg
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Summary;
+    use crate::messages::{LossRecord, PipelineGossip};
+    use crate::status::RunStats;
+
+    /// Epochs `0..=epochs` with loss records two seconds apart, and held-out losses at the
+    /// starts of the epochs in `evaluated`.
+    fn rows(epochs: u64, evaluated: &[(u64, f32)]) -> Vec<crate::status::EpochStats> {
+        let mut stats = RunStats::default();
+        for epoch in 0..epochs {
+            let records = vec![LossRecord {
+                sample: epoch,
+                pathway: vec!["h".into(), "t".into()],
+                loss: 3.0,
+            }];
+            let message = PipelineGossip::Losses {
+                epoch,
+                tokens_per_sample: 64,
+                records,
+            };
+            stats.observe("t", &message, Duration::from_secs(2 * epoch + 1));
+        }
+        for (epoch, loss) in evaluated {
+            let message = PipelineGossip::ValLoss {
+                epoch: *epoch,
+                loss: *loss,
+            };
+            stats.observe("h", &message, Duration::from_secs(2 * epoch));
+        }
+        stats.epochs()
+    }
+
+    fn summary(rows: &[crate::status::EpochStats], epochs: u64) -> anyhow::Result<Summary> {
+        Summary::new(
+            rows,
+            epochs,
+            &bootstrap::RunConfig::default(),
+            Duration::ZERO,
+        )
+    }
+
+    #[test]
+    fn a_complete_run_reports_its_first_and_last_held_out_loss() {
+        let s = summary(&rows(3, &[(0, 5.5), (1, 3.0), (3, 2.0)]), 3).unwrap();
+        assert_eq!((s.val_loss_start, s.val_loss), (5.5, 2.0));
+        let line = s.result_line();
+        assert!(line.starts_with("RESULT local-swarm val_loss_start=5.5000 val_loss=2.0000"));
+        assert!(!line.contains("NaN") && !line.contains("_epoch="), "{line}");
+    }
+
+    #[test]
+    fn a_missed_evaluation_is_named_never_a_nan() {
+        // Epoch 0 was not evaluated (the README's main job once printed
+        // `val_loss_start=NaN`): the first evaluation stands in, and the line says which.
+        let s = summary(&rows(3, &[(1, 3.0), (3, 2.0)]), 3).unwrap();
+        let line = s.result_line();
+        assert!(!line.contains("NaN"), "{line}");
+        assert!(line.contains("val_loss_start=3.0000"), "{line}");
+        assert!(
+            line.contains("val_loss_start_epoch=1 val_loss_epoch=3"),
+            "{line}"
+        );
+        // No evaluation at all, or no loss records: an error, not a line.
+        let error = summary(&rows(3, &[]), 3).unwrap_err().to_string();
+        assert!(error.contains("no held-out loss"), "{error}");
+        assert!(summary(&rows(0, &[(0, 5.5)]), 0).is_err());
+    }
 }
