@@ -1,5 +1,6 @@
 //! The main job end to end: miners train one model over the network, replicas merge to the
-//! same weights, and the run survives a miner dying and coming back.
+//! same weights, the run survives a miner dying and coming back, and a miner that joins late
+//! starts from the latest merge.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
@@ -17,6 +18,8 @@ fn test_run() -> RunConfig {
         run_name: "training-test".into(),
         epoch_samples: 12,
         epoch_timeout_secs: 60,
+        // Room for one miner that is not in the metagraph: the late joiner.
+        open_registration: 1,
         ..RunConfig::default()
     }
 }
@@ -66,6 +69,77 @@ fn logged_hash(log: &str, what: &str) -> Option<String> {
                 .to_string()
         })
         .next_back()
+}
+
+/// Waits until `miner` (restarted or new) trains, then checks from its log that it started
+/// from the replicas' merged snapshot, whose hash is the one the stage's members gossiped for
+/// that merge, and neither from the run seed nor from a stale checkpoint (`saved`: the last
+/// hash its previous life checkpointed).
+async fn starts_from_the_latest_merge(
+    miner: &NodeProcess,
+    validator: &NodeProcess,
+    saved: Option<&str>,
+) {
+    wait_for(
+        &format!("{} trains", miner.name),
+        Duration::from_secs(120),
+        POLL,
+        || async {
+            let status = miner.status().await?;
+            let n = status["samples_processed"].as_u64().unwrap_or(0);
+            Ok((n > 0, format!("{n} samples")))
+        },
+    )
+    .await
+    .unwrap();
+    let log = std::fs::read_to_string(miner.log_path()).unwrap();
+    assert!(
+        !log.contains("resumed from checkpoint") && !log.contains("initialised from the run seed"),
+        "{}: neither its stale checkpoint nor the seed: {log}",
+        miner.name
+    );
+    let line = log
+        .lines()
+        .rfind(|l| l.contains("weights fetched from a replica"))
+        .unwrap_or_else(|| panic!("{} loaded the replicas' snapshot: {log}", miner.name));
+    let field = |name: &str| -> String {
+        let clean: String = line.chars().filter(|c| !c.is_control()).collect();
+        let clean = clean
+            .replace("[0m", "")
+            .replace("[3m", "")
+            .replace("[2m", "");
+        clean
+            .split(&format!("{name}="))
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+            .to_string()
+    };
+    let loaded = field("weights_hash");
+    let stage = field("stage");
+    let merged_epoch: u64 = field("epoch")
+        .trim_start_matches("Some(")
+        .trim_end_matches(')')
+        .parse()
+        .unwrap_or_else(|_| panic!("a merged epoch in {line}"));
+    if let Some(saved) = saved {
+        assert_ne!(loaded, saved, "the stale checkpoint is not what it loaded");
+    }
+    let rows = epochs(validator).await.unwrap();
+    let merged: BTreeSet<String> = rows
+        .iter()
+        .find(|r| r["epoch"] == merged_epoch)
+        .and_then(|r| r["merged"][stage.as_str()].as_object().cloned())
+        .unwrap_or_default()
+        .values()
+        .filter_map(|h| h.as_str().map(str::to_string))
+        .collect();
+    assert_eq!(
+        merged,
+        BTreeSet::from([loaded.clone()]),
+        "{}: loaded {loaded}: the merge of epoch {merged_epoch}, stage {stage} gossiped {merged:?}",
+        miner.name
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,63 +272,15 @@ async fn six_miners_train_merge_and_survive_a_crash() {
     let restarted = start_node(&dir, &victim_name, &as_str(&miner_args))
         .await
         .unwrap();
-    let log_path = restarted.log_path().to_path_buf();
-    wait_for(
-        "the restarted miner trains again",
-        Duration::from_secs(120),
-        POLL,
-        || async {
-            let status = restarted.status().await?;
-            let n = status["samples_processed"].as_u64().unwrap_or(0);
-            Ok((n > 0, format!("{n} samples")))
-        },
-    )
-    .await
-    .unwrap();
-    let log = std::fs::read_to_string(&log_path).unwrap();
-    assert!(
-        !log.contains("resumed from checkpoint") && !log.contains("initialised from the run seed"),
-        "neither its stale checkpoint nor the seed: {log}"
-    );
-    let line = log
-        .lines()
-        .rfind(|l| l.contains("weights fetched from a replica"))
-        .unwrap_or_else(|| panic!("the restarted miner loaded the replicas' snapshot: {log}"));
-    let field = |name: &str| -> String {
-        let clean: String = line.chars().filter(|c| !c.is_control()).collect();
-        let clean = clean
-            .replace("[0m", "")
-            .replace("[3m", "")
-            .replace("[2m", "");
-        clean
-            .split(&format!("{name}="))
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no {name} in {line}"))
-            .to_string()
-    };
-    let loaded = field("weights_hash");
-    let stage = field("stage");
-    let merged_epoch: u64 = field("epoch")
-        .trim_start_matches("Some(")
-        .trim_end_matches(')')
-        .parse()
-        .unwrap_or_else(|_| panic!("a merged epoch in {line}"));
-    assert_ne!(loaded, saved, "the stale checkpoint is not what it loaded");
-    let rows = epochs(&validator).await.unwrap();
-    let merged: BTreeSet<String> = rows
-        .iter()
-        .find(|r| r["epoch"] == merged_epoch)
-        .and_then(|r| r["merged"][stage.as_str()].as_object().cloned())
-        .unwrap_or_default()
-        .values()
-        .filter_map(|h| h.as_str().map(str::to_string))
-        .collect();
-    assert_eq!(
-        merged,
-        BTreeSet::from([loaded.clone()]),
-        "loaded {loaded}: the merge of epoch {merged_epoch}, stage {stage} gossiped {merged:?}"
-    );
+    starts_from_the_latest_merge(&restarted, &validator, Some(&saved)).await;
+
+    // A miner that was never part of the run joins late: it too loads the replicas' merged
+    // snapshot of its stage, never the run seed's weights.
+    keygen(&dir, "joiner");
+    let joiner = start_node(&dir, "joiner", &as_str(&miner_args))
+        .await
+        .unwrap();
+    starts_from_the_latest_merge(&joiner, &validator, None).await;
 
     // A miner of another run is refused, and the run goes on.
     let other = RunConfig {
@@ -284,7 +310,7 @@ async fn six_miners_train_merge_and_survive_a_crash() {
         .unwrap();
     wait_for_epoch(&validator, latest + 1, Duration::from_secs(90)).await;
 
-    for node in miners.into_iter().chain([restarted, validator]) {
+    for node in miners.into_iter().chain([restarted, joiner, validator]) {
         let name = node.name.clone();
         let status = node.stop(Duration::from_secs(15)).await.unwrap();
         assert!(status.success(), "{name}: {status}");
