@@ -30,6 +30,60 @@ async fn spawn(index: usize) -> (StageHandle, std::thread::JoinHandle<()>) {
         .unwrap()
 }
 
+/// A head stage with sample 0 forwarded (its graph in flight): the handle, its thread,
+/// the sample and the shape of the activation (and so of its gradient).
+async fn head_with_sample_0_in_flight(
+) -> (StageHandle, std::thread::JoinHandle<()>, Batch, Vec<usize>) {
+    tch::set_num_threads(1);
+    let (head, thread) = spawn(0).await;
+    let b = Corpus::shakespeare()
+        .unwrap()
+        .train_sample(0, SEED, 2, 16)
+        .unwrap();
+    let act = head.forward(0, tokens(&b)).await.unwrap();
+    let shape = wire::decode_header(&act, &DecodeLimits::default())
+        .unwrap()
+        .shape;
+    (head, thread, b, shape)
+}
+
+/// A gradient frame of `shape` for `sample`, every value 1e-3.
+fn gradient_frame(shape: &[usize], sample: u64) -> Vec<u8> {
+    let n: usize = shape.iter().product();
+    wire::encode(
+        &Codec::new(WireDtype::F32),
+        &wire::FrameMeta {
+            run: RUN,
+            sample,
+            stage: 1,
+            kind: wire::FrameKind::Gradient,
+        },
+        shape,
+        &vec![1e-3; n],
+    )
+    .unwrap()
+}
+
+/// Asks `head` for a step from a task of its own and polls (status is answered meanwhile)
+/// until the compute thread holds it back for the samples in flight.
+async fn held_back_step(
+    head: &StageHandle,
+) -> tokio::task::JoinHandle<Result<training::stage::StepReport, WorkerError>> {
+    let step = {
+        let head = head.clone();
+        tokio::spawn(async move { head.step(None).await })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !head.status().await.unwrap().step_waiting {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the step never started waiting"
+        );
+        tokio::task::yield_now().await;
+    }
+    step
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn workers_train_like_direct_stages() {
     tch::set_num_threads(1);
@@ -191,43 +245,14 @@ async fn tensor_work_does_not_block_the_async_runtime() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_step_waits_for_the_samples_in_flight() {
-    tch::set_num_threads(1);
-    let (head, _thread) = spawn(0).await;
-    let b = Corpus::shakespeare()
-        .unwrap()
-        .train_sample(0, SEED, 2, 16)
-        .unwrap();
-    let act = head.forward(0, tokens(&b)).await.unwrap();
-    let h = wire::decode_header(&act, &DecodeLimits::default()).unwrap();
-    let step = {
-        let head = head.clone();
-        tokio::spawn(async move { head.step(None).await })
-    };
-    // Poll until the compute thread holds the step back (status is answered meanwhile).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !head.status().await.unwrap().step_waiting {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the step never started waiting"
-        );
-        tokio::task::yield_now().await;
-    }
+    let (head, _thread, _b, shape) = head_with_sample_0_in_flight().await;
+    let step = held_back_step(&head).await;
     assert!(!step.is_finished());
     // The backward pass is still served, and the step follows with its gradient in it.
-    let n: usize = h.shape.iter().product();
-    let grad = wire::encode(
-        &Codec::new(WireDtype::F32),
-        &wire::FrameMeta {
-            run: RUN,
-            sample: 0,
-            stage: 1,
-            kind: wire::FrameKind::Gradient,
-        },
-        &h.shape,
-        &vec![1e-3; n],
-    )
-    .unwrap();
-    assert_eq!(head.backward(grad).await.unwrap(), None);
+    assert_eq!(
+        head.backward(gradient_frame(&shape, 0)).await.unwrap(),
+        None
+    );
     let report = step.await.unwrap().unwrap();
     assert_eq!((report.samples, report.dropped_in_flight), (1, 0));
     let status = head.status().await.unwrap();
@@ -237,45 +262,12 @@ async fn a_step_waits_for_the_samples_in_flight() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_merge_is_served_while_a_step_waits_and_drops_stale_gradients() {
-    tch::set_num_threads(1);
-    let (head, _thread) = spawn(0).await;
-    let b = Corpus::shakespeare()
-        .unwrap()
-        .train_sample(0, SEED, 2, 16)
-        .unwrap();
     // One sample with its gradient accumulated, a second one in flight, and a step held
     // back behind the second.
-    let act = head.forward(0, tokens(&b)).await.unwrap();
-    let h = wire::decode_header(&act, &DecodeLimits::default()).unwrap();
-    let n: usize = h.shape.iter().product();
-    let grad = |sample| {
-        wire::encode(
-            &Codec::new(WireDtype::F32),
-            &wire::FrameMeta {
-                run: RUN,
-                sample,
-                stage: 1,
-                kind: wire::FrameKind::Gradient,
-            },
-            &h.shape,
-            &vec![1e-3; n],
-        )
-        .unwrap()
-    };
-    head.backward(grad(0)).await.unwrap();
+    let (head, _thread, b, shape) = head_with_sample_0_in_flight().await;
+    head.backward(gradient_frame(&shape, 0)).await.unwrap();
     head.forward(1, tokens(&b)).await.unwrap();
-    let step = {
-        let head = head.clone();
-        tokio::spawn(async move { head.step(None).await })
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !head.status().await.unwrap().step_waiting {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the step never waited"
-        );
-        tokio::task::yield_now().await;
-    }
+    let step = held_back_step(&head).await;
     // The merge reads the weights and sets its result while the step waits (it used to
     // queue behind the step for up to a minute, past the merge's deadline).
     let merge = async {
