@@ -110,6 +110,11 @@ pub(crate) struct ForwardHeader {
     pub(crate) sample: u64,
     /// Peers the sample went through so far, one per stage.
     pub(crate) pathway: Vec<String>,
+    /// When the head stops waiting for this sample, in milliseconds since the Unix epoch:
+    /// every stage after it drops the sample once this passes, so that no stage works on a
+    /// sample its head gave up on. A stage never waits longer than its own hop timeout,
+    /// whatever a sender writes here.
+    pub(crate) deadline_ms: u64,
 }
 
 /// Header of a forward response; on success the payload is the gradient frame for the sender.
@@ -317,6 +322,7 @@ mod tests {
             epoch: 3,
             sample: 42,
             pathway: vec!["a".into()],
+            deadline_ms: 1_700_000_000_000,
         };
         let body = encode(Service::Forward, &header, b"frame").unwrap();
         assert_eq!(Service::of(&body), Some(Service::Forward));

@@ -411,7 +411,7 @@ async fn a_stranger_cannot_steer_or_exhaust_the_swarm() {
     let huge = zeros_frame(&run, 1, &[1024, 64, 32]);
     let forward = body(
         FORWARD,
-        serde_json::json!({"epoch": epoch, "sample": 1, "pathway": [me]}),
+        serde_json::json!({"epoch": epoch, "sample": 1, "pathway": [me], "deadline_ms": u64::MAX}),
         &huge,
     );
     let small = zeros_frame(&run, u64::MAX, &[16, 64, 32]);

@@ -9,7 +9,7 @@ use training::worker::EvalOutput;
 use training::StageHandle;
 
 use super::evidence::Evidence;
-use super::hop::{after_backward, send_eval, send_forward, val_batch};
+use super::hop::{after_backward, now_ms, send_eval, send_forward, val_batch};
 use super::{lock, tokens_input, Shared, VAL_BATCHES};
 use crate::messages::{ForwardHeader, PipelineGossip};
 use crate::rules::sample_id;
@@ -116,6 +116,9 @@ async fn one_sample(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle, i
         epoch: plan.epoch,
         sample: id,
         pathway: vec![shared.me.clone()],
+        // The whole pathway, there and back, within one hop timeout.
+        deadline_ms: now_ms()
+            .saturating_add(u64::try_from(super::HOP_TIMEOUT.as_millis()).unwrap_or(u64::MAX)),
     };
     match send_forward(&shared, &plan, 1, &header, &frame).await {
         Ok((loss, _pathway, grad)) => {

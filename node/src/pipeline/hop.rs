@@ -30,6 +30,20 @@ const ATTEMPTS: usize = 3;
 /// How far below the computed loss a `lie-loss` tail reports.
 const LIE_FRACTION: f32 = 0.2;
 
+/// Time left until `deadline_ms` when it is `now_ms` (both ms since the Unix epoch), at
+/// most `cap`; `None` once the deadline has passed. A sample's deadline is set by its head
+/// and carried by every hop, so the hops' timeouts nest: no stage waits on, or computes, a
+/// sample its head has given up on, and no sender can make a stage wait longer than `cap`.
+pub(crate) fn time_left(deadline_ms: u64, now_ms: u64, cap: Duration) -> Option<Duration> {
+    let left = deadline_ms.checked_sub(now_ms).filter(|left| *left > 0)?;
+    Some(Duration::from_millis(left).min(cap))
+}
+
+/// The wall clock in ms since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    crate::schedule::unix_ms(std::time::SystemTime::now())
+}
+
 /// What an `inflate` tail claims besides `real`: a sample the same head draws near the end
 /// of the epoch, which this tail has not served (and, if the epoch runs that far, another
 /// tail will), with `real`'s pathway and loss.
@@ -140,6 +154,10 @@ pub(crate) async fn send_forward(
     let mut tried = BTreeSet::new();
     let mut last = String::from("no live replica of the next stage");
     for attempt in 0..ATTEMPTS {
+        let Some(left) = time_left(header.deadline_ms, now_ms(), HOP_TIMEOUT) else {
+            last = String::from("the sample's deadline passed");
+            break;
+        };
         let Some(peer) = choose(shared, plan, stage, header.sample, attempt, &tried) else {
             break;
         };
@@ -150,7 +168,7 @@ pub(crate) async fn send_forward(
         let started = Instant::now();
         shared.metrics.wire_sent("activation", body.len());
         let response =
-            tokio::time::timeout(HOP_TIMEOUT, shared.client.request(peer_id, body.clone())).await;
+            tokio::time::timeout(left, shared.client.request(peer_id, body.clone())).await;
         let reply = match response {
             Ok(Ok(bytes)) => bytes,
             Ok(Err(error)) => {
@@ -254,6 +272,16 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
     if stage == 0 || header.pathway.len() != stage as usize {
         return failed(format!("this miner holds stage {stage}"));
     }
+    // The head has given up on a sample past its deadline: no work for it.
+    let now = now_ms();
+    let Some(left) = time_left(header.deadline_ms, now, HOP_TIMEOUT) else {
+        shared.metrics.samples_dropped.inc();
+        return failed("the sample's deadline passed".into());
+    };
+    // Downstream, the deadline is never later than this stage would wait itself.
+    let deadline_ms = header
+        .deadline_ms
+        .min(now.saturating_add(u64::try_from(left.as_millis()).unwrap_or(u64::MAX)));
     shared.metrics.samples_forward.inc();
     let mut pathway = header.pathway.clone();
     pathway.push(shared.me.clone());
@@ -326,6 +354,7 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
                     epoch: header.epoch,
                     sample: header.sample,
                     pathway,
+                    deadline_ms,
                 };
                 match send_forward(shared, &plan, stage + 1, &next, &activation).await {
                     Ok((loss, pathway, grad)) => match worker.backward(grad).await {
@@ -436,4 +465,30 @@ pub(crate) async fn serve_eval(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
 /// Validation batch `index` of the run (the same on every miner).
 pub(crate) fn val_batch(shared: &Shared, index: u64) -> Option<training::Batch> {
     shared.val.get(usize::try_from(index).ok()?).cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::time_left;
+
+    #[test]
+    fn a_sample_past_its_deadline_has_no_time_left() {
+        let cap = Duration::from_secs(30);
+        assert_eq!(time_left(10_000, 10_000, cap), None);
+        assert_eq!(time_left(9_999, 10_000, cap), None);
+        assert_eq!(time_left(0, 10_000, cap), None);
+        assert_eq!(
+            time_left(12_500, 10_000, cap),
+            Some(Duration::from_millis(2_500))
+        );
+    }
+
+    #[test]
+    fn no_sender_makes_a_stage_wait_longer_than_its_own_timeout() {
+        let cap = Duration::from_secs(30);
+        assert_eq!(time_left(u64::MAX, 10_000, cap), Some(cap));
+        assert_eq!(time_left(10_000 + 31_000, 10_000, cap), Some(cap));
+    }
 }

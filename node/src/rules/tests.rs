@@ -398,6 +398,7 @@ fn forwards_come_from_the_previous_hop_of_the_plan() {
         epoch,
         sample: 1,
         pathway,
+        deadline_ms: u64::MAX,
     };
     let stranger = peer(99).to_string();
     assert_eq!(
