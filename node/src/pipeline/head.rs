@@ -41,11 +41,11 @@ pub(crate) async fn run_epoch(shared: Arc<Shared>, plan: EpochPlan, worker: Stag
     }
 
     let window = shared.cfg.head_window.max(1);
-    let mut in_flight = JoinSet::new();
+    let mut in_flight = InFlight::default();
     let (mut done, mut dropped) = (0u64, 0u64);
     for counter in 0..plan.epoch_samples {
-        while in_flight.len() >= window {
-            if let Some(Ok(ok)) = in_flight.join_next().await {
+        while in_flight.0.len() >= window {
+            if let Some(Ok(ok)) = in_flight.0.join_next().await {
                 if ok {
                     done += 1
                 } else {
@@ -54,9 +54,11 @@ pub(crate) async fn run_epoch(shared: Arc<Shared>, plan: EpochPlan, worker: Stag
             }
         }
         let id = sample_id(plan.seed, index as u64, counter);
-        in_flight.spawn(one_sample(shared.clone(), plan.clone(), worker.clone(), id));
+        in_flight
+            .0
+            .spawn(one_sample(shared.clone(), plan.clone(), worker.clone(), id));
     }
-    while let Some(result) = in_flight.join_next().await {
+    while let Some(result) = in_flight.0.join_next().await {
         match result {
             Ok(true) => done += 1,
             _ => dropped += 1,
@@ -78,6 +80,19 @@ pub(crate) async fn run_epoch(shared: Arc<Shared>, plan: EpochPlan, worker: Stag
         },
     )
     .await;
+}
+
+/// The head's samples in flight. When the epoch's loop is dropped (a newer plan stops it),
+/// they are let go, not aborted: each finishes its round trip (or hits its deadline) on its
+/// own, so that neither the stages downstream nor this head's compute thread are left
+/// holding a sample nobody will finish.
+#[derive(Default)]
+struct InFlight(JoinSet<bool>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.detach_all();
+    }
 }
 
 /// One sample, head to tail and back; `false` when it was dropped.
@@ -196,6 +211,38 @@ async fn publish(shared: &Shared, topic: &str, message: &PipelineGossip) {
     if let Some(bytes) = message.to_bytes() {
         if let Err(error) = shared.client.publish(topic, bytes).await {
             tracing::debug!(%error, "pipeline message not published");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use super::InFlight;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn samples_in_flight_finish_when_the_epoch_loop_is_dropped() {
+        let finished = Arc::new(AtomicBool::new(false));
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let mut in_flight = InFlight::default();
+        let done = finished.clone();
+        in_flight.0.spawn(async move {
+            let _ = wait.await;
+            done.store(true, Ordering::SeqCst);
+            true
+        });
+        // The epoch's loop goes away (a newer plan) while the sample is on its way.
+        drop(in_flight);
+        let _ = go.send(());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !finished.load(Ordering::SeqCst) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the sample in flight was aborted with the loop"
+            );
+            tokio::task::yield_now().await;
         }
     }
 }
