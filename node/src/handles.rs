@@ -147,6 +147,16 @@ impl ConsensusView {
     }
 }
 
+/// Where the epoch in force stands, as the caller judges it from the gossip it accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EpochProgress {
+    /// Every live head reported its samples done.
+    pub(crate) heads_done: bool,
+    /// The merges that opened the epoch (closing the one before) are done, or none is
+    /// pending.
+    pub(crate) merged: bool,
+}
+
 /// The consensus service's inbox.
 pub(crate) enum ConsensusMsg {
     /// A heartbeat signed by `author`, received when this node's clock read `wall_ms`.
@@ -163,8 +173,8 @@ pub(crate) enum ConsensusMsg {
         reply: oneshot::Sender<PlanOutcome>,
     },
     /// The clock: advance the election, and plan the next epoch when this node is the
-    /// orchestrator and one is due (`epoch_complete`: every head reported the epoch done).
-    Tick { epoch_complete: bool },
+    /// orchestrator and one is due (`progress`: the epoch's heads and merges, as heard).
+    Tick { progress: EpochProgress },
     /// A validator's weights for `epoch` (checked by the router, or this node's own).
     Weights {
         validator: String,
@@ -212,8 +222,8 @@ impl ConsensusHandle {
     }
 
     /// Advances the election.
-    pub(crate) async fn tick(&self, epoch_complete: bool) -> Result<(), ServiceGone> {
-        send(&self.tx, "consensus", ConsensusMsg::Tick { epoch_complete }).await
+    pub(crate) async fn tick(&self, progress: EpochProgress) -> Result<(), ServiceGone> {
+        send(&self.tx, "consensus", ConsensusMsg::Tick { progress }).await
     }
 
     /// Hands consensus a validator's weights for `epoch`.

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::cli::{Fault, NodeArgs};
-use crate::handles::{ConsensusHandle, MinerHandle, ServiceGone};
+use crate::handles::{ConsensusHandle, EpochProgress, MinerHandle, ServiceGone};
 use crate::metrics::NodeMetrics;
 use crate::orchestration::Orchestration;
 use crate::pipeline::{Miner, MinerConfig, MinerFaults};
@@ -357,22 +357,30 @@ async fn on_tick(
         .chain(std::iter::once(me))
         .collect();
     let agreed = consensus.view();
-    let complete = agreed.current.as_ref().is_some_and(|plan| {
-        let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
-        let stats = router.stats();
-        // The merges that opened this epoch (closing the one before) must be done too.
-        let merged = plan
-            .epoch
-            .checked_sub(1)
-            .and_then(|before| router.plan(before))
-            .is_none_or(|before| stats.merges_done(before, &live_now));
-        stats.epoch_done(plan.epoch, &heads, &live_now) && merged
-    });
+    let progress = match agreed.current.as_ref() {
+        Some(plan) => {
+            let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
+            let stats = router.stats();
+            EpochProgress {
+                heads_done: stats.epoch_done(plan.epoch, &heads, &live_now),
+                // The merges that opened this epoch (closing the one before).
+                merged: plan
+                    .epoch
+                    .checked_sub(1)
+                    .and_then(|before| router.plan(before))
+                    .is_none_or(|before| stats.merges_done(before, &live_now)),
+            }
+        }
+        None => EpochProgress {
+            heads_done: false,
+            merged: true,
+        },
+    };
     if let Some(miner) = miner {
         miner.tick(live_now.into_iter().collect()).await?;
     }
     router.retry_pending_plans().await?;
-    consensus.tick(complete).await?;
+    consensus.tick(progress).await?;
     let stage_sizes = agreed
         .current
         .as_ref()

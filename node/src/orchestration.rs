@@ -20,7 +20,7 @@ use bootstrap::{
 };
 use p2p::{Heartbeat, Role};
 
-use crate::handles::{HeartbeatRejected, PlanOutcome};
+use crate::handles::{EpochProgress, HeartbeatRejected, PlanOutcome};
 
 mod service;
 mod weights;
@@ -51,6 +51,31 @@ fn first_plan_ready(now: Duration, last_new_miner: Option<Duration>) -> bool {
 /// Shortest epoch, so that a quick epoch still leaves every node time to take its plan in.
 const MIN_EPOCH: Duration = Duration::from_secs(1);
 
+/// Whether the next epoch is due `since` the plan in force was published: at once when its
+/// heads and merges are done (after [`MIN_EPOCH`]); at the epoch timeout once its merges are
+/// done; and, while a merge still runs, not before the timeout plus the time that merge may
+/// take (`merge_allowance`), so that a slow merge is never cut off by the timeout.
+fn epoch_due(
+    since: Duration,
+    progress: EpochProgress,
+    timeout: Duration,
+    merge_allowance: Duration,
+) -> bool {
+    since >= timeout + merge_allowance
+        || (progress.merged && (since >= timeout || (progress.heads_done && since >= MIN_EPOCH)))
+}
+
+/// How long the merge opening an epoch may take at most: its start delay and the budget of
+/// a vector as large as the whole model (no stage is larger).
+fn merge_allowance(run: &RunConfig) -> Duration {
+    let len = run
+        .preset
+        .name()
+        .parse::<training::Preset>()
+        .map_or(0, |preset| preset.config().num_params());
+    crate::schedule::MERGE_DELAY + crate::schedule::merge_budget(len)
+}
+
 /// The orchestration state of one node.
 pub(crate) struct Orchestration {
     me: PeerIdStr,
@@ -67,6 +92,8 @@ pub(crate) struct Orchestration {
     current: Option<EpochPlan>,
     /// When this node last published a plan (as orchestrator).
     published_at: Option<Duration>,
+    /// [`merge_allowance`] of the run.
+    merge_allowance: Duration,
     was_orchestrator: bool,
     store: Option<PlanStore>,
     weights: weights::WeightBook,
@@ -100,6 +127,7 @@ impl Orchestration {
         Orchestration {
             me,
             role,
+            merge_allowance: merge_allowance(&run),
             run,
             run_hash,
             tracker,
@@ -268,9 +296,9 @@ impl Orchestration {
     }
 
     /// Advances the election; returns the encoded plan to publish when this node is the
-    /// orchestrator and an epoch is due: when it has just taken over, when the epoch in force
-    /// is complete (`epoch_complete`, judged by the caller from the heads' reports), or when
-    /// the epoch timeout has passed.
+    /// orchestrator and an epoch is due: when it has just taken over, or as [`epoch_due`]
+    /// says from the epoch's `progress` (judged by the caller from the heads' and the
+    /// merges' reports) and the time since the plan in force.
     ///
     /// `wall` is the wall-clock time, written into the plan as the start of the merge that
     /// closes the previous epoch (every member derives its deadlines from it).
@@ -278,7 +306,7 @@ impl Orchestration {
         &mut self,
         now: Duration,
         wall: std::time::SystemTime,
-        epoch_complete: bool,
+        progress: EpochProgress,
     ) -> Option<Vec<u8>> {
         if self.role == Role::Validator {
             let me = self.me.clone();
@@ -302,7 +330,12 @@ impl Orchestration {
         let since = self.published_at.map(|at| now.saturating_sub(at));
         let due = took_over
             || since.is_none_or(|since| {
-                since >= self.run.epoch_timeout() || (epoch_complete && since >= MIN_EPOCH)
+                epoch_due(
+                    since,
+                    progress,
+                    self.run.epoch_timeout(),
+                    self.merge_allowance,
+                )
             });
         if !due {
             return None;
@@ -441,6 +474,51 @@ mod tests {
         PeerIdStr::from_ed25519_public_key(&[i; 32])
     }
 
+    /// An epoch whose heads are still at work and whose opening merges are done.
+    const TRAINING: EpochProgress = EpochProgress {
+        heads_done: false,
+        merged: true,
+    };
+
+    #[test]
+    fn the_epoch_timeout_waits_for_a_running_merge_within_its_allowance() {
+        let s = Duration::from_secs;
+        let (timeout, allowance) = (s(2), s(12));
+        let merging = EpochProgress {
+            heads_done: true,
+            merged: false,
+        };
+        let done = EpochProgress {
+            heads_done: true,
+            merged: true,
+        };
+        // Heads done but a stage still merging: neither completion nor the timeout close
+        // the epoch…
+        assert!(!epoch_due(s(1), merging, timeout, allowance));
+        assert!(!epoch_due(s(2), merging, timeout, allowance));
+        assert!(!epoch_due(s(13), merging, timeout, allowance));
+        // …until the merge's own allowance is spent too.
+        assert!(epoch_due(s(14), merging, timeout, allowance));
+        // Merged: completion closes it after the shortest epoch, the timeout in any case.
+        assert!(!epoch_due(
+            Duration::from_millis(500),
+            done,
+            timeout,
+            allowance
+        ));
+        assert!(epoch_due(s(1), done, timeout, allowance));
+        assert!(!epoch_due(s(1), TRAINING, timeout, allowance));
+        assert!(epoch_due(s(2), TRAINING, timeout, allowance));
+        // The allowance grows with the model: a larger preset's merge is given longer.
+        let tiny = merge_allowance(&RunConfig::default());
+        let large = merge_allowance(&RunConfig {
+            preset: bootstrap::ModelPreset::Large,
+            ..RunConfig::default()
+        });
+        assert!(tiny >= crate::schedule::MERGE_DELAY + crate::schedule::merge_budget(0));
+        assert!(large > tiny, "{large:?} > {tiny:?}");
+    }
+
     /// A fixed wall clock for the tests: heartbeat `counter` is sent `counter` seconds in.
     const T0_MS: u64 = 1_800_000_000_000;
 
@@ -500,7 +578,7 @@ mod tests {
         let beat0 = beat(&ids[0], Role::Validator, 1, &run.hash());
         node.on_heartbeat(&ids[0], &beat0, now, T0_MS + 1000)
             .unwrap();
-        let _ = node.tick(now, std::time::SystemTime::now(), false);
+        let _ = node.tick(now, std::time::SystemTime::now(), TRAINING);
         now
     }
 
@@ -548,7 +626,7 @@ mod tests {
                 }
             }
             for i in 0..nodes.len() {
-                if let Some(bytes) = nodes[i].tick(now, std::time::SystemTime::now(), false) {
+                if let Some(bytes) = nodes[i].tick(now, std::time::SystemTime::now(), TRAINING) {
                     published.push((i, bytes.clone()));
                     for (j, other) in nodes.iter_mut().enumerate() {
                         if j != i {
@@ -654,7 +732,7 @@ mod tests {
         assert_eq!(admitted, [true, true, false], "two open places");
         // A place frees when its miner falls silent.
         let later = now + run.heartbeat_timeout() * 3;
-        let _ = open.tick(later, std::time::SystemTime::now(), false);
+        let _ = open.tick(later, std::time::SystemTime::now(), TRAINING);
         let m = &strangers[2];
         assert!(open
             .on_heartbeat(m, &beat(m, Role::Miner, 9, &open_hash), later, T0_MS + 9000)
@@ -670,7 +748,7 @@ mod tests {
         nodes[1]
             .on_heartbeat(&ids[0], &beat0, now, T0_MS + 1000)
             .unwrap();
-        let _ = nodes[1].tick(now, std::time::SystemTime::now(), false);
+        let _ = nodes[1].tick(now, std::time::SystemTime::now(), TRAINING);
         assert_eq!(nodes[1].orchestrator(), Some(&ids[0]));
         // The orchestrator dies; an attacker replays its heartbeat, soon and much later.
         for secs in [2u64, 4, 8, 30] {
@@ -689,7 +767,7 @@ mod tests {
                     wall,
                 )
                 .unwrap();
-            let _ = nodes[1].tick(at, std::time::SystemTime::now(), false);
+            let _ = nodes[1].tick(at, std::time::SystemTime::now(), TRAINING);
         }
         assert_eq!(
             nodes[1].orchestrator(),

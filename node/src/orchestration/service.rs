@@ -63,8 +63,8 @@ async fn run(
                 orchestration.on_weights(validator, epoch, weights);
                 publish(&view, &orchestration);
             }
-            ConsensusMsg::Tick { epoch_complete } => {
-                let plan = orchestration.tick(started.elapsed(), SystemTime::now(), epoch_complete);
+            ConsensusMsg::Tick { progress } => {
+                let plan = orchestration.tick(started.elapsed(), SystemTime::now(), progress);
                 publish(&view, &orchestration);
                 if let Some(bytes) = plan {
                     // Published from a task: the inbox keeps moving while the network
