@@ -314,8 +314,23 @@ impl Service {
                 caught.entry(peer).or_insert(why);
             }
         }
+        // Spot checks of later epochs that already proved a miner lied.
+        let liars: BTreeSet<String> = self
+            .caught
+            .values()
+            .flat_map(|by_peer| by_peer.iter())
+            .filter(|(_, why)| why.starts_with("spot_check"))
+            .map(|(peer, _)| peer.clone())
+            .collect();
         apply_probation(&mut self.probation, &mut caught, plan.epoch);
-        let mut weights = weigh(plan, &records, &self.uids, &caught, &mut self.scores);
+        let mut weights = weigh_distrusting(
+            plan,
+            &records,
+            &self.uids,
+            &caught,
+            &liars,
+            &mut self.scores,
+        );
         weights.spot_checks = std::mem::take(&mut self.checks);
         let flagged: Vec<&str> = weights
             .miners
@@ -429,16 +444,35 @@ fn proof(why: &str) -> &str {
     why.strip_prefix("probation after ").unwrap_or(why)
 }
 
-/// Scores the miners of `plan`'s epoch from its authenticated loss records and folds the
-/// epoch into `scores`; returns the weights. Records naming a peer without a uid in the
-/// metagraph (an open-registration miner) are left out: such a miner cannot be weighted
-/// on chain. When the CLASP fit cannot run (too few records, a stage whose miners always
-/// travel together) no one is flagged and the work alone is scored; the reason is kept.
+/// [`weigh_distrusting`] with no later catches: the unit tests' entry.
+#[cfg(test)]
 pub(crate) fn weigh(
     plan: &EpochPlan,
     records: &[LossRecord],
     uids: &BTreeMap<String, Uid>,
     caught: &BTreeMap<String, String>,
+    scores: &mut Scores,
+) -> EpochWeights {
+    weigh_distrusting(plan, records, uids, caught, &BTreeSet::new(), scores)
+}
+
+/// Scores the miners of `plan`'s epoch from its authenticated loss records and folds the
+/// epoch into `scores`; returns the weights. Records naming a peer without a uid in the
+/// metagraph (an open-registration miner) are left out: such a miner cannot be weighted
+/// on chain. When the CLASP fit cannot run (too few records, a stage whose miners always
+/// travel together) no one is flagged and the work alone is scored; the reason is kept.
+///
+/// The tails in `liars` have their losses kept out of the fit too: tails a
+/// spot check proved to lie in a later epoch, before this one was scored (a lie is caught
+/// an epoch after it starts more often than not, and in the epoch it joined in, a lying
+/// tail's losses would shift the blame onto its honest sibling). Their pay for this epoch
+/// is left as `caught` says.
+pub(crate) fn weigh_distrusting(
+    plan: &EpochPlan,
+    records: &[LossRecord],
+    uids: &BTreeMap<String, Uid>,
+    caught: &BTreeMap<String, String>,
+    liars: &BTreeSet<String>,
     scores: &mut Scores,
 ) -> EpochWeights {
     let mut usable = Vec::with_capacity(records.len());
@@ -465,11 +499,12 @@ pub(crate) fn weigh(
     // the fit, where they would shift the blame onto its honest sibling (a stage's effects
     // sum to zero). The other miners on those pathways keep the credit for serving them.
     let distrusted = |record: &LossRecord| {
-        record
-            .pathway
-            .last()
-            .and_then(|tail| caught.get(tail))
-            .is_some_and(|why| proof(why).starts_with("spot_check"))
+        record.pathway.last().is_some_and(|tail| {
+            liars.contains(tail)
+                || caught
+                    .get(tail)
+                    .is_some_and(|why| proof(why).starts_with("spot_check"))
+        })
     };
     let fit: Vec<clasp::Record> = usable
         .iter()
@@ -683,6 +718,29 @@ mod tests {
                 assert_eq!(m.weight, u16::MAX, "{m:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_tail_caught_lying_in_a_later_epoch_does_not_shift_the_blame_either() {
+        // Peer 5 lied in epoch 2 and was caught by a check of epoch 3, which ended before
+        // epoch 2 was scored (a live run: the lie-loss tail's sibling was flagged).
+        let liar = peer(5);
+        let records = records(400, Some((liar.clone(), -0.5)));
+        let weights = weigh_distrusting(
+            &plan(2),
+            &records,
+            &uids(),
+            &BTreeMap::new(),
+            &BTreeSet::from([liar.clone()]),
+            &mut Scores::default(),
+        );
+        let sibling = weights
+            .miners
+            .iter()
+            .find(|m| m.peer_id == peer(4))
+            .unwrap();
+        assert!(!sibling.flagged, "{sibling:?}");
+        assert!(weights.miners.iter().all(|m| !m.flagged), "{weights:?}");
     }
 
     #[test]
