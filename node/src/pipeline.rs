@@ -749,7 +749,11 @@ async fn merge_and_checkpoint(
     // hold the steps taken meanwhile.
     let hash = hex(&training::stage::hash_f32(&merged));
     worker.apply_merge(given, merged.clone()).await?;
-    let state = worker.export_state().await?;
+    // The checkpoint holds the merge's result, which every replica agrees on and which a
+    // restart from it must hash to, with the optimizer's moments as they are now (the few
+    // steps taken during the merge live on in the running stage only).
+    let mut state = worker.export_state().await?;
+    state.params = merged.clone();
     snapshot::keep(shared, stage, Some(plan.epoch), hash.clone(), merged);
     if let Some(store) = &shared.store {
         let key = CheckpointKey {
@@ -759,8 +763,7 @@ async fn merge_and_checkpoint(
             step: state.step,
         };
         store.save(&key, &state)?;
-        let saved = hex(&training::stage::hash_f32(&state.params));
-        tracing::info!(stage, epoch = plan.epoch, weights_hash = %saved, merged_hash = %hash, "checkpoint saved");
+        tracing::info!(stage, epoch = plan.epoch, weights_hash = %hash, "checkpoint saved");
     }
     set_weights_hash(shared, Some(plan.epoch), hash.clone());
     let message = PipelineGossip::Merged {
