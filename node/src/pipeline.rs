@@ -158,11 +158,10 @@ pub(crate) struct Shared {
     snapshot: Mutex<Option<snapshot::Snapshot>>,
     /// Samples an `inflate` tail has claimed without serving them.
     fabricated: AtomicU64,
-    /// The newest plan's epoch this miner has begun to enter.
-    newest_plan: AtomicU64,
-    /// That plan's epoch and the stage it gives this miner: a stage build waits on for a
-    /// merge hash while newer plans keep the miner on the same stage.
-    newest_stage: Mutex<(u64, Option<u32>)>,
+    /// The newest plan this miner has begun to enter: its epoch, and the stage it gives
+    /// this miner (a stage build waits on for a merge hash while newer plans keep the
+    /// miner on the same stage).
+    newest_plan: Mutex<(u64, Option<u32>)>,
     /// Held while a merge and stage build run (one at a time, never aborted midway).
     preparing: tokio::sync::Mutex<()>,
     /// The merges and stage builds started, for a shutdown to stop.
@@ -250,8 +249,7 @@ impl Miner {
                 snapshot: Mutex::new(None),
                 fabricated: AtomicU64::new(0),
                 generation: AtomicU64::new(0),
-                newest_plan: AtomicU64::new(0),
-                newest_stage: Mutex::new((0, None)),
+                newest_plan: Mutex::new((0, None)),
                 preparing: tokio::sync::Mutex::new(()),
                 preparations: Mutex::new(Vec::new()),
                 backward_done: AtomicU64::new(0),
@@ -511,9 +509,8 @@ async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()
         tracing::warn!(%error, "plan not entered");
         return Ok(());
     }
-    shared.newest_plan.fetch_max(plan.epoch, Ordering::Relaxed);
     {
-        let mut newest = lock(&shared.newest_stage);
+        let mut newest = lock(&shared.newest_plan);
         if plan.epoch >= newest.0 {
             *newest = (plan.epoch, plan.stage_of(&shared.peer));
         }
@@ -527,7 +524,7 @@ async fn enter_epoch(shared: &Arc<Shared>, plan: EpochPlan) -> anyhow::Result<()
         let plan = plan.clone();
         tokio::spawn(async move {
             let _one = shared.preparing.lock().await;
-            if shared.newest_plan.load(Ordering::Relaxed) > plan.epoch {
+            if lock(&shared.newest_plan).0 > plan.epoch {
                 // Superseded while waiting: the newer plan's preparation does the merge.
                 return Ok(None);
             }

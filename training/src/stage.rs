@@ -537,7 +537,8 @@ impl Stage {
     /// taken: the weights become `merged + (now − snapshot)`, where `snapshot` is what this
     /// replica gave the merge. Optimizer steps taken while the merge ran (it takes seconds;
     /// samples keep coming) are not lost, and a replica that took none holds exactly
-    /// `merged` (adding 0.0 changes no bit). Graphs in flight are freed, as for
+    /// `merged` (a value that did not move is taken as merged, not as `m + 0.0`, which
+    /// would turn a −0.0 into +0.0). Graphs in flight are freed, as for
     /// [`Stage::set_flat_params`], and gradients accumulated before are discarded.
     pub fn apply_merge(&mut self, snapshot: &[f32], merged: &[f32]) -> Result<(), ParamsError> {
         self.check_flat(snapshot)?;

@@ -278,10 +278,9 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
         shared.metrics.samples_dropped.inc();
         return failed("the sample's deadline passed".into());
     };
-    // Downstream, the deadline is never later than this stage would wait itself.
-    let deadline_ms = header
-        .deadline_ms
-        .min(now.saturating_add(u64::try_from(left.as_millis()).unwrap_or(u64::MAX)));
+    // Downstream, the deadline is never later than this stage would wait itself (`left`
+    // is already capped at its own timeout).
+    let deadline_ms = now.saturating_add(u64::try_from(left.as_millis()).unwrap_or(u64::MAX));
     shared.metrics.samples_forward.inc();
     let mut pathway = header.pathway.clone();
     pathway.push(shared.me.clone());

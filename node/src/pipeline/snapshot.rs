@@ -121,7 +121,7 @@ pub(crate) async fn merged_hash(
 ) -> Result<String, NoHash> {
     let deadline = tokio::time::Instant::now() + patience;
     loop {
-        let newest = *lock(&shared.newest_stage);
+        let newest = *lock(&shared.newest_plan);
         let seen = {
             let state = lock(&shared.state);
             look(
