@@ -16,8 +16,10 @@
 //! - Only the newest `keep` (default 3) manifests per `(run, stage)` are kept; a blob is deleted
 //!   once no manifest refers to it.
 //!
-//! Blob format (little endian): magic `IOTC`, version 1, step (u64), parameter count `n` (u64),
-//! then `n` f32 parameters, `n` f32 first moments, `n` f32 second moments.
+//! Blob format (little endian): magic `IOTC`, version 2, step (u64), parameter count `n` (u64),
+//! then `n` f32 parameters, `n` f32 first moments, `n` f32 second moments, then the outer
+//! momentum's length `k` (u64, 0 or `n`) and its `k` f32 values. Version 1 blobs (no outer
+//! momentum) still load, with an empty one.
 
 use std::collections::HashSet;
 use std::fs;
@@ -29,7 +31,9 @@ use serde::{Deserialize, Serialize};
 use crate::stage::StageState;
 
 const BLOB_MAGIC: [u8; 4] = *b"IOTC";
-const BLOB_VERSION: u8 = 1;
+const BLOB_VERSION: u8 = 2;
+/// The version before the outer momentum, still read.
+const BLOB_VERSION_1: u8 = 1;
 const BLOB_HEADER: usize = 4 + 1 + 8 + 8;
 
 /// Manifests kept per `(run, stage)` unless configured otherwise.
@@ -154,7 +158,8 @@ impl CheckpointStore {
     /// Saves `state` as the newest checkpoint of `key.run`/`key.stage`, then prunes.
     pub fn save(&self, key: &CheckpointKey, state: &StageState) -> Result<Manifest, SaveError> {
         let n = state.params.len();
-        if state.adam_m.len() != n || state.adam_v.len() != n {
+        let k = state.outer_momentum.len();
+        if state.adam_m.len() != n || state.adam_v.len() != n || (k != 0 && k != n) {
             return Err(SaveError::Inconsistent);
         }
         let blob = encode_blob(state);
@@ -261,7 +266,8 @@ impl CheckpointStore {
 
 fn encode_blob(state: &StageState) -> Vec<u8> {
     let n = state.params.len();
-    let mut out = Vec::with_capacity(BLOB_HEADER + 12 * n);
+    let k = state.outer_momentum.len();
+    let mut out = Vec::with_capacity(BLOB_HEADER + 12 * n + 8 + 4 * k);
     out.extend_from_slice(&BLOB_MAGIC);
     out.push(BLOB_VERSION);
     out.extend_from_slice(&state.step.to_le_bytes());
@@ -271,11 +277,18 @@ fn encode_blob(state: &StageState) -> Vec<u8> {
             out.extend_from_slice(&x.to_le_bytes());
         }
     }
+    out.extend_from_slice(&(k as u64).to_le_bytes());
+    for x in &state.outer_momentum {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
     out
 }
 
 fn decode_blob(bytes: &[u8]) -> Option<StageState> {
-    if bytes.len() < BLOB_HEADER || bytes[..4] != BLOB_MAGIC || bytes[4] != BLOB_VERSION {
+    if bytes.len() < BLOB_HEADER
+        || bytes[..4] != BLOB_MAGIC
+        || !matches!(bytes[4], BLOB_VERSION | BLOB_VERSION_1)
+    {
         return None;
     }
     let u64_at = |at: usize| {
@@ -285,8 +298,21 @@ fn decode_blob(bytes: &[u8]) -> Option<StageState> {
     };
     let step = u64_at(5);
     let n = usize::try_from(u64_at(13)).ok()?;
-    // The count must match the bytes present before anything is allocated from it.
-    if n.checked_mul(12)?.checked_add(BLOB_HEADER)? != bytes.len() {
+    // The counts must match the bytes present before anything is allocated from them.
+    let arrays = n.checked_mul(12)?.checked_add(BLOB_HEADER)?;
+    let (k, outer_at) = if bytes[4] == BLOB_VERSION_1 {
+        (0, arrays)
+    } else {
+        if bytes.len() < arrays.checked_add(8)? {
+            return None;
+        }
+        let k = usize::try_from(u64_at(arrays)).ok()?;
+        if k != 0 && k != n {
+            return None;
+        }
+        (k, arrays + 8)
+    };
+    if outer_at.checked_add(k.checked_mul(4)?)? != bytes.len() {
         return None;
     }
     let body = &bytes[BLOB_HEADER..];
@@ -301,6 +327,10 @@ fn decode_blob(bytes: &[u8]) -> Option<StageState> {
         params: read(0),
         adam_m: read(1),
         adam_v: read(2),
+        outer_momentum: bytes[outer_at..]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
     })
 }
 
@@ -315,12 +345,28 @@ mod tests {
             params: vec![1.0, -2.5, f32::MIN_POSITIVE],
             adam_m: vec![0.1, 0.2, 0.3],
             adam_v: vec![1e-9, 2e-9, 3e-9],
+            outer_momentum: vec![0.5, -0.25, 0.0],
         };
         let b = encode_blob(&s);
-        assert_eq!(decode_blob(&b), Some(s));
+        assert_eq!(decode_blob(&b), Some(s.clone()));
         assert_eq!(decode_blob(&b[..b.len() - 1]), None);
         let mut lie = b.clone();
         lie[13..21].copy_from_slice(&u64::MAX.to_le_bytes());
         assert_eq!(decode_blob(&lie), None);
+        // An outer momentum whose length is neither 0 nor n.
+        let mut short = s.clone();
+        short.outer_momentum.pop();
+        assert_eq!(decode_blob(&encode_blob(&short)), None);
+        // Without one.
+        let plain = StageState {
+            outer_momentum: Vec::new(),
+            ..s.clone()
+        };
+        assert_eq!(decode_blob(&encode_blob(&plain)), Some(plain.clone()));
+        // A version 1 blob (no outer momentum field) still loads.
+        let mut v1 = encode_blob(&plain);
+        v1.truncate(v1.len() - 8);
+        v1[4] = BLOB_VERSION_1;
+        assert_eq!(decode_blob(&v1), Some(plain));
     }
 }

@@ -8,12 +8,14 @@
 //! - [`worker`]: a stage on its own compute thread behind an async handle.
 //! - [`checkpoint`]: weights and optimizer state on disk, newest verified first.
 //! - [`butterfly`]: partition plan, averaging and verification of stage replicas.
+//! - [`outer`]: the outer Nesterov step a merge takes on the replicas' averaged change.
 
 pub mod butterfly;
 pub mod checkpoint;
 pub mod data;
 pub mod local;
 pub mod model;
+pub mod outer;
 pub mod preset;
 pub mod stage;
 pub mod wire;

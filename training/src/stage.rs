@@ -101,6 +101,10 @@ pub struct StageState {
     pub adam_m: Vec<f32>,
     /// AdamW second moments, same order.
     pub adam_v: Vec<f32>,
+    /// The outer optimizer's momentum as of the last merge, same order ([`crate::outer`]);
+    /// empty when the run takes no outer step. The stage itself never uses it: the merge
+    /// keeps it and a checkpoint stores it beside the stage's own state.
+    pub outer_momentum: Vec<f32>,
 }
 
 struct Pending {
@@ -563,6 +567,7 @@ impl Stage {
             params: self.flat_params(),
             adam_m: self.gather(|p| p.m.shallow_clone()),
             adam_v: self.gather(|p| p.v.shallow_clone()),
+            outer_momentum: Vec::new(),
         }
     }
 
