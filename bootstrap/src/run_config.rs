@@ -124,6 +124,16 @@ pub struct RunConfig {
     /// Miners outside the metagraph admitted at once (first heard, first admitted); 0, the
     /// default, admits only the metagraph's miners. At most [`MAX_OPEN_REGISTRATION`].
     pub open_registration: u32,
+    /// Learning rate of the outer Nesterov step each merge takes on the replicas' averaged
+    /// change (finite, above 0, at most 10); 1 with no momentum is the plain average.
+    pub outer_lr: f64,
+    /// The outer step's momentum once warmed up, in `[0, 1)`.
+    pub outer_momentum: f64,
+    /// The outer momentum of epoch 0, in `[0, 1)`; it moves linearly to `outer_momentum`
+    /// over `outer_warmup_epochs`.
+    pub outer_momentum_start: f64,
+    /// Epochs over which the outer momentum warms up; 0 uses `outer_momentum` from the start.
+    pub outer_warmup_epochs: u64,
 }
 
 /// Most miners outside the metagraph a run may admit; with the metagraph's own it stays
@@ -206,6 +216,10 @@ impl Default for RunConfig {
             butterfly_partitions: 4,
             audit_rate: 0.05,
             open_registration: 0,
+            outer_lr: 0.7,
+            outer_momentum: 0.9,
+            outer_momentum_start: 0.5,
+            outer_warmup_epochs: 20,
         }
     }
 }
@@ -213,6 +227,12 @@ impl Default for RunConfig {
 impl RunConfig {
     /// Parses TOML over the defaults, rejects unknown fields, and validates.
     pub fn from_toml_str(text: &str) -> Result<Self, RunConfigError> {
+        Self::default().with_toml_str(text)
+    }
+
+    /// Parses TOML over `self` (fields left out keep their value here), rejects unknown
+    /// fields, and validates.
+    pub fn with_toml_str(&self, text: &str) -> Result<Self, RunConfigError> {
         if text.len() > MAX_RUN_CONFIG_BYTES {
             return Err(RunConfigError::TooLarge {
                 len: text.len(),
@@ -220,7 +240,7 @@ impl RunConfig {
             });
         }
         let table: toml::Table = text.parse().map_err(RunConfigError::Syntax)?;
-        let mut config = Self::default();
+        let mut config = self.clone();
         for (key, value) in table {
             config.set(&key, value)?;
         }
@@ -255,6 +275,14 @@ impl RunConfig {
             "audit_rate" => self.audit_rate = field("audit_rate", value)?,
             "lr_decay_epochs" => self.lr_decay_epochs = field("lr_decay_epochs", value)?,
             "open_registration" => self.open_registration = field("open_registration", value)?,
+            "outer_lr" => self.outer_lr = field("outer_lr", value)?,
+            "outer_momentum" => self.outer_momentum = field("outer_momentum", value)?,
+            "outer_momentum_start" => {
+                self.outer_momentum_start = field("outer_momentum_start", value)?
+            }
+            "outer_warmup_epochs" => {
+                self.outer_warmup_epochs = field("outer_warmup_epochs", value)?
+            }
             _ => {
                 return Err(RunConfigError::UnknownField {
                     field: key.to_owned(),
@@ -300,12 +328,13 @@ impl RunConfig {
         if let Some((field, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
             return invalid(field, "must be at least 1");
         }
-        let integers: [(&'static str, u64); 5] = [
+        let integers: [(&'static str, u64); 6] = [
             ("epoch_samples", self.epoch_samples),
             ("epoch_timeout_secs", self.epoch_timeout_secs),
             ("seed", self.seed),
             ("min_validator_stake", self.min_validator_stake),
             ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
+            ("outer_warmup_epochs", self.outer_warmup_epochs),
         ];
         if let Some((field, _)) = integers.iter().find(|(_, v)| i64::try_from(*v).is_err()) {
             return invalid(field, "must be at most i64::MAX (the largest TOML integer)");
@@ -318,6 +347,17 @@ impl RunConfig {
         }
         if self.open_registration > MAX_OPEN_REGISTRATION {
             return invalid("open_registration", "must be at most 256");
+        }
+        if !(self.outer_lr.is_finite() && self.outer_lr > 0.0 && self.outer_lr <= 10.0) {
+            return invalid("outer_lr", "must be a number above 0 and at most 10");
+        }
+        for (field, value) in [
+            ("outer_momentum", self.outer_momentum),
+            ("outer_momentum_start", self.outer_momentum_start),
+        ] {
+            if !(0.0..1.0).contains(&value) {
+                return invalid(field, "must be at least 0 and below 1");
+            }
         }
         Ok(())
     }
@@ -342,6 +382,24 @@ impl RunConfig {
         let progress = (epoch as f64 / self.lr_decay_epochs as f64).min(1.0);
         let cosine = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
         self.lr * (0.1 + 0.9 * cosine)
+    }
+
+    /// The outer step of the merge closing `epoch`: (learning rate, momentum), the momentum
+    /// moving linearly from `outer_momentum_start` to `outer_momentum` over
+    /// `outer_warmup_epochs`.
+    pub fn outer_at(&self, epoch: u64) -> (f64, f64) {
+        let momentum = if self.outer_warmup_epochs == 0 {
+            self.outer_momentum
+        } else {
+            let progress = (epoch as f64 / self.outer_warmup_epochs as f64).min(1.0);
+            self.outer_momentum_start + (self.outer_momentum - self.outer_momentum_start) * progress
+        };
+        (self.outer_lr, momentum)
+    }
+
+    /// Whether every merge is the plain average: outer learning rate 1 and no momentum ever.
+    pub fn outer_is_plain(&self) -> bool {
+        self.outer_lr == 1.0 && self.outer_momentum == 0.0 && self.outer_momentum_start == 0.0
     }
 
     /// [`RunConfig::heartbeat_timeout_ms`] as a duration.

@@ -8,7 +8,7 @@
 use super::RunConfig;
 
 /// Changes whenever the layout below changes, so old and new hashes never collide.
-const DOMAIN: &[u8] = b"iota-p2p/run-config/v1";
+const DOMAIN: &[u8] = b"iota-p2p/run-config/v2";
 
 pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
     // Destructured without `..`: a new field does not compile until it is encoded here.
@@ -31,6 +31,10 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
         butterfly_partitions,
         audit_rate,
         open_registration,
+        outer_lr,
+        outer_momentum,
+        outer_momentum_start,
+        outer_warmup_epochs,
     } = config;
     let mut out = Encoder(Vec::with_capacity(512));
     out.bytes(DOMAIN);
@@ -52,6 +56,10 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
     out.uint("butterfly_partitions", (*butterfly_partitions).into());
     out.float("audit_rate", *audit_rate);
     out.uint("open_registration", (*open_registration).into());
+    out.float("outer_lr", *outer_lr);
+    out.float("outer_momentum", *outer_momentum);
+    out.float("outer_momentum_start", *outer_momentum_start);
+    out.uint("outer_warmup_epochs", *outer_warmup_epochs);
     out.0
 }
 

@@ -21,6 +21,10 @@ butterfly_partitions = 32
 audit_rate = 0.25
 open_registration = 3
 lr_decay_epochs = 40
+outer_lr = 0.5
+outer_momentum = 0.8
+outer_momentum_start = 0.4
+outer_warmup_epochs = 10
 "#;
 
 fn every_field() -> RunConfig {
@@ -43,6 +47,10 @@ fn every_field() -> RunConfig {
         butterfly_partitions: 32,
         audit_rate: 0.25,
         open_registration: 3,
+        outer_lr: 0.5,
+        outer_momentum: 0.8,
+        outer_momentum_start: 0.4,
+        outer_warmup_epochs: 10,
     }
 }
 
@@ -152,6 +160,12 @@ fn out_of_range_values_name_the_field() {
         ("audit_rate = 1.5", "audit_rate"),
         ("audit_rate = -0.1", "audit_rate"),
         ("open_registration = 257", "open_registration"),
+        ("outer_lr = 0.0", "outer_lr"),
+        ("outer_lr = 10.5", "outer_lr"),
+        ("outer_lr = nan", "outer_lr"),
+        ("outer_momentum = 1.0", "outer_momentum"),
+        ("outer_momentum = -0.1", "outer_momentum"),
+        ("outer_momentum_start = 1.0", "outer_momentum_start"),
     ] {
         match RunConfig::from_toml_str(text) {
             Err(RunConfigError::Invalid { field: got, .. }) => assert_eq!(got, field, "{text}"),
@@ -189,6 +203,10 @@ fn bad_text_is_refused() {
 fn hash_does_not_depend_on_toml_layout() {
     let reordered = r#"
         # same run, written differently
+        outer_warmup_epochs = 10
+        outer_momentum_start = 0.40
+        outer_momentum = 0.8
+        outer_lr = 5e-1
         open_registration = 3
         lr_decay_epochs = 40
         audit_rate = 0.250
@@ -215,7 +233,7 @@ fn hash_does_not_depend_on_toml_layout() {
 
 #[test]
 fn hash_changes_with_every_field() {
-    let changes: [fn(&mut RunConfig); 18] = [
+    let changes: [fn(&mut RunConfig); 22] = [
         |c| c.run_name.push('x'),
         |c| c.preset = ModelPreset::Small,
         |c| c.stages += 1,
@@ -234,6 +252,10 @@ fn hash_changes_with_every_field() {
         |c| c.butterfly_partitions += 1,
         |c| c.audit_rate /= 2.0,
         |c| c.open_registration += 1,
+        |c| c.outer_lr /= 2.0,
+        |c| c.outer_momentum /= 2.0,
+        |c| c.outer_momentum_start /= 2.0,
+        |c| c.outer_warmup_epochs += 1,
     ];
     let base = RunConfig::default();
     let mut hashes = BTreeSet::from([base.hash()]);
@@ -291,4 +313,57 @@ fn learning_rate_decays_along_a_cosine_when_asked() {
     assert!((decaying.lr_at(10) - decaying.lr / 10.0).abs() < 1e-12);
     assert_eq!(decaying.lr_at(50), decaying.lr_at(10));
     assert!(decaying.lr_at(3) > decaying.lr_at(4));
+}
+
+#[test]
+fn the_outer_momentum_warms_up_linearly_and_plain_means_no_step() {
+    let config = RunConfig {
+        outer_lr: 0.7,
+        outer_momentum: 0.9,
+        outer_momentum_start: 0.5,
+        outer_warmup_epochs: 20,
+        ..RunConfig::default()
+    };
+    assert_eq!(config.outer_at(0), (0.7, 0.5));
+    let (_, mid) = config.outer_at(10);
+    assert!((mid - 0.7).abs() < 1e-12, "{mid}");
+    assert_eq!(config.outer_at(20).1, 0.9);
+    assert_eq!(config.outer_at(500).1, 0.9);
+    let flat = RunConfig {
+        outer_warmup_epochs: 0,
+        ..config.clone()
+    };
+    assert_eq!(flat.outer_at(0), (0.7, 0.9));
+    assert!(!config.outer_is_plain());
+    let plain = RunConfig {
+        outer_lr: 1.0,
+        outer_momentum: 0.0,
+        outer_momentum_start: 0.0,
+        ..config
+    };
+    assert!(plain.outer_is_plain());
+}
+
+#[test]
+fn toml_over_another_config_keeps_its_fields_and_checks_the_new_ones() {
+    let base = RunConfig {
+        run_name: "local-swarm".to_owned(),
+        epoch_samples: 7,
+        ..RunConfig::default()
+    };
+    let over = base.with_toml_str("outer_lr = 1.5").unwrap();
+    assert_eq!(over.outer_lr, 1.5);
+    assert_eq!(over.epoch_samples, 7);
+    assert_eq!(over.run_name, "local-swarm");
+    assert!(matches!(
+        base.with_toml_str("outer_lr = 0.0"),
+        Err(RunConfigError::Invalid {
+            field: "outer_lr",
+            ..
+        })
+    ));
+    assert!(matches!(
+        base.with_toml_str("bogus = 1"),
+        Err(RunConfigError::UnknownField { .. })
+    ));
 }
