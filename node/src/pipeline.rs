@@ -21,6 +21,7 @@
 mod evidence;
 mod head;
 mod hop;
+mod outer;
 mod service;
 mod snapshot;
 
@@ -646,16 +647,34 @@ async fn load_stage(
         Some(old) => (None, Some(old)),
         None => (None, None),
     };
-    if let Some((manifest, state)) = checkpoint {
+    if let Some((manifest, mut state)) = checkpoint {
+        let momentum = std::mem::take(&mut state.outer_momentum);
         handle.import_state(state).await?;
-        let hash = settle(shared, handle, stage, Some(manifest.epoch), None).await?;
+        let hash = settle(
+            shared,
+            handle,
+            stage,
+            Some(manifest.epoch),
+            None,
+            Some(momentum),
+        )
+        .await?;
         tracing::info!(stage, epoch = manifest.epoch, weights_hash = %hash, "resumed from checkpoint");
         return Ok(());
     }
     if let Some((before, expected)) = &latest {
-        if let Some((epoch, values)) = snapshot::fetch(shared, plan, stage, expected, len).await {
-            handle.set_flat_params(values.clone()).await?;
-            let hash = settle(shared, handle, stage, epoch, Some(values)).await?;
+        if let Some(fetched) = snapshot::fetch(shared, plan, stage, expected, len).await {
+            let epoch = fetched.epoch;
+            handle.set_flat_params(fetched.values.clone()).await?;
+            let hash = settle(
+                shared,
+                handle,
+                stage,
+                epoch,
+                Some(fetched.values),
+                fetched.momentum,
+            )
+            .await?;
             tracing::info!(stage, epoch = ?epoch, weights_hash = %hash, "weights fetched from a replica");
             return Ok(());
         }
@@ -665,13 +684,22 @@ async fn load_stage(
             "no replica served the latest merged snapshot"
         );
     }
-    if let Some((manifest, state)) = stale {
+    if let Some((manifest, mut state)) = stale {
+        let momentum = std::mem::take(&mut state.outer_momentum);
         handle.import_state(state).await?;
-        let hash = settle(shared, handle, stage, Some(manifest.epoch), None).await?;
+        let hash = settle(
+            shared,
+            handle,
+            stage,
+            Some(manifest.epoch),
+            None,
+            Some(momentum),
+        )
+        .await?;
         tracing::warn!(stage, epoch = manifest.epoch, weights_hash = %hash, "resumed from an older checkpoint");
         return Ok(());
     }
-    let hash = settle(shared, handle, stage, None, None).await?;
+    let hash = settle(shared, handle, stage, None, None, None).await?;
     tracing::info!(stage, weights_hash = %hash, "initialised from the run seed");
     Ok(())
 }
@@ -684,13 +712,21 @@ async fn settle(
     stage: u32,
     epoch: Option<u64>,
     values: Option<Vec<f32>>,
+    momentum: Option<Vec<f32>>,
 ) -> anyhow::Result<String> {
     let hash = hex(&handle.weights_hash().await?);
     let values = match values {
         Some(values) => values,
         None => handle.flat_params().await?,
     };
-    snapshot::keep(shared, stage, epoch, hash.clone(), values);
+    // The outer momentum that comes with these weights; none (zero) from the seed or a
+    // checkpoint written without one.
+    let momentum = (!shared.cfg.run.outer_is_plain()).then(|| {
+        momentum
+            .filter(|m| m.len() == values.len())
+            .unwrap_or_else(|| vec![0.0; values.len()])
+    });
+    snapshot::keep(shared, stage, epoch, hash.clone(), values, momentum);
     set_weights_hash(shared, epoch, hash.clone());
     Ok(hash)
 }
@@ -727,6 +763,13 @@ async fn merge_and_checkpoint(
     if faults.nan_merge {
         weights.iter_mut().step_by(97).for_each(|w| *w = f32::NAN);
     }
+    // The outer step's basis (this replica's snapshot of the stage and its momentum) and its
+    // vote, merged with the weights: every member learns whether all of them hold one basis.
+    let basis = lock(&shared.snapshot).clone();
+    let outer = outer::Outer::prepare(&shared.cfg.run, plan.epoch, stage, given.len(), basis);
+    if let Some(outer) = &outer {
+        weights.extend_from_slice(&outer.vote);
+    }
     let merged = shared
         .merger
         .merge(MergeRequest {
@@ -740,6 +783,13 @@ async fn merge_and_checkpoint(
             max_samples: crate::schedule::max_samples(plan),
         })
         .await?;
+    let (merged, momentum) = match outer {
+        Some(outer) => {
+            let (merged, momentum) = outer.finish(merged, plan.epoch, stage)?;
+            (merged, Some(momentum))
+        }
+        None => (merged, None),
+    };
     // Evidence of samples served with the weights being replaced no longer reproduces.
     shared.generation.fetch_add(1, Ordering::Relaxed);
     // The merge's hash is that of the result every replica computed; the live weights also
@@ -751,7 +801,15 @@ async fn merge_and_checkpoint(
     // steps taken during the merge live on in the running stage only).
     let mut state = worker.export_state().await?;
     state.params = merged.clone();
-    snapshot::keep(shared, stage, Some(plan.epoch), hash.clone(), merged);
+    state.outer_momentum = momentum.clone().unwrap_or_default();
+    snapshot::keep(
+        shared,
+        stage,
+        Some(plan.epoch),
+        hash.clone(),
+        merged,
+        momentum,
+    );
     if let Some(store) = &shared.store {
         let key = CheckpointKey {
             run: shared.run_id,

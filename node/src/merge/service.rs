@@ -188,8 +188,19 @@ impl NetMerger {
         }
     }
 
-    /// Number of parameters of `stage` under this run's model.
+    /// Values each member of `stage` merges under this run: the stage's parameters, and the
+    /// outer step's basis vote after them when the run takes one.
     fn stage_len(&self, stage: u32) -> Option<usize> {
+        let vote = if self.run.outer_is_plain() {
+            0
+        } else {
+            training::outer::VOTE_LEN
+        };
+        Some(self.stage_params(stage)? + vote)
+    }
+
+    /// Number of parameters of `stage` under this run's model.
+    fn stage_params(&self, stage: u32) -> Option<usize> {
         let preset: training::Preset = self.run.preset.name().parse().ok()?;
         let layout = training::StageLayout::new(
             &preset.config(),

@@ -6,6 +6,12 @@
 //! not its live weights, which an optimizer step changes every sample: only the snapshot
 //! hashes to the gossiped merge hash. Chunks of at most [`CHUNK_VALUES`] values keep every
 //! reply far below the request-response frame limit whatever the stage's size.
+//!
+//! When the run takes an outer step ([`training::outer`]), the snapshot is also the basis of
+//! the next one and carries the outer momentum: a replica serves the weights followed by the
+//! momentum as one vector of twice the stage's length. The weights are checked against the
+//! merge hash; the momentum by the basis vote of the next merge, which falls back to the
+//! plain average when any member's differs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +38,40 @@ pub(crate) struct Snapshot {
     pub(crate) hash: String,
     /// The values.
     pub(crate) values: Arc<Vec<f32>>,
+    /// The outer momentum as of that merge (`None` when the run takes no outer step).
+    pub(crate) momentum: Option<Arc<Vec<f32>>>,
+}
+
+impl Snapshot {
+    /// Values `start..end` of what is served: the weights, then the momentum.
+    fn served(&self, start: usize, end: usize) -> Vec<f32> {
+        let n = self.values.len();
+        let mut out = Vec::with_capacity(end.saturating_sub(start));
+        out.extend_from_slice(&self.values[start.min(n)..end.min(n)]);
+        if let Some(momentum) = &self.momentum {
+            let m = momentum.len();
+            out.extend_from_slice(
+                &momentum[start.saturating_sub(n).min(m)..end.saturating_sub(n).min(m)],
+            );
+        }
+        out
+    }
+
+    /// Values served in all.
+    fn served_len(&self) -> usize {
+        self.values.len() + self.momentum.as_ref().map_or(0, |m| m.len())
+    }
+}
+
+/// What a joiner loads from a replica.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Fetched {
+    /// The merge the weights come from.
+    pub(crate) epoch: Option<u64>,
+    /// The weights (hash-checked).
+    pub(crate) values: Vec<f32>,
+    /// The outer momentum, when the run keeps one.
+    pub(crate) momentum: Option<Vec<f32>>,
 }
 
 /// Answers a chunk request from a replica that joins.
@@ -47,12 +87,13 @@ pub(crate) fn serve(shared: &Shared, body: &[u8]) -> Vec<u8> {
     if snapshot.stage != request.stage {
         return not_held();
     }
-    let total = snapshot.values.len() as u64;
+    let total = snapshot.served_len() as u64;
     let offset = request.offset.min(total);
     let end = offset
         .saturating_add(request.count.min(CHUNK_VALUES))
         .min(total);
-    let payload = messages::f32_bytes(&snapshot.values[offset as usize..end as usize]);
+    let chunk = snapshot.served(offset as usize, end as usize);
+    let payload = messages::f32_bytes(&chunk);
     messages::encode(
         Service::Weights,
         &WeightsReply::Weights {
@@ -145,14 +186,15 @@ pub(crate) async fn merged_hash(
 }
 
 /// Loads the snapshot hashing to `expected` from a replica of `stage` in `plan`, chunk by
-/// chunk; `None` when no replica serves it whole.
+/// chunk (with the outer momentum when the run keeps one); `None` when no replica serves
+/// it whole.
 pub(crate) async fn fetch(
     shared: &Arc<Shared>,
     plan: &EpochPlan,
     stage: u32,
     expected: &str,
     len: usize,
-) -> Option<(Option<u64>, Vec<f32>)> {
+) -> Option<Fetched> {
     for peer in plan.miners_of(stage) {
         if peer.as_str() == shared.me {
             continue;
@@ -175,7 +217,11 @@ async fn fetch_from(
     stage: u32,
     expected: &str,
     len: usize,
-) -> Result<(Option<u64>, Vec<f32>), &'static str> {
+) -> Result<Fetched, &'static str> {
+    let outer = !shared.cfg.run.outer_is_plain();
+    let weights_len = len;
+    // Weights, then the momentum when the run keeps one.
+    let len = if outer { 2 * len } else { len };
     let mut values: Vec<f32> = Vec::new();
     let mut merged_epoch = None;
     while values.len() < len {
@@ -220,25 +266,32 @@ async fn fetch_from(
         values.extend_from_slice(&chunk);
         merged_epoch = epoch;
     }
+    let momentum = outer.then(|| values.split_off(weights_len));
     if super::hex(&training::stage::hash_f32(&values)) != expected {
         return Err("snapshot does not match the merge hash");
     }
-    Ok((merged_epoch, values))
+    Ok(Fetched {
+        epoch: merged_epoch,
+        values,
+        momentum,
+    })
 }
 
-/// Keeps `values` as the stage's snapshot.
+/// Keeps `values` (and the outer momentum `momentum`) as the stage's snapshot.
 pub(crate) fn keep(
     shared: &Shared,
     stage: u32,
     epoch: Option<u64>,
     hash: String,
     values: Vec<f32>,
+    momentum: Option<Vec<f32>>,
 ) {
     *lock(&shared.snapshot) = Some(Snapshot {
         stage,
         epoch,
         hash,
         values: Arc::new(values),
+        momentum: momentum.map(Arc::new),
     });
 }
 
