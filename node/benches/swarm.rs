@@ -5,7 +5,9 @@
 //! `iota-p2p train-local` on the same preset, batch and sequence length, with as many
 //! libtorch threads as the machine has cores, for as many steps as the swarm trained samples.
 //! `IOTA_BENCH_EPOCHS` (default 6) and `IOTA_BENCH_SAMPLES` (samples per head per epoch,
-//! default 100) size the run.
+//! default 100) size the run; `IOTA_BENCH_RUN`, TOML fields of the run configuration, is
+//! laid over the swarm's (e.g. `IOTA_BENCH_RUN='outer_lr = 1.0'` to try other outer-step
+//! settings).
 
 use std::process::Command;
 
@@ -51,8 +53,17 @@ fn main() {
     let heads = 2; // 6 miners on 3 stages
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let out = std::env::temp_dir().join(format!("iota-bench-swarm-{}", std::process::id()));
+    let overrides =
+        std::env::temp_dir().join(format!("iota-bench-run-{}.toml", std::process::id()));
+    let extra = std::env::var("IOTA_BENCH_RUN").unwrap_or_default();
+    std::fs::write(&overrides, &extra).expect("the run overrides are written");
+    if !extra.is_empty() {
+        println!("run configuration over the swarm's: {extra}");
+    }
     let swarm = run(&[
         "local-swarm",
+        "--run",
+        &overrides.display().to_string(),
         "--miners",
         "6",
         "--validators",
@@ -83,6 +94,7 @@ fn main() {
     print!("{local}");
     let l = result(&local, "train-local");
     let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_file(&overrides);
     println!();
     println!(
         "| | tokens/s | held-out loss after {} tokens |",

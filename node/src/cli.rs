@@ -168,6 +168,9 @@ pub(crate) struct LocalSwarmArgs {
     /// inflate, inflate-samples, nan-merge. The report shows what the validators made of them.
     #[arg(long, value_name = "MODE[:COUNT]", value_parser = parse_adversary)]
     pub(crate) adversary: Vec<Adversary>,
+    /// Run configuration fields (TOML) over the swarm's own: e.g. `outer_lr = 1.5`.
+    #[arg(long = "run", value_name = "FILE")]
+    pub(crate) run: Option<PathBuf>,
 }
 
 /// Options of `train-local`.

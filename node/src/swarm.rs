@@ -142,6 +142,15 @@ async fn drive(
         lr_decay_epochs: u64::from(args.epochs),
         ..RunConfig::default()
     };
+    let run = match &args.run {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the run configuration {}", path.display()))?;
+            run.with_toml_str(&text)
+                .with_context(|| format!("in the run configuration {}", path.display()))?
+        }
+        None => run,
+    };
     run.validate()?;
     let run_path = out.join("run.toml");
     std::fs::write(&run_path, run.to_toml_string()?)?;
