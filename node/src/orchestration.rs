@@ -38,14 +38,40 @@ const FIRST_PLAN_SETTLE: Duration = Duration::from_secs(2);
 /// …but no longer than this after start, however miners keep arriving.
 const FIRST_PLAN_MAX_DELAY: Duration = Duration::from_secs(20);
 
-/// Whether the first plan of a run may go out at `now` (time since start), the last new
-/// miner having been heard at `last_new_miner`.
-fn first_plan_ready(now: Duration, last_new_miner: Option<Duration>) -> bool {
-    if now < FIRST_PLAN_DELAY {
+/// What the first plan of a run waits on, at one moment.
+#[derive(Debug, Clone, Copy)]
+struct FirstPlanWait {
+    /// Time since start.
+    now: Duration,
+    /// When the last new miner was heard.
+    last_new_miner: Option<Duration>,
+    /// Miners heard (and admitted) so far.
+    miners_heard: usize,
+    /// Stages the run cuts the model into.
+    stages: u32,
+    /// Miners of the metagraph (neurons without a validator permit) not heard yet.
+    metagraph_miners_missing: usize,
+    /// Whether miners outside the metagraph may join.
+    open_registration: bool,
+}
+
+/// Whether the first plan of a run may go out: after [`FIRST_PLAN_DELAY`], once every stage
+/// can have a live miner, and then at once when every miner of the metagraph is heard (and
+/// nobody else may join), or else when miners have stopped arriving for
+/// [`FIRST_PLAN_SETTLE`]; at [`FIRST_PLAN_MAX_DELAY`] in any case.
+fn first_plan_ready(w: FirstPlanWait) -> bool {
+    if w.now < FIRST_PLAN_DELAY {
         return false;
     }
-    now >= FIRST_PLAN_MAX_DELAY
-        || last_new_miner.is_some_and(|at| now.saturating_sub(at) >= FIRST_PLAN_SETTLE)
+    if w.now >= FIRST_PLAN_MAX_DELAY {
+        return true;
+    }
+    let every_stage = w.miners_heard >= w.stages as usize;
+    let all_in = w.metagraph_miners_missing == 0 && !w.open_registration;
+    let quiet = w
+        .last_new_miner
+        .is_some_and(|at| w.now.saturating_sub(at) >= FIRST_PLAN_SETTLE);
+    every_stage && (all_in || quiet)
 }
 
 /// Shortest epoch, so that a quick epoch still leaves every node time to take its plan in.
@@ -192,6 +218,24 @@ impl Orchestration {
         Ok(())
     }
 
+    /// What the first plan waits on at `now`.
+    fn first_plan_wait(&self, now: Duration) -> FirstPlanWait {
+        let metagraph_miners_missing = self.metagraph.as_ref().map_or(0, |m| {
+            m.neurons()
+                .iter()
+                .filter(|n| !n.validator_permit && !self.miners.contains_key(&n.peer_id))
+                .count()
+        });
+        FirstPlanWait {
+            now,
+            last_new_miner: self.last_new_miner,
+            miners_heard: self.miners.len(),
+            stages: self.run.stages,
+            metagraph_miners_missing,
+            open_registration: self.run.open_registration > 0,
+        }
+    }
+
     /// Whether `miner` may take part: a miner of the metagraph, or one of the run's open
     /// places (first heard, first admitted; a place frees when its miner falls silent).
     /// Without a metagraph nobody is elected and nothing is planned, so anyone may beat.
@@ -313,6 +357,7 @@ impl Orchestration {
             self.validators.heard(&me, now);
         }
         self.prune(now, unix_ms(wall));
+        let first_plan_wait = self.first_plan_wait(now);
         let tracker = self.tracker.as_mut()?;
         let decision = tracker.tick(now, &self.validators);
         if decision.changed {
@@ -324,7 +369,7 @@ impl Orchestration {
         if !mine || now < FIRST_PLAN_DELAY {
             return None;
         }
-        if self.current.is_none() && !first_plan_ready(now, self.last_new_miner) {
+        if self.current.is_none() && !first_plan_ready(first_plan_wait) {
             return None;
         }
         let since = self.published_at.map(|at| now.saturating_sub(at));
@@ -585,21 +630,67 @@ mod tests {
     #[test]
     fn the_first_plan_waits_for_the_miners_to_stop_arriving_within_a_bound() {
         let s = Duration::from_secs;
+        let wait = |now, last| FirstPlanWait {
+            now,
+            last_new_miner: last,
+            miners_heard: 6,
+            stages: 3,
+            metagraph_miners_missing: 1,
+            open_registration: false,
+        };
         // Not before the fixed delay, even with every miner long in.
-        assert!(!first_plan_ready(s(2), Some(s(0))));
+        assert!(!first_plan_ready(wait(s(2), Some(s(0)))));
         // Miners still arriving: wait.
-        assert!(!first_plan_ready(s(3), Some(s(2))));
-        assert!(!first_plan_ready(Duration::from_millis(4500), Some(s(3))));
+        assert!(!first_plan_ready(wait(s(3), Some(s(2)))));
+        assert!(!first_plan_ready(wait(
+            Duration::from_millis(4500),
+            Some(s(3))
+        )));
         // Quiet for the settle time: go.
-        assert!(first_plan_ready(s(5), Some(s(3))));
-        assert!(first_plan_ready(s(3), Some(s(1))));
+        assert!(first_plan_ready(wait(s(5), Some(s(3)))));
+        assert!(first_plan_ready(wait(s(3), Some(s(1)))));
         // No miner yet, or miners that never stop arriving: go at the bound.
-        assert!(!first_plan_ready(s(10), None));
-        assert!(first_plan_ready(FIRST_PLAN_MAX_DELAY, None));
-        assert!(first_plan_ready(
+        assert!(!first_plan_ready(wait(s(10), None)));
+        assert!(first_plan_ready(wait(FIRST_PLAN_MAX_DELAY, None)));
+        assert!(first_plan_ready(wait(
             FIRST_PLAN_MAX_DELAY,
             Some(FIRST_PLAN_MAX_DELAY)
-        ));
+        )));
+    }
+
+    #[test]
+    fn the_first_plan_waits_for_every_stage_and_goes_once_the_metagraph_is_in() {
+        let s = Duration::from_secs;
+        let base = FirstPlanWait {
+            now: s(3),
+            last_new_miner: Some(Duration::from_millis(2900)),
+            miners_heard: 6,
+            stages: 3,
+            metagraph_miners_missing: 0,
+            open_registration: false,
+        };
+        // Every miner of the metagraph heard: no need to wait for quiet.
+        assert!(first_plan_ready(base));
+        // …but with open places, newcomers get the settle time.
+        assert!(!first_plan_ready(FirstPlanWait {
+            open_registration: true,
+            ..base
+        }));
+        // Fewer live miners than stages: quiet is not enough, only the bound is.
+        let short = FirstPlanWait {
+            miners_heard: 2,
+            last_new_miner: Some(s(0)),
+            metagraph_miners_missing: 4,
+            ..base
+        };
+        assert!(!first_plan_ready(FirstPlanWait {
+            now: s(10),
+            ..short
+        }));
+        assert!(first_plan_ready(FirstPlanWait {
+            now: FIRST_PLAN_MAX_DELAY,
+            ..short
+        }));
     }
 
     #[test]
