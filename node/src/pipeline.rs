@@ -622,13 +622,19 @@ async fn load_stage(
     let len = handle.num_params();
     let latest = match plan.epoch.checked_sub(1) {
         Some(before) => {
-            let until_start = crate::schedule::merge_start(plan)
+            // Until the merge should have ended: nothing when it is long over (a miner that
+            // joins mid-epoch asks the replicas at once).
+            let patience = (crate::schedule::merge_start(plan)
+                + crate::schedule::merge_budget(len)
+                + JOIN_SLACK)
                 .duration_since(std::time::SystemTime::now())
                 .unwrap_or_default();
-            let patience = until_start + crate::schedule::merge_budget(len) + JOIN_SLACK;
             match snapshot::merged_hash(shared, stage, before, patience).await {
                 Ok(hash) => Some((before, hash)),
-                Err(snapshot::NoHash::NotHeard) => None,
+                // Not heard (joined after the gossip, or a lost message): ask the replicas.
+                Err(snapshot::NoHash::NotHeard) => snapshot::ask_hash(shared, plan, stage, before)
+                    .await
+                    .map(|hash| (before, hash)),
                 // A newer plan's transition builds the stage from the newer state.
                 Err(snapshot::NoHash::Superseded) => anyhow::bail!(Superseded),
             }
@@ -818,7 +824,7 @@ async fn merge_and_checkpoint(
             step: state.step,
         };
         store.save(&key, &state)?;
-        tracing::info!(stage, epoch = plan.epoch, weights_hash = %hash, "checkpoint saved");
+        tracing::info!(stage, epoch = plan.epoch, step = state.step, weights_hash = %hash, "checkpoint saved");
     }
     set_weights_hash(shared, Some(plan.epoch), hash.clone());
     let message = PipelineGossip::Merged {

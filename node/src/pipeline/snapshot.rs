@@ -185,6 +185,78 @@ pub(crate) async fn merged_hash(
     }
 }
 
+/// The hash of the merge closing `epoch` (or a later one) of `stage`, asked of its replicas
+/// in `plan` when the members' gossip was not heard: trusted only when every replica that
+/// answers names the same one.
+pub(crate) async fn ask_hash(
+    shared: &Arc<Shared>,
+    plan: &EpochPlan,
+    stage: u32,
+    epoch: u64,
+) -> Option<String> {
+    let mut answers = Vec::new();
+    for peer in plan.miners_of(stage) {
+        if peer.as_str() == shared.me {
+            continue;
+        }
+        let Ok(peer_id) = peer.as_str().parse::<p2p::PeerId>() else {
+            continue;
+        };
+        // A request for no values: the reply's header names the snapshot.
+        let request = WeightsRequest {
+            stage,
+            offset: 0,
+            count: 0,
+        };
+        let Ok(body) = messages::encode(Service::Weights, &request, &[]) else {
+            continue;
+        };
+        let Ok(Ok(reply)) =
+            tokio::time::timeout(HOP_TIMEOUT, shared.client.request(peer_id, body)).await
+        else {
+            continue;
+        };
+        if let Ok((
+            WeightsReply::Weights {
+                stage: served,
+                epoch,
+                hash,
+                ..
+            },
+            _,
+        )) = messages::decode::<WeightsReply>(Service::Weights, &reply)
+        {
+            if served == stage {
+                answers.push((epoch, hash));
+            }
+        }
+    }
+    let agreed = agreed_hash(&answers, epoch);
+    match &agreed {
+        Some(hash) => {
+            tracing::info!(stage, epoch, %hash, replicas = answers.len(), "merge hash asked of the replicas")
+        }
+        None => tracing::warn!(
+            stage,
+            epoch,
+            ?answers,
+            "the replicas named no merge hash they agree on"
+        ),
+    }
+    agreed
+}
+
+/// The hash every answer names, when all of them hold a merge at or after `epoch`.
+fn agreed_hash(answers: &[(Option<u64>, String)], epoch: u64) -> Option<String> {
+    let (first_epoch, first) = answers.first()?;
+    let fresh = |e: &Option<u64>| e.is_some_and(|e| e >= epoch);
+    (fresh(first_epoch)
+        && answers
+            .iter()
+            .all(|(e, h)| fresh(e) && e == first_epoch && h == first))
+    .then(|| first.clone())
+}
+
 /// Loads the snapshot hashing to `expected` from a replica of `stage` in `plan`, chunk by
 /// chunk (with the outer momentum when the run keeps one); `None` when no replica serves
 /// it whole.
@@ -299,7 +371,7 @@ pub(crate) fn keep(
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
-    use super::{look, HashView, NoHash};
+    use super::{agreed_hash, look, HashView, NoHash};
 
     fn view<'a>(
         hashes: &'a BTreeMap<u32, (u64, String)>,
@@ -355,6 +427,23 @@ mod tests {
         );
         // The plan right after the awaited merge is the one being built for: no news.
         assert_eq!(look(&view(&empty, &none, (7, Some(2))), 1, 6), None);
+    }
+
+    #[test]
+    fn a_hash_asked_of_the_replicas_counts_only_when_all_answers_agree_and_are_fresh() {
+        let h = |e: Option<u64>, s: &str| (e, s.to_string());
+        assert_eq!(
+            agreed_hash(&[h(Some(6), "a"), h(Some(6), "a")], 6),
+            Some("a".into())
+        );
+        assert_eq!(agreed_hash(&[h(Some(7), "b")], 6), Some("b".into()));
+        // Two replicas that disagree, on the hash or on the merge: neither.
+        assert_eq!(agreed_hash(&[h(Some(6), "a"), h(Some(6), "b")], 6), None);
+        assert_eq!(agreed_hash(&[h(Some(6), "a"), h(Some(7), "a")], 6), None);
+        // Older than the merge wanted, the seed's weights, or no answer at all.
+        assert_eq!(agreed_hash(&[h(Some(5), "a")], 6), None);
+        assert_eq!(agreed_hash(&[h(None, "a")], 0), None);
+        assert_eq!(agreed_hash(&[], 6), None);
     }
 
     #[test]
