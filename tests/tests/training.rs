@@ -20,6 +20,10 @@ fn test_run() -> RunConfig {
         epoch_timeout_secs: 60,
         // Room for one miner that is not in the metagraph: the late joiner.
         open_registration: 1,
+        // An outer step with momentum, so that joining and restarting must carry it.
+        outer_lr: 1.0,
+        outer_momentum: 0.5,
+        outer_momentum_start: 0.5,
         ..RunConfig::default()
     }
 }
@@ -309,6 +313,18 @@ async fn six_miners_train_merge_and_survive_a_crash() {
         .as_u64()
         .unwrap();
     wait_for_epoch(&validator, latest + 1, Duration::from_secs(90)).await;
+
+    // Every merge took the outer step from one basis: the restarted miner and the joiner
+    // loaded the outer momentum with the weights (a member on another basis makes the whole
+    // stage fall back to the plain average, and says so).
+    for node in miners.iter().chain([&restarted, &joiner]) {
+        let log = std::fs::read_to_string(node.log_path()).unwrap();
+        assert!(
+            !log.contains("hold different outer bases"),
+            "{}: a merge fell back to the plain average: {log}",
+            node.name
+        );
+    }
 
     for node in miners.into_iter().chain([restarted, joiner, validator]) {
         let name = node.name.clone();

@@ -253,8 +253,8 @@ fn hash_changes_with_every_field() {
         |c| c.audit_rate /= 2.0,
         |c| c.open_registration += 1,
         |c| c.outer_lr /= 2.0,
-        |c| c.outer_momentum /= 2.0,
-        |c| c.outer_momentum_start /= 2.0,
+        |c| c.outer_momentum += 0.25,
+        |c| c.outer_momentum_start += 0.25,
         |c| c.outer_warmup_epochs += 1,
     ];
     let base = RunConfig::default();

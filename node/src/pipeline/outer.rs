@@ -89,6 +89,17 @@ mod tests {
 
     use super::*;
 
+    /// A run with IOTA's outer step (the default is the plain average).
+    fn outer_run() -> RunConfig {
+        RunConfig {
+            outer_lr: 0.7,
+            outer_momentum: 0.9,
+            outer_momentum_start: 0.5,
+            outer_warmup_epochs: 20,
+            ..RunConfig::default()
+        }
+    }
+
     fn snapshot(values: Vec<f32>, momentum: Vec<f32>) -> Snapshot {
         Snapshot {
             stage: 1,
@@ -133,7 +144,7 @@ mod tests {
 
     #[test]
     fn members_on_one_basis_take_the_same_outer_step() {
-        let run = RunConfig::default();
+        let run = outer_run();
         let base = snapshot(vec![1.0, 2.0, 3.0], vec![0.1, 0.0, -0.1]);
         let live = vec![
             vec![0.9, 2.1, 3.0],
@@ -164,7 +175,7 @@ mod tests {
 
     #[test]
     fn one_member_on_another_basis_makes_every_member_take_the_plain_average() {
-        let run = RunConfig::default();
+        let run = outer_run();
         let base = snapshot(vec![1.0, 2.0, 3.0], vec![0.0; 3]);
         // Same weights, other momentum (a joiner served a wrong one).
         let odd = snapshot(vec![1.0, 2.0, 3.0], vec![0.5; 3]);
@@ -184,12 +195,7 @@ mod tests {
 
     #[test]
     fn a_plain_run_takes_no_outer_step() {
-        let run = RunConfig {
-            outer_lr: 1.0,
-            outer_momentum: 0.0,
-            outer_momentum_start: 0.0,
-            ..RunConfig::default()
-        };
-        assert!(Outer::prepare(&run, 0, 1, 3, None).is_none());
+        // The default run merges by plain average.
+        assert!(Outer::prepare(&RunConfig::default(), 0, 1, 3, None).is_none());
     }
 }
