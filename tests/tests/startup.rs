@@ -53,7 +53,7 @@ async fn three_validators_and_six_miners_started_together_all_hold_stages_at_onc
     .unwrap();
     let run_path = dir.join("run.toml");
     std::fs::write(&run_path, RunConfig::default().to_toml_string().unwrap()).unwrap();
-    let common = vec![
+    let common = [
         "--metagraph".to_string(),
         metagraph_path.display().to_string(),
         "--run".to_string(),
