@@ -653,18 +653,8 @@ async fn load_stage(
         Some(old) => (None, Some(old)),
         None => (None, None),
     };
-    if let Some((manifest, mut state)) = checkpoint {
-        let momentum = std::mem::take(&mut state.outer_momentum);
-        handle.import_state(state).await?;
-        let hash = settle(
-            shared,
-            handle,
-            stage,
-            Some(manifest.epoch),
-            None,
-            Some(momentum),
-        )
-        .await?;
+    if let Some((manifest, state)) = checkpoint {
+        let hash = resume(shared, handle, stage, manifest.epoch, state).await?;
         tracing::info!(stage, epoch = manifest.epoch, weights_hash = %hash, "resumed from checkpoint");
         return Ok(());
     }
@@ -690,24 +680,28 @@ async fn load_stage(
             "no replica served the latest merged snapshot"
         );
     }
-    if let Some((manifest, mut state)) = stale {
-        let momentum = std::mem::take(&mut state.outer_momentum);
-        handle.import_state(state).await?;
-        let hash = settle(
-            shared,
-            handle,
-            stage,
-            Some(manifest.epoch),
-            None,
-            Some(momentum),
-        )
-        .await?;
+    if let Some((manifest, state)) = stale {
+        let hash = resume(shared, handle, stage, manifest.epoch, state).await?;
         tracing::warn!(stage, epoch = manifest.epoch, weights_hash = %hash, "resumed from an older checkpoint");
         return Ok(());
     }
     let hash = settle(shared, handle, stage, None, None, None).await?;
     tracing::info!(stage, weights_hash = %hash, "initialised from the run seed");
     Ok(())
+}
+
+/// Loads a checkpoint of the merge of `epoch` into `handle`, with the outer momentum it
+/// stored; returns the weights' hash.
+async fn resume(
+    shared: &Shared,
+    handle: &StageHandle,
+    stage: u32,
+    epoch: u64,
+    mut state: training::StageState,
+) -> anyhow::Result<String> {
+    let momentum = std::mem::take(&mut state.outer_momentum);
+    handle.import_state(state).await?;
+    settle(shared, handle, stage, Some(epoch), None, Some(momentum)).await
 }
 
 /// Takes the weights just loaded into `handle` (`values`, when the caller has them) as the

@@ -195,13 +195,7 @@ pub(crate) async fn ask_hash(
     epoch: u64,
 ) -> Option<String> {
     let mut answers = Vec::new();
-    for peer in plan.miners_of(stage) {
-        if peer.as_str() == shared.me {
-            continue;
-        }
-        let Ok(peer_id) = peer.as_str().parse::<p2p::PeerId>() else {
-            continue;
-        };
+    for peer_id in other_replicas(shared, plan, stage) {
         // A request for no values: the reply's header names the snapshot.
         let request = WeightsRequest {
             stage,
@@ -248,13 +242,20 @@ pub(crate) async fn ask_hash(
 
 /// The hash every answer names, when all of them hold a merge at or after `epoch`.
 fn agreed_hash(answers: &[(Option<u64>, String)], epoch: u64) -> Option<String> {
-    let (first_epoch, first) = answers.first()?;
-    let fresh = |e: &Option<u64>| e.is_some_and(|e| e >= epoch);
-    (fresh(first_epoch)
-        && answers
-            .iter()
-            .all(|(e, h)| fresh(e) && e == first_epoch && h == first))
-    .then(|| first.clone())
+    let first = answers.first()?;
+    (first.0.is_some_and(|e| e >= epoch) && answers.iter().all(|a| a == first))
+        .then(|| first.1.clone())
+}
+
+/// The peer ids of `stage`'s replicas in `plan` other than this miner.
+fn other_replicas<'a>(
+    shared: &'a Shared,
+    plan: &'a EpochPlan,
+    stage: u32,
+) -> impl Iterator<Item = p2p::PeerId> + 'a {
+    plan.miners_of(stage)
+        .filter(|peer| peer.as_str() != shared.me)
+        .filter_map(|peer| peer.as_str().parse().ok())
 }
 
 /// Loads the snapshot hashing to `expected` from a replica of `stage` in `plan`, chunk by
@@ -267,14 +268,8 @@ pub(crate) async fn fetch(
     expected: &str,
     len: usize,
 ) -> Option<Fetched> {
-    for peer in plan.miners_of(stage) {
-        if peer.as_str() == shared.me {
-            continue;
-        }
-        let Ok(peer_id) = peer.as_str().parse::<p2p::PeerId>() else {
-            continue;
-        };
-        match fetch_from(shared, peer_id, stage, expected, len).await {
+    for peer in other_replicas(shared, plan, stage) {
+        match fetch_from(shared, peer, stage, expected, len).await {
             Ok(found) => return Some(found),
             Err(why) => tracing::warn!(%peer, why, "no snapshot from this replica"),
         }
