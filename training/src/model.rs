@@ -308,11 +308,11 @@ fn linear(x: &Tensor, w: &Tensor) -> Tensor {
 
 impl Net {
     /// Arranges a stage's parameters for the forward pass; `lookup` returns the parameter of
-    /// a name from [`param_specs`].
+    /// a name from [`param_specs`], `tables` are [`rope_tables`] for the model.
     pub(crate) fn build(
         model: &ModelConfig,
         layout: &StageLayout,
-        device: tch::Device,
+        tables: (Tensor, Tensor),
         lookup: impl Fn(&str) -> Option<Tensor>,
     ) -> Net {
         let get = |name: String| -> Tensor {
@@ -339,7 +339,7 @@ impl Net {
                 weight: get(format!("boundary.{k}.{half}")),
             })
         };
-        let (cos, sin) = rope_tables(model, device);
+        let (cos, sin) = tables;
         Net {
             embed: layout.is_head().then(|| get("embed".into())),
             up: proj(layout.has_up(), layout.index.saturating_sub(1), "up"),

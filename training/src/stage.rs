@@ -10,10 +10,14 @@
 //!   [`StageConfig::max_in_flight`] samples are kept.
 //! - Parameter gradients accumulate over samples; [`Stage::step`] averages them over the samples
 //!   seen since the last step, clips the global norm and applies AdamW.
-//! - Changing the weights ([`Stage::step`], [`Stage::set_flat_params`],
-//!   [`Stage::import_state`]) frees the graphs of samples still in flight: they were recorded
-//!   with the old weights and autograd can no longer differentiate them. Callers that want
-//!   those backward passes wait for them before stepping (as [`crate::worker`] does).
+//! - A step does not wait for the samples in flight (weight stashing, as in PipeDream): when
+//!   graphs are still waiting for their backward pass, the step writes into fresh copies of
+//!   the weights and leaves the old ones to those graphs, so each sample is differentiated
+//!   with exactly the weights it was forwarded with and its gradient goes into the next step.
+//!   A version of the weights lives as long as a sample forwarded with it is in flight.
+//! - Replacing the weights ([`Stage::set_flat_params`], [`Stage::apply_merge`],
+//!   [`Stage::import_state`]) frees the graphs of samples still in flight instead: their
+//!   gradients belong to weights the stage no longer holds.
 //! - Inputs are checked (rank, width, sequence length, token range) before tensor code runs,
 //!   so a malformed input is a typed error, not a panic inside libtorch.
 //! - [`Stage::flat_params`] is the canonical f32 weight vector (parameters in
@@ -111,6 +115,9 @@ struct Pending {
     /// The input leaf whose gradient is sent back (`None` for the head).
     input: Option<Tensor>,
     output: Tensor,
+    /// The parameter tensors the graph was recorded with, in parameter order (shallow
+    /// clones: the live ones, or an earlier version kept for this graph by a step).
+    weights: Vec<Tensor>,
 }
 
 /// One stage of the pipeline, owning its tensors. Not `Sync`: keep it on one thread
@@ -149,18 +156,11 @@ impl Stage {
                 tensor,
                 master,
                 decay: spec.decays(),
+                stashed: None,
             });
         }
-        let net = {
-            let by_name: HashMap<&str, &Param> = specs
-                .iter()
-                .zip(&params)
-                .map(|(s, p)| (s.name.as_str(), p))
-                .collect();
-            Net::build(&model, &layout, config.device, |name| {
-                by_name.get(name).map(|p| p.tensor.shallow_clone())
-            })
-        };
+        let tables = model::rope_tables(&model, config.device);
+        let net = build_net(&model, &layout, &specs, &params, tables);
         Ok(Stage {
             config: config.clone(),
             model,
@@ -308,6 +308,11 @@ impl Stage {
             Pending {
                 input: leaf,
                 output,
+                weights: self
+                    .params
+                    .iter()
+                    .map(|p| p.tensor.shallow_clone())
+                    .collect(),
             },
         );
         Ok(out)
@@ -337,6 +342,10 @@ impl Stage {
             .f_to_kind(pending.output.kind())?;
         // d/d(out) of sum(out * g) is g: the vector-Jacobian product with the given gradient.
         (pending.output * g).f_sum(Kind::Float)?.f_backward()?;
+        // Gradients that landed on an earlier version of the weights join the live ones.
+        for (p, version) in self.params.iter_mut().zip(&pending.weights) {
+            p.harvest(version);
+        }
         self.accumulated += 1;
         Ok(pending.input.map(|leaf| leaf.grad().detach()))
     }
@@ -430,8 +439,11 @@ impl Stage {
         } else {
             1.0
         };
+        let kept_in_flight = self.in_flight.len();
+        if kept_in_flight > 0 {
+            self.fork_weights()?;
+        }
         self.step += 1;
-        let dropped_in_flight = self.drop_stale_graphs();
         optim::adamw_update(
             &self.config.optimizer,
             self.step,
@@ -443,8 +455,30 @@ impl Stage {
             step: self.step,
             grad_norm,
             samples,
-            dropped_in_flight,
+            kept_in_flight,
         })
+    }
+
+    /// Gives every parameter a fresh tensor (the graphs in flight keep the old ones) and
+    /// points the forward pass at the new ones.
+    fn fork_weights(&mut self) -> Result<(), StepError> {
+        let old: Vec<Tensor> = self
+            .params
+            .iter()
+            .map(|p| p.tensor.shallow_clone())
+            .collect();
+        for i in 0..self.params.len() {
+            if let Err(e) = self.params[i].fork() {
+                // Undo, so the weights stay the ones the graphs and the optimizer agree on.
+                for (p, t) in self.params.iter_mut().zip(&old) {
+                    p.tensor = t.shallow_clone();
+                }
+                return Err(StepError::Stash(e.to_string()));
+            }
+        }
+        let tables = (self.net.cos.shallow_clone(), self.net.sin.shallow_clone());
+        self.net = build_net(&self.model, &self.layout, &self.specs, &self.params, tables);
+        Ok(())
     }
 
     /// Frees every in-flight graph before the weights change in place; returns how many.
@@ -463,7 +497,7 @@ impl Stage {
 
     /// Discards accumulated gradients.
     pub fn zero_grad(&mut self) {
-        for p in &self.params {
+        for p in &mut self.params {
             p.zero_grad();
         }
         self.accumulated = 0;
@@ -588,6 +622,24 @@ impl Stage {
         self.step = state.step;
         Ok(())
     }
+}
+
+/// The forward pass's view of `params`, with the given rotary tables.
+fn build_net(
+    model: &ModelConfig,
+    layout: &StageLayout,
+    specs: &[ParamSpec],
+    params: &[Param],
+    tables: (Tensor, Tensor),
+) -> Net {
+    let by_name: HashMap<&str, &Param> = specs
+        .iter()
+        .zip(params)
+        .map(|(s, p)| (s.name.as_str(), p))
+        .collect();
+    Net::build(model, layout, tables, |name| {
+        by_name.get(name).map(|p| p.tensor.shallow_clone())
+    })
 }
 
 /// blake3 of the little-endian bytes of `values`.

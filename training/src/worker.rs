@@ -96,8 +96,6 @@ pub struct WorkerStatus {
     pub accumulated: usize,
     /// Optimizer steps taken.
     pub steps: u64,
-    /// An optimizer step is waiting for the samples in flight to finish their backward pass.
-    pub step_waiting: bool,
 }
 
 /// Why a worker command failed.
@@ -154,10 +152,6 @@ pub enum SpawnError {
 }
 
 type Reply<T> = oneshot::Sender<Result<T, WorkerError>>;
-
-/// Longest an optimizer step waits for the samples in flight to finish their backward pass;
-/// after that it is taken anyway and those samples' backward passes fail (and are dropped).
-const STEP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 enum Command {
     Forward(u64, StageInput, Reply<Vec<u8>>),
@@ -218,11 +212,7 @@ impl StageHandle {
                 {
                     return;
                 }
-                let mut worker = Worker {
-                    stage,
-                    cfg,
-                    step_waiting: false,
-                };
+                let mut worker = Worker { stage, cfg };
                 worker.run(urgent_rx, normal_rx);
             })
             .map_err(SpawnError::Thread)?;
@@ -360,8 +350,6 @@ impl StageHandle {
 struct Worker {
     stage: Stage,
     cfg: WorkerConfig,
-    /// A step is deferred until the samples in flight are done.
-    step_waiting: bool,
 }
 
 impl Worker {
@@ -379,43 +367,16 @@ impl Worker {
             }
         };
         rt.block_on(async {
-            // An optimizer step waits until every sample in flight has had its backward
-            // pass: stepping changes the weights in place, and a graph recorded before the
-            // step could no longer be differentiated. While it waits, only the urgent queue
-            // (backward passes, dropped samples) is served, so the wait always ends.
-            let mut deferred: Option<(Option<f64>, Reply<StepReport>, tokio::time::Instant)> = None;
+            // A step is taken when it comes, samples in flight or not: the stage keeps the
+            // weights each of them was forwarded with (see `crate::stage`).
             loop {
-                if let Some((_, _, since)) = &deferred {
-                    let waited = since.elapsed();
-                    if self.stage.in_flight() == 0 || waited >= STEP_WAIT {
-                        if let Some((lr, r, _)) = deferred.take() {
-                            self.step_waiting = false;
-                            self.step(lr, r);
-                        }
-                        continue;
-                    }
-                    let cmd = tokio::select! {
-                        biased;
-                        Some(c) = urgent.recv() => c,
-                        _ = tokio::time::sleep(STEP_WAIT - waited) => continue,
-                        else => return,
-                    };
-                    self.handle(cmd);
-                    continue;
-                }
                 let cmd = tokio::select! {
                     biased;
                     Some(c) = urgent.recv() => c,
                     Some(c) = normal.recv() => c,
                     else => return,
                 };
-                match cmd {
-                    Command::Step(lr, r) if self.stage.in_flight() > 0 => {
-                        self.step_waiting = true;
-                        deferred = Some((lr, r, tokio::time::Instant::now()));
-                    }
-                    cmd => self.handle(cmd),
-                }
+                self.handle(cmd);
             }
         });
     }
@@ -473,7 +434,6 @@ impl Worker {
                     in_flight: self.stage.in_flight(),
                     accumulated: self.stage.accumulated(),
                     steps: self.stage.steps(),
-                    step_waiting: self.step_waiting,
                 }));
             }
         }

@@ -245,30 +245,56 @@ fn base_preset_builds_trains_and_splits_on_cpu() {
     assert_eq!(tail.layout().in_width, Some(96));
 }
 
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
 #[test]
-fn a_step_frees_graphs_recorded_with_the_old_weights() {
+fn a_step_keeps_samples_in_flight_with_the_weights_they_were_forwarded_with() {
+    let x1 = Tensor::randn([2, 8, 128], (Kind::Float, tch::Device::Cpu));
+    let x2 = Tensor::randn([2, 8, 128], (Kind::Float, tch::Device::Cpu));
+    let g = Tensor::randn([2, 8, 128], (Kind::Float, tch::Device::Cpu));
+    // Sample 1 alone, no step: the gradients it should contribute.
+    let mut reference = stage(3, 1);
+    let _ = reference.forward(1, &x1).unwrap();
+    let want_input =
+        Vec::<f32>::try_from(reference.backward(1, &g).unwrap().unwrap().flatten(0, -1)).unwrap();
+    let want = reference.flat_grads();
+
+    // Sample 1 forwarded, then sample 2 forwarded, back-propagated and stepped on.
     let mut body = stage(3, 1);
-    let x = Tensor::randn([2, 8, 128], (Kind::Float, tch::Device::Cpu));
-    let _ = body.forward(1, &x).unwrap();
-    let _ = body.forward(2, &x).unwrap();
-    body.backward(1, &x).unwrap();
+    let _ = body.forward(1, &x1).unwrap();
+    let _ = body.forward(2, &x2).unwrap();
+    body.backward(2, &g).unwrap();
+    let before = body.flat_params();
     let report = body.step().unwrap();
-    assert_eq!(report.dropped_in_flight, 1);
-    assert_eq!(body.in_flight(), 0);
-    assert!(matches!(
-        body.backward(2, &x),
-        Err(BackwardError::UnknownSample(2))
-    ));
-    // Replacing the weights does the same.
-    let _ = body.forward(3, &x).unwrap();
+    assert_eq!(report.samples, 1);
+    assert_ne!(body.flat_params(), before, "the step changed the weights");
+    assert_eq!(body.in_flight(), 1, "the step kept sample 1");
+    // Sample 1's backward pass uses the weights it was forwarded with.
+    let got_input =
+        Vec::<f32>::try_from(body.backward(1, &g).unwrap().unwrap().flatten(0, -1)).unwrap();
+    assert!(max_diff(&got_input, &want_input) < 1e-6);
+    assert!(max_diff(&body.flat_grads(), &want) < 1e-6);
+    // And the next step applies it.
+    assert_eq!(body.step().unwrap().samples, 1);
+    assert!(body.flat_grads().iter().all(|&v| v == 0.0));
+
+    // Replacing the weights (a merge, a loaded state) frees the graphs instead: their
+    // gradients belong to weights the stage no longer holds.
+    let _ = body.forward(3, &x1).unwrap();
     body.set_flat_params(&body.flat_params()).unwrap();
     assert!(matches!(
-        body.backward(3, &x),
+        body.backward(3, &x1),
         Err(BackwardError::UnknownSample(3))
     ));
-    // A graph recorded after the step differentiates normally.
-    let _ = body.forward(4, &x).unwrap();
-    assert!(body.backward(4, &x).unwrap().is_some());
+    // A graph recorded afterwards differentiates normally.
+    let _ = body.forward(4, &x1).unwrap();
+    assert!(body.backward(4, &x1).unwrap().is_some());
 }
 
 #[test]

@@ -64,26 +64,6 @@ fn gradient_frame(shape: &[usize], sample: u64) -> Vec<u8> {
     .unwrap()
 }
 
-/// Asks `head` for a step from a task of its own and polls (status is answered meanwhile)
-/// until the compute thread holds it back for the samples in flight.
-async fn held_back_step(
-    head: &StageHandle,
-) -> tokio::task::JoinHandle<Result<training::stage::StepReport, WorkerError>> {
-    let step = {
-        let head = head.clone();
-        tokio::spawn(async move { head.step(None).await })
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !head.status().await.unwrap().step_waiting {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the step never started waiting"
-        );
-        tokio::task::yield_now().await;
-    }
-    step
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn workers_train_like_direct_stages() {
     tch::set_num_threads(1);
@@ -244,44 +224,41 @@ async fn tensor_work_does_not_block_the_async_runtime() {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn a_step_waits_for_the_samples_in_flight() {
-    let (head, _thread, _b, shape) = head_with_sample_0_in_flight().await;
-    let step = held_back_step(&head).await;
-    assert!(!step.is_finished());
-    // The backward pass is still served, and the step follows with its gradient in it.
+async fn a_step_is_taken_with_samples_in_flight_and_keeps_them() {
+    let (head, _thread, b, shape) = head_with_sample_0_in_flight().await;
+    head.forward(1, tokens(&b)).await.unwrap();
+    head.backward(gradient_frame(&shape, 1)).await.unwrap();
+    // The step does not wait for sample 0, and sample 0 survives it.
+    let report = tokio::time::timeout(std::time::Duration::from_secs(10), head.step(None))
+        .await
+        .expect("a step with a sample in flight is answered at once")
+        .unwrap();
+    assert_eq!((report.samples, report.kept_in_flight), (1, 1));
+    let status = head.status().await.unwrap();
+    assert_eq!((status.in_flight, status.steps), (1, 1));
     assert_eq!(
         head.backward(gradient_frame(&shape, 0)).await.unwrap(),
         None
     );
-    let report = step.await.unwrap().unwrap();
-    assert_eq!((report.samples, report.dropped_in_flight), (1, 0));
+    // Its gradient goes into the next step.
+    let report = head.step(None).await.unwrap();
+    assert_eq!((report.samples, report.kept_in_flight), (1, 0));
     let status = head.status().await.unwrap();
-    assert!(!status.step_waiting);
-    assert_eq!((status.in_flight, status.steps), (0, 1));
+    assert_eq!((status.in_flight, status.steps), (0, 2));
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn a_merge_is_served_while_a_step_waits_and_drops_stale_gradients() {
-    // One sample with its gradient accumulated, a second one in flight, and a step held
-    // back behind the second.
+async fn a_merge_drops_the_gradients_and_samples_of_the_old_weights() {
+    // One sample with its gradient accumulated and a second one in flight.
     let (head, _thread, b, shape) = head_with_sample_0_in_flight().await;
     head.backward(gradient_frame(&shape, 0)).await.unwrap();
     head.forward(1, tokens(&b)).await.unwrap();
-    let step = held_back_step(&head).await;
-    // The merge reads the weights and sets its result while the step waits (it used to
-    // queue behind the step for up to a minute, past the merge's deadline).
-    let merge = async {
-        let given = head.flat_params().await.unwrap();
-        let merged: Vec<f32> = given.iter().map(|v| v * 0.5).collect();
-        head.apply_merge(given, merged.clone()).await.unwrap();
-        merged
-    };
-    let merged = tokio::time::timeout(std::time::Duration::from_secs(10), merge)
-        .await
-        .expect("the merge is not held up by a waiting step");
+    let given = head.flat_params().await.unwrap();
+    let merged: Vec<f32> = given.iter().map(|v| v * 0.5).collect();
+    head.apply_merge(given, merged.clone()).await.unwrap();
     // The gradients of the old weights are gone: the step has nothing to apply, and the
     // weights are exactly the merge's.
-    let stepped = step.await.unwrap();
+    let stepped = head.step(None).await;
     assert!(
         matches!(
             stepped,
@@ -291,9 +268,14 @@ async fn a_merge_is_served_while_a_step_waits_and_drops_stale_gradients() {
         ),
         "{stepped:?}"
     );
+    assert!(matches!(
+        head.backward(gradient_frame(&shape, 1)).await,
+        Err(WorkerError::Backward(_))
+    ));
     assert_eq!(
         head.weights_hash().await.unwrap(),
         training::stage::hash_f32(&merged)
     );
-    assert_eq!(head.status().await.unwrap().accumulated, 0);
+    let status = head.status().await.unwrap();
+    assert_eq!((status.accumulated, status.in_flight), (0, 0));
 }

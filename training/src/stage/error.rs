@@ -86,6 +86,10 @@ pub enum StepError {
     /// The gradient norm is NaN or infinite; the gradients were discarded.
     #[error("non-finite gradient norm {0}")]
     NonFiniteGradient(f64),
+    /// The weights could not be copied for the samples still in flight (out of memory); the
+    /// gradients were discarded and the weights are unchanged.
+    #[error("copying the weights for the samples in flight: {0}")]
+    Stash(String),
 }
 
 /// Why weights or optimizer state could not be loaded.

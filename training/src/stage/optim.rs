@@ -48,6 +48,9 @@ pub(crate) struct Param {
     pub(crate) v: Tensor,
     /// Whether weight decay applies.
     pub(crate) decay: bool,
+    /// f32 gradients back-propagated through earlier versions of this parameter (samples
+    /// forwarded before a step and back-propagated after it), not yet stepped on.
+    pub(crate) stashed: Option<Tensor>,
 }
 
 impl Param {
@@ -68,21 +71,58 @@ impl Param {
         self.tensor.shallow_clone().copy_(src);
     }
 
-    /// The accumulated gradient as f32, zeros if none has been accumulated.
+    /// The accumulated gradient as f32 (the live parameter's and the stashed one), zeros if
+    /// none has been accumulated.
     pub(crate) fn grad_f32(&self) -> Tensor {
         let g = self.tensor.grad();
-        if g.defined() {
-            g.to_kind(Kind::Float)
-        } else {
-            self.m.zeros_like()
+        let live = g.defined().then(|| g.to_kind(Kind::Float));
+        match (live, &self.stashed) {
+            (Some(live), Some(stashed)) => live + stashed,
+            (Some(live), None) => live,
+            (None, Some(stashed)) => stashed.shallow_clone(),
+            (None, None) => self.m.zeros_like(),
         }
     }
 
-    pub(crate) fn zero_grad(&self) {
+    /// Moves the gradient accumulated on `version` (an earlier version of this parameter that
+    /// a sample's graph was recorded with) into [`Param::stashed`] and clears it there. Does
+    /// nothing for the live parameter, whose gradient stays where autograd put it.
+    pub(crate) fn harvest(&mut self, version: &Tensor) {
+        if version.data_ptr() == self.tensor.data_ptr() {
+            return;
+        }
+        let mut g = version.grad();
+        if !g.defined() {
+            return;
+        }
+        let _guard = tch::no_grad_guard();
+        match &self.stashed {
+            Some(stashed) => {
+                let _ = stashed.shallow_clone().g_add_(&g.to_kind(Kind::Float));
+            }
+            None => self.stashed = Some(g.to_kind(Kind::Float).detach_copy()),
+        }
+        let _ = g.detach_().zero_();
+    }
+
+    pub(crate) fn zero_grad(&mut self) {
         let mut g = self.tensor.grad();
         if g.defined() {
             let _ = g.detach_().zero_();
         }
+        self.stashed = None;
+    }
+
+    /// Gives the parameter a fresh tensor with the same values, leaving the old one untouched
+    /// for the graphs recorded with it; the caller rebuilds the forward pass's view of the
+    /// weights.
+    pub(crate) fn fork(&mut self) -> Result<(), tch::TchError> {
+        let copy = {
+            let _guard = tch::no_grad_guard();
+            self.tensor.f_detach()?.f_detach_copy()?
+        };
+        self.tensor = copy.set_requires_grad(true);
+        Ok(())
     }
 }
 
@@ -95,10 +135,9 @@ pub struct StepReport {
     pub grad_norm: f64,
     /// Samples whose gradients were averaged into this step.
     pub samples: usize,
-    /// Samples that were still waiting for their backward pass: the step changed the weights
-    /// their graphs were recorded with, so those graphs were freed (their backward now fails
-    /// with `UnknownSample`).
-    pub dropped_in_flight: usize,
+    /// Samples still waiting for their backward pass, kept with the weights they were
+    /// forwarded with (their gradients go into a later step).
+    pub kept_in_flight: usize,
 }
 
 /// Global L2 norm of `grads`, with one device synchronisation.
