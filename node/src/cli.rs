@@ -209,6 +209,11 @@ pub(crate) struct TrainLocalArgs {
     /// Evaluate every this many steps.
     #[arg(long, default_value_t = 100)]
     pub(crate) eval_interval: usize,
+    /// Samples whose forward pass through the stages before the tail runs ahead of the
+    /// current sample's backward pass (as in a pipeline with that many more samples in
+    /// flight): their gradients are that many steps stale. 0 is plain training.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
+    pub(crate) stale: u64,
     /// Device: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub(crate) device: training::Device,

@@ -113,6 +113,7 @@ fn train_local(args: &cli::TrainLocalArgs) -> anyhow::Result<()> {
         seq_len: args.seq_len as usize,
         lr: args.lr,
         eval_interval: args.eval_interval,
+        stale: args.stale as usize,
         device: args.device,
         ..training::LocalConfig::default()
     };

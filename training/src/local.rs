@@ -51,6 +51,11 @@ pub struct LocalConfig {
     pub eval_interval: usize,
     /// Validation batches per evaluation.
     pub eval_batches: usize,
+    /// Samples forwarded ahead: the stages before the tail run sample `i + stale` forward
+    /// before sample `i`'s backward pass, as a pipeline with that many more samples in flight
+    /// does, so their gradients are `stale` optimizer steps old (each stage keeps the
+    /// weights a sample was forwarded with). 0 is plain training.
+    pub stale: usize,
     /// Where tensors live.
     pub device: Device,
     /// Compute dtype.
@@ -77,6 +82,7 @@ impl Default for LocalConfig {
             weight_decay: 0.1,
             eval_interval: 100,
             eval_batches: 8,
+            stale: 0,
             device: Device::Cpu,
             dtype: DType::F32,
         }
@@ -254,13 +260,32 @@ impl Pipeline {
         inputs: &Tensor,
         targets: &Tensor,
     ) -> Result<SampleLoss, LocalError> {
+        let x = self.forward_front(sample, inputs)?;
+        self.finish_sample(sample, &x, targets)
+    }
+
+    /// The forward pass of one sample through every stage before the tail, graphs kept;
+    /// returns the tail's input.
+    pub fn forward_front(&mut self, sample: u64, inputs: &Tensor) -> Result<Tensor, LocalError> {
         let last = self.stages.len() - 1;
         let mut x = inputs.shallow_clone();
         for s in 0..last {
             let out = self.stages[s].forward(sample, &x)?;
             x = self.hop(&out, sample, s, FrameKind::Activation)?;
         }
-        let out = self.stages[last].forward_loss(&x, targets)?;
+        Ok(x)
+    }
+
+    /// The tail's loss of a sample [`Pipeline::forward_front`] ran, and the backward pass
+    /// through every stage; gradients accumulate.
+    pub fn finish_sample(
+        &mut self,
+        sample: u64,
+        x: &Tensor,
+        targets: &Tensor,
+    ) -> Result<SampleLoss, LocalError> {
+        let last = self.stages.len() - 1;
+        let out = self.stages[last].forward_loss(x, targets)?;
         let mut grad = out.grad_input;
         for s in (0..last).rev() {
             let g = grad
@@ -349,11 +374,23 @@ pub fn run(
     let mut tokens = 0;
     let mut train_loss = f32::NAN;
     let mut val_loss = val_loss_start;
+    // Samples forwarded ahead (`cfg.stale` of them besides the current one).
+    let mut ahead: std::collections::VecDeque<(u64, crate::Batch, Tensor)> =
+        std::collections::VecDeque::new();
+    let mut forwarded = 0;
     for step in 0..cfg.steps {
         let t0 = Instant::now();
-        let batch = corpus.train_sample(step as u64, cfg.seed, cfg.batch, cfg.seq_len)?;
-        let out =
-            pipe.train_sample(step as u64, &batch.inputs_tensor(), &batch.targets_tensor())?;
+        while forwarded <= (step + cfg.stale).min(cfg.steps - 1) {
+            let id = forwarded as u64;
+            let batch = corpus.train_sample(id, cfg.seed, cfg.batch, cfg.seq_len)?;
+            let x = pipe.forward_front(id, &batch.inputs_tensor())?;
+            ahead.push_back((id, batch, x));
+            forwarded += 1;
+        }
+        let Some((id, batch, x)) = ahead.pop_front() else {
+            return Err(LocalError::Config("no sample forwarded"));
+        };
+        let out = pipe.finish_sample(id, &x, &batch.targets_tensor())?;
         pipe.step(cfg.lr_at(step))?;
         train_secs += t0.elapsed().as_secs_f64();
         tokens += batch.tokens();

@@ -54,3 +54,24 @@ fn tiny_preset_trained_200_steps_lowers_held_out_loss_by_a_quarter() {
         assert!(line.contains(key), "{line}");
     }
 }
+
+#[test]
+fn stale_gradients_train_differently_and_still_train() {
+    let cfg = |stale| LocalConfig {
+        steps: 40,
+        stages: 2,
+        batch: 4,
+        seq_len: 32,
+        eval_interval: 0,
+        eval_batches: 2,
+        stale,
+        ..LocalConfig::default()
+    };
+    let plain = local::run(&cfg(0), |_| {}).unwrap();
+    let stale = local::run(&cfg(2), |_| {}).unwrap();
+    // The same samples in the same order, the same number of steps, other gradients.
+    assert_eq!(plain.tokens, stale.tokens);
+    assert_eq!(plain.val_loss_start, stale.val_loss_start);
+    assert_ne!(plain.val_loss, stale.val_loss);
+    assert!(stale.val_loss.is_finite() && stale.val_loss < stale.val_loss_start);
+}
