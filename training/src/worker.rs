@@ -9,6 +9,12 @@
 //! Backward passes (and dropping samples) travel on a separate queue that the thread always
 //! drains first: backward work has priority over forward work, which frees graphs sooner.
 //! The thread ends when every handle is dropped.
+//!
+//! Steps: the pipeline asks for an optimizer step together with a backward pass
+//! ([`StageHandle::backward_and_step`]). It is taken when no other sample is in flight, so
+//! that no gradient is stale; until then no new forward work starts and the gradients of the
+//! samples that finish go into the same step. Measured with `train-local --stale`, one step
+//! of staleness costs far more than the larger batch (see docs/BENCHMARKS.md).
 
 use std::thread;
 
@@ -17,8 +23,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::model::StageLayout;
 use crate::stage::{
-    BackwardError, BuildError, ForwardError, ParamsError, Stage, StageConfig, StageState,
-    StepError, StepReport,
+    BackwardError, BuildError, ForwardError, GivenWeights, ParamsError, Stage, StageConfig,
+    StageState, StepError, StepReport,
 };
 use crate::wire::{self, Codec, DecodeError, DecodeLimits, EncodeError, FrameKind, FrameMeta};
 
@@ -96,6 +102,8 @@ pub struct WorkerStatus {
     pub accumulated: usize,
     /// Optimizer steps taken.
     pub steps: u64,
+    /// A step asked for with a backward pass waits for the samples in flight.
+    pub step_waiting: bool,
 }
 
 /// Why a worker command failed.
@@ -153,13 +161,22 @@ pub enum SpawnError {
 
 type Reply<T> = oneshot::Sender<Result<T, WorkerError>>;
 
+/// Longest a step due after a backward pass waits for the samples in flight; after that it
+/// is taken anyway (the samples keep the weights they were forwarded with).
+const STEP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 enum Command {
     Forward(u64, StageInput, Reply<Vec<u8>>),
-    ForwardLoss(StageInput, Vec<i64>, Reply<TailOutput>),
-    Backward(Vec<u8>, Reply<Option<Vec<u8>>>),
+    ForwardLoss(StageInput, Vec<i64>, Option<f64>, Reply<TailOutput>),
+    Backward(Vec<u8>, Option<f64>, Reply<Option<Vec<u8>>>),
     DropSample(u64, Reply<bool>),
     Step(Option<f64>, Reply<StepReport>),
-    Eval(StageInput, Option<Vec<i64>>, Reply<EvalOutput>),
+    Eval(
+        StageInput,
+        Option<Vec<i64>>,
+        Option<GivenWeights>,
+        Reply<EvalOutput>,
+    ),
     FlatParams(Reply<Vec<f32>>),
     SetFlatParams(Vec<f32>, Reply<()>),
     ApplyMerge(Vec<f32>, Vec<f32>, Reply<()>),
@@ -212,7 +229,11 @@ impl StageHandle {
                 {
                     return;
                 }
-                let mut worker = Worker { stage, cfg };
+                let mut worker = Worker {
+                    stage,
+                    cfg,
+                    waiting_step: None,
+                };
                 worker.run(urgent_rx, normal_rx);
             })
             .map_err(SpawnError::Thread)?;
@@ -272,14 +293,39 @@ impl StageHandle {
         input: StageInput,
         targets: Vec<i64>,
     ) -> Result<TailOutput, WorkerError> {
-        self.call(false, |r| Command::ForwardLoss(input, targets, r))
+        self.forward_loss_and_step(input, targets, None).await
+    }
+
+    /// [`StageHandle::forward_loss`], then, with `step_lr`, an optimizer step at that
+    /// learning rate, taken on the compute thread after the reply is sent (off the
+    /// pipeline's critical path): at once when no other sample is in flight, else as soon as
+    /// none is, with the gradients of the samples finished meanwhile (no gradient is ever
+    /// stale). A failed step is logged.
+    pub async fn forward_loss_and_step(
+        &self,
+        input: StageInput,
+        targets: Vec<i64>,
+        step_lr: Option<f64>,
+    ) -> Result<TailOutput, WorkerError> {
+        self.call(false, |r| Command::ForwardLoss(input, targets, step_lr, r))
             .await
     }
 
     /// Backward pass for the sample named in the gradient frame; returns the gradient frame
     /// for the previous stage (`None` at the head). Runs before any queued forward work.
     pub async fn backward(&self, grad_frame: Vec<u8>) -> Result<Option<Vec<u8>>, WorkerError> {
-        self.call(true, |r| Command::Backward(grad_frame, r)).await
+        self.backward_and_step(grad_frame, None).await
+    }
+
+    /// [`StageHandle::backward`], then, with `step_lr`, an optimizer step as in
+    /// [`StageHandle::forward_loss_and_step`].
+    pub async fn backward_and_step(
+        &self,
+        grad_frame: Vec<u8>,
+        step_lr: Option<f64>,
+    ) -> Result<Option<Vec<u8>>, WorkerError> {
+        self.call(true, |r| Command::Backward(grad_frame, step_lr, r))
+            .await
     }
 
     /// Frees a sample's graph (e.g. its backward will never come); returns whether it existed.
@@ -287,7 +333,9 @@ impl StageHandle {
         self.call(true, |r| Command::DropSample(sample_id, r)).await
     }
 
-    /// Optimizer step, optionally setting the learning rate first.
+    /// Optimizer step, optionally setting the learning rate first, taken at once: samples in
+    /// flight keep the weights they were forwarded with, and their gradients (stale by this
+    /// step) go into the next one.
     pub async fn step(&self, lr: Option<f64>) -> Result<StepReport, WorkerError> {
         self.call(false, |r| Command::Step(lr, r)).await
     }
@@ -299,7 +347,20 @@ impl StageHandle {
         input: StageInput,
         targets: Option<Vec<i64>>,
     ) -> Result<EvalOutput, WorkerError> {
-        self.call(false, |r| Command::Eval(input, targets, r)).await
+        self.call(false, |r| Command::Eval(input, targets, None, r))
+            .await
+    }
+
+    /// [`StageHandle::eval`] with `weights` instead of the live weights (a merged snapshot);
+    /// the compute thread keeps the tensors of the last weights given, by their key.
+    pub async fn eval_given(
+        &self,
+        weights: GivenWeights,
+        input: StageInput,
+        targets: Option<Vec<i64>>,
+    ) -> Result<EvalOutput, WorkerError> {
+        self.call(false, |r| Command::Eval(input, targets, Some(weights), r))
+            .await
     }
 
     /// The canonical f32 weight vector. Like the other reads of the weights and
@@ -350,6 +411,9 @@ impl StageHandle {
 struct Worker {
     stage: Stage,
     cfg: WorkerConfig,
+    /// A step asked for with a backward pass while other samples were in flight: its
+    /// learning rate and since when it waits.
+    waiting_step: Option<(f64, tokio::time::Instant)>,
 }
 
 impl Worker {
@@ -367,9 +431,29 @@ impl Worker {
             }
         };
         rt.block_on(async {
-            // A step is taken when it comes, samples in flight or not: the stage keeps the
-            // weights each of them was forwarded with (see `crate::stage`).
+            // A step due after a backward pass waits until no other sample is in flight: a
+            // sample forwarded before a step and differentiated after it would bring a stale
+            // gradient (the stage could take it, see `crate::stage`, but one step of
+            // staleness costs far more held-out loss than the larger batch of waiting). While
+            // it waits only the urgent queue (backward passes, dropped samples, status) is
+            // served, so no new sample starts and the wait ends.
             loop {
+                if let Some((lr, since)) = self.waiting_step {
+                    let waited = since.elapsed();
+                    if self.stage.in_flight() == 0 || waited >= STEP_WAIT {
+                        self.waiting_step = None;
+                        self.take_step(lr);
+                        continue;
+                    }
+                    let cmd = tokio::select! {
+                        biased;
+                        Some(c) = urgent.recv() => c,
+                        _ = tokio::time::sleep(STEP_WAIT - waited) => continue,
+                        else => return,
+                    };
+                    self.handle(cmd);
+                    continue;
+                }
                 let cmd = tokio::select! {
                     biased;
                     Some(c) = urgent.recv() => c,
@@ -379,6 +463,33 @@ impl Worker {
                 self.handle(cmd);
             }
         });
+    }
+
+    /// The step that follows a sample's backward pass, when one is due: now, or once the
+    /// samples in flight are done (a step already waiting takes this gradient too).
+    fn step_after(&mut self, step_lr: Option<f64>) {
+        let Some(lr) = step_lr else {
+            return;
+        };
+        if self.stage.in_flight() == 0 && self.waiting_step.is_none() {
+            self.take_step(lr);
+        } else {
+            let since = self
+                .waiting_step
+                .map_or_else(tokio::time::Instant::now, |(_, since)| since);
+            self.waiting_step = Some((lr, since));
+        }
+    }
+
+    fn take_step(&mut self, lr: f64) {
+        // A merge or a loaded state may have discarded the gradients meanwhile.
+        if self.stage.accumulated() == 0 {
+            return;
+        }
+        self.stage.set_lr(lr);
+        if let Err(error) = self.stage.step() {
+            tracing::warn!(%error, "optimizer step failed");
+        }
     }
 
     fn step(&mut self, lr: Option<f64>, r: Reply<StepReport>) {
@@ -393,19 +504,29 @@ impl Worker {
             Command::Forward(id, input, r) => {
                 let _ = r.send(self.forward(id, input));
             }
-            Command::ForwardLoss(input, targets, r) => {
-                let _ = r.send(self.forward_loss(input, targets));
+            Command::ForwardLoss(input, targets, step_lr, r) => {
+                let result = self.forward_loss(input, targets);
+                let ok = result.is_ok();
+                let _ = r.send(result);
+                if ok {
+                    self.step_after(step_lr);
+                }
             }
-            Command::Backward(frame, r) => {
-                let _ = r.send(self.backward(&frame));
+            Command::Backward(frame, step_lr, r) => {
+                let result = self.backward(&frame);
+                let ok = result.is_ok();
+                let _ = r.send(result);
+                if ok {
+                    self.step_after(step_lr);
+                }
             }
             Command::DropSample(id, r) => {
                 let _ = r.send(Ok(self.stage.drop_sample(id)));
             }
             Command::Step(lr, r) => self.step(lr, r),
             Command::Crash => panic!("compute thread told to crash (fault injection)"),
-            Command::Eval(input, targets, r) => {
-                let _ = r.send(self.eval(input, targets));
+            Command::Eval(input, targets, weights, r) => {
+                let _ = r.send(self.eval(input, targets, weights.as_ref()));
             }
             Command::FlatParams(r) => {
                 let _ = r.send(Ok(self.stage.flat_params()));
@@ -434,6 +555,7 @@ impl Worker {
                     in_flight: self.stage.in_flight(),
                     accumulated: self.stage.accumulated(),
                     steps: self.stage.steps(),
+                    step_waiting: self.waiting_step.is_some(),
                 }));
             }
         }
@@ -531,15 +653,23 @@ impl Worker {
         &mut self,
         input: StageInput,
         targets: Option<Vec<i64>>,
+        weights: Option<&GivenWeights>,
     ) -> Result<EvalOutput, WorkerError> {
         let x = self.input(input)?;
         match targets {
             Some(t) => {
                 let y = self.targets(&x, t)?;
-                Ok(EvalOutput::Loss(self.stage.eval_loss(&x, &y)?))
+                let loss = match weights {
+                    Some(w) => self.stage.eval_loss_given(w, &x, &y)?,
+                    None => self.stage.eval_loss(&x, &y)?,
+                };
+                Ok(EvalOutput::Loss(loss))
             }
             None => {
-                let out = self.stage.eval_forward(&x)?;
+                let out = match weights {
+                    Some(w) => self.stage.eval_forward_given(w, &x)?,
+                    None => self.stage.eval_forward(&x)?,
+                };
                 Ok(EvalOutput::Activation(self.encode(
                     &out,
                     u64::MAX,

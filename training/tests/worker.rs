@@ -248,6 +248,60 @@ async fn a_step_is_taken_with_samples_in_flight_and_keeps_them() {
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn a_step_due_after_a_backward_pass_waits_for_the_samples_in_flight() {
+    let (head, _thread, b, shape) = head_with_sample_0_in_flight().await;
+    head.forward(1, tokens(&b)).await.unwrap();
+    // Sample 0's step is due, but sample 1 is in flight: the step waits.
+    head.backward_and_step(gradient_frame(&shape, 0), Some(1e-3))
+        .await
+        .unwrap();
+    let status = head.status().await.unwrap();
+    assert!(status.step_waiting);
+    assert_eq!(
+        (status.steps, status.accumulated, status.in_flight),
+        (0, 1, 1)
+    );
+    // No new sample starts meanwhile (status is served, forward work is not).
+    let forward = {
+        let (head, b) = (head.clone(), b.clone());
+        tokio::spawn(async move { head.forward(2, tokens(&b)).await })
+    };
+    let _ = head.status().await.unwrap();
+    assert!(
+        !forward.is_finished(),
+        "a new sample started while a step waited"
+    );
+    // Sample 1's backward pass ends the wait: one step with both gradients.
+    head.backward_and_step(gradient_frame(&shape, 1), Some(1e-3))
+        .await
+        .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), forward)
+        .await
+        .expect("the held-back forward pass runs after the step")
+        .unwrap()
+        .unwrap();
+    let status = head.status().await.unwrap();
+    assert!(!status.step_waiting);
+    assert_eq!(
+        (status.steps, status.accumulated, status.in_flight),
+        (1, 0, 1)
+    );
+    // Without a learning rate no step is taken, even with nothing in flight.
+    head.backward_and_step(gradient_frame(&shape, 2), None)
+        .await
+        .unwrap();
+    let status = head.status().await.unwrap();
+    assert_eq!((status.steps, status.accumulated), (1, 1));
+    // With nothing else in flight the step is taken at once.
+    head.forward(3, tokens(&b)).await.unwrap();
+    head.backward_and_step(gradient_frame(&shape, 3), Some(1e-3))
+        .await
+        .unwrap();
+    let status = head.status().await.unwrap();
+    assert_eq!((status.steps, status.accumulated), (2, 0));
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn a_merge_drops_the_gradients_and_samples_of_the_old_weights() {
     // One sample with its gradient accumulated and a second one in flight.
     let (head, _thread, b, shape) = head_with_sample_0_in_flight().await;

@@ -1,5 +1,5 @@
-//! The head's epoch: held-out evaluation of the weights it starts from, then its share of the
-//! epoch's samples, a bounded window of them in flight at a time.
+//! The head's epoch: held-out evaluation of the merged weights it starts from, then its share
+//! of the epoch's samples, a bounded window of them in flight at a time.
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use training::worker::EvalOutput;
 use training::StageHandle;
 
 use super::evidence::Evidence;
-use super::hop::{after_backward, now_ms, send_eval, send_forward, val_batch};
+use super::hop::{after_backward, now_ms, send_eval, send_forward, step_due, val_batch};
 use super::{lock, tokens_input, Shared, VAL_BATCHES};
 use crate::messages::{ForwardHeader, PipelineGossip};
 use crate::rules::sample_id;
@@ -139,9 +139,12 @@ async fn one_sample(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle, i
         Ok((loss, _pathway, grad)) => {
             lock(&shared.state).train_loss = Some(loss);
             shared.metrics.train_loss.set(f64::from(loss));
-            match worker.backward(grad).await {
+            match worker
+                .backward_and_step(grad, step_due(&shared, &plan))
+                .await
+            {
                 Ok(_) => {
-                    after_backward(&shared, &worker, &plan).await;
+                    after_backward(&shared);
                     true
                 }
                 Err(error) => {
@@ -188,12 +191,18 @@ async fn evaluate_patiently(
     Err(last)
 }
 
-/// Mean held-out loss of the model as the pipeline holds it now.
+/// Mean held-out loss of the model the run holds at the start of `plan`'s epoch: every stage
+/// evaluates its snapshot of the merge that closed the epoch before, not its live weights
+/// (see [`super::snapshot::eval_weights`]).
 async fn evaluate(shared: &Shared, plan: &EpochPlan, worker: &StageHandle) -> Result<f32, String> {
+    let weights = super::snapshot::eval_weights(shared, plan, 0)?;
     let mut total = 0.0f64;
     for i in 0..VAL_BATCHES as u64 {
         let batch = val_batch(shared, i).ok_or("no validation batch")?;
-        let frame = match worker.eval(tokens_input(&batch), None).await {
+        let frame = match worker
+            .eval_given(weights.clone(), tokens_input(&batch), None)
+            .await
+        {
             Ok(EvalOutput::Activation(frame)) => frame,
             Ok(EvalOutput::Loss(loss)) => {
                 total += f64::from(loss);

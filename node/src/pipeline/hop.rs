@@ -224,31 +224,27 @@ pub(crate) async fn send_forward(
     Err(last)
 }
 
-/// Counts a finished backward pass and steps the optimizer every `inner_steps` of them.
-pub(crate) async fn after_backward(
-    shared: &Shared,
-    worker: &training::StageHandle,
-    plan: &EpochPlan,
-) {
+/// The learning rate of the optimizer step due after the backward pass about to run, if one
+/// is: every `inner_steps` backward passes, counted when they are asked for (a failed one
+/// counts too, and its step is skipped). The compute thread takes the step right after that
+/// backward pass ([`training::StageHandle::backward_and_step`]).
+pub(crate) fn step_due(shared: &Shared, plan: &EpochPlan) -> Option<f64> {
+    let done = shared.backward_done.fetch_add(1, Ordering::Relaxed) + 1;
+    let k = u64::from(plan.inner_steps.max(1));
+    if done % k != 0 || shared.cfg.faults.lazy {
+        return None;
+    }
+    // Linear warm-up over the miner's first steps: a transformer given the full rate from
+    // its first step tends to collapse onto byte frequencies.
+    let step = done / k;
+    Some(plan.lr * (step as f64 / WARMUP_STEPS as f64).min(1.0))
+}
+
+/// Counts a finished backward pass.
+pub(crate) fn after_backward(shared: &Shared) {
     shared.metrics.samples_backward.inc();
     shared.samples_processed.fetch_add(1, Ordering::Relaxed);
     shared.epoch_processed.fetch_add(1, Ordering::Relaxed);
-    let done = shared.backward_done.fetch_add(1, Ordering::Relaxed) + 1;
-    let k = u64::from(plan.inner_steps.max(1));
-    if done % k == 0 && !shared.cfg.faults.lazy {
-        // Linear warm-up over the miner's first steps: a transformer given the full rate
-        // from its first step tends to collapse onto byte frequencies.
-        let step = done / k;
-        let lr = plan.lr * (step as f64 / WARMUP_STEPS as f64).min(1.0);
-        match worker.step(Some(lr)).await {
-            Ok(_) => {}
-            // Another step already took this gradient (steps and backward passes race).
-            Err(training::worker::WorkerError::Step(
-                training::stage::StepError::NothingAccumulated,
-            )) => {}
-            Err(error) => tracing::warn!(%error, "optimizer step failed"),
-        }
-    }
 }
 
 /// Serves a forward request from the previous stage.
@@ -297,9 +293,13 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
             Ok(batch) => batch,
             Err(error) => return failed(error.to_string()),
         };
-        match worker.forward_loss(input, batch.targets).await {
+        let step_lr = step_due(shared, &plan);
+        match worker
+            .forward_loss_and_step(input, batch.targets, step_lr)
+            .await
+        {
             Ok(out) => {
-                after_backward(shared, &worker, &plan).await;
+                after_backward(shared);
                 shared.metrics.train_loss.set(f64::from(out.loss));
                 lock(&shared.state).train_loss = Some(out.loss);
                 let faults = shared.cfg.faults;
@@ -356,9 +356,12 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
                     deadline_ms,
                 };
                 match send_forward(shared, &plan, stage + 1, &next, &activation).await {
-                    Ok((loss, pathway, grad)) => match worker.backward(grad).await {
+                    Ok((loss, pathway, grad)) => match worker
+                        .backward_and_step(grad, step_due(shared, &plan))
+                        .await
+                    {
                         Ok(grad_in) => {
-                            after_backward(shared, &worker, &plan).await;
+                            after_backward(shared);
                             let grad_in =
                                 shared.outgoing(grad_in.unwrap_or_default(), header.sample);
                             forward_reply(&ForwardReply::Done { loss, pathway }, &grad_in)
@@ -437,18 +440,22 @@ pub(crate) async fn serve_eval(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
     if stage == 0 {
         return failed("the head evaluates its own batches".into());
     }
+    let weights = match super::snapshot::eval_weights(shared, &plan, stage) {
+        Ok(weights) => weights,
+        Err(reason) => return failed(reason),
+    };
     let input = StageInput::Frame(frame.to_vec());
     if stage + 1 == plan.stages {
         let Some(targets) = val_batch(shared, header.batch).map(|b| b.targets) else {
             return failed("no such validation batch".into());
         };
-        match worker.eval(input, Some(targets)).await {
+        match worker.eval_given(weights, input, Some(targets)).await {
             Ok(EvalOutput::Loss(loss)) => eval_reply(&EvalReply::Loss(loss)),
             Ok(EvalOutput::Activation(_)) => failed("tail gave no loss".into()),
             Err(error) => failed(error.to_string()),
         }
     } else {
-        match worker.eval(input, None).await {
+        match worker.eval_given(weights, input, None).await {
             Ok(EvalOutput::Activation(next)) => {
                 match send_eval(shared, &plan, stage + 1, header.batch, &next).await {
                     Ok(loss) => eval_reply(&EvalReply::Loss(loss)),
