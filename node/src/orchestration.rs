@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bootstrap::{
-    next_plan, EpochPlan, Metagraph, OrchestratorTracker, PeerIdStr, PlanRejected, RunConfig,
-    RunHash, TrackerConfig, View,
+    next_plan, EpochPlan, Metagraph, OrchestratorTracker, PeerIdStr, RunConfig, RunHash,
+    TrackerConfig, View,
 };
 use p2p::{Heartbeat, Role};
 
@@ -329,11 +329,9 @@ impl Orchestration {
                 PlanOutcome::Accepted
             }
             Err(rejected) => {
-                if matches!(rejected, PlanRejected::NotOrchestrator { .. }) {
-                    tracing::warn!(%author, epoch = plan.epoch, "plan from a peer that is not the orchestrator dropped");
-                } else {
-                    tracing::debug!(%author, epoch = plan.epoch, reason = rejected.reason(), "plan dropped");
-                }
+                // The router keeps a plan whose author is not (yet) the orchestrator here and
+                // says so; only it knows whether the plan is finally dropped.
+                tracing::debug!(%author, epoch = plan.epoch, reason = rejected.reason(), "plan not accepted");
                 PlanOutcome::Rejected(rejected.reason())
             }
         }

@@ -270,8 +270,11 @@ impl Router {
             // (it just started), or the election is changing hands and this node's tick has
             // not yet seen the old orchestrator fall silent. Keep the plan and check it again
             // on the next ticks instead of losing the epoch to its timeout.
+            tracing::info!(%author, "plan from a validator this node does not yet see as the orchestrator: kept to check again");
             if self.pending_plans.len() >= MAX_PENDING_PLANS {
-                self.pending_plans.pop_front();
+                if let Some((oldest, _, _)) = self.pending_plans.pop_front() {
+                    tracing::warn!(author = %oldest, "kept plan dropped: too many plans waiting for the election");
+                }
             }
             self.pending_plans.push_back((author, data, Instant::now()));
         }
@@ -311,8 +314,13 @@ impl Router {
     /// knew; keeps those still waiting for the election, for at most
     /// [`PENDING_PLAN_PATIENCE`].
     pub(crate) async fn retry_pending_plans(&mut self) -> Result<(), ServiceGone> {
-        self.pending_plans
-            .retain(|(_, _, at)| at.elapsed() < PENDING_PLAN_PATIENCE);
+        self.pending_plans.retain(|(author, _, at)| {
+            let waiting = at.elapsed() < PENDING_PLAN_PATIENCE;
+            if !waiting {
+                tracing::warn!(%author, "kept plan dropped: its author did not become the orchestrator here");
+            }
+            waiting
+        });
         let waiting: Vec<(PeerIdStr, Vec<u8>, Instant)> = self.pending_plans.drain(..).collect();
         for (author, data, at) in waiting {
             let outcome = self.consensus.plan(author.clone(), data.clone()).await?;

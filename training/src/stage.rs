@@ -18,6 +18,10 @@
 //! - Replacing the weights ([`Stage::set_flat_params`], [`Stage::apply_merge`],
 //!   [`Stage::import_state`]) frees the graphs of samples still in flight instead: their
 //!   gradients belong to weights the stage no longer holds.
+//! - Evaluation runs on the live weights ([`Stage::eval_forward`], [`Stage::eval_loss`]) or
+//!   on weights given as a flat vector ([`Stage::eval_forward_given`],
+//!   [`Stage::eval_loss_given`]: a merged snapshot, so that a reported loss is that of the
+//!   model the run agreed on); the tensors of the last given vector are kept, by its key.
 //! - Inputs are checked (rank, width, sequence length, token range) before tensor code runs,
 //!   so a malformed input is a typed error, not a panic inside libtorch.
 //! - [`Stage::flat_params`] is the canonical f32 weight vector (parameters in
@@ -132,6 +136,18 @@ pub struct Stage {
     in_flight: HashMap<u64, Pending>,
     accumulated: usize,
     step: u64,
+    /// The forward pass over the last weights given for evaluation, with their key.
+    given: Option<(String, Net)>,
+}
+
+/// Weights to evaluate instead of the live ones: a flat vector in [`Stage::flat_params`]
+/// order, and a key naming it (its hash), under which the stage keeps its tensors.
+#[derive(Clone, Debug)]
+pub struct GivenWeights {
+    /// Names the values; the same key must always mean the same values.
+    pub key: String,
+    /// The weights.
+    pub values: std::sync::Arc<Vec<f32>>,
 }
 
 impl Stage {
@@ -171,6 +187,7 @@ impl Stage {
             in_flight: HashMap::new(),
             accumulated: 0,
             step: 0,
+            given: None,
         })
     }
 
@@ -390,6 +407,78 @@ impl Stage {
 
     /// Forward pass of a non-tail stage without autograd (evaluation).
     pub fn eval_forward(&self, input: &Tensor) -> Result<Tensor, ForwardError> {
+        self.eval_forward_on(&self.net, input)
+    }
+
+    /// Mean cross-entropy of the tail without autograd (evaluation).
+    pub fn eval_loss(&self, input: &Tensor, targets: &Tensor) -> Result<f32, ForwardError> {
+        self.eval_loss_on(&self.net, input, targets)
+    }
+
+    /// [`Stage::eval_forward`] with `weights` instead of the live weights.
+    pub fn eval_forward_given(
+        &mut self,
+        weights: &GivenWeights,
+        input: &Tensor,
+    ) -> Result<Tensor, ForwardError> {
+        self.load_given(weights)?;
+        let net = self.given_net();
+        self.eval_forward_on(net, input)
+    }
+
+    /// [`Stage::eval_loss`] with `weights` instead of the live weights.
+    pub fn eval_loss_given(
+        &mut self,
+        weights: &GivenWeights,
+        input: &Tensor,
+        targets: &Tensor,
+    ) -> Result<f32, ForwardError> {
+        self.load_given(weights)?;
+        let net = self.given_net();
+        self.eval_loss_on(net, input, targets)
+    }
+
+    fn given_net(&self) -> &Net {
+        match &self.given {
+            Some((_, net)) => net,
+            None => &self.net,
+        }
+    }
+
+    /// Builds the forward pass over `weights` unless it is the one kept.
+    fn load_given(&mut self, weights: &GivenWeights) -> Result<(), ForwardError> {
+        if self
+            .given
+            .as_ref()
+            .is_some_and(|(key, _)| *key == weights.key)
+        {
+            return Ok(());
+        }
+        self.given = None;
+        self.check_flat(&weights.values)
+            .map_err(ForwardError::EvalWeights)?;
+        let kind = self.config.dtype.kind();
+        let mut tensors = HashMap::with_capacity(self.specs.len());
+        let mut at = 0;
+        for spec in &self.specs {
+            let n = spec.numel();
+            let shape: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
+            let t = Tensor::f_from_slice(&weights.values[at..at + n])?
+                .f_reshape(&shape)?
+                .f_to_device(self.config.device)?
+                .f_to_kind(kind)?;
+            tensors.insert(spec.name.as_str(), t);
+            at += n;
+        }
+        let tables = (self.net.cos.shallow_clone(), self.net.sin.shallow_clone());
+        let net = Net::build(&self.model, &self.layout, tables, |name| {
+            tensors.get(name).map(Tensor::shallow_clone)
+        });
+        self.given = Some((weights.key.clone(), net));
+        Ok(())
+    }
+
+    fn eval_forward_on(&self, net: &Net, input: &Tensor) -> Result<Tensor, ForwardError> {
         if self.layout.is_tail() {
             return Err(ForwardError::WrongRole {
                 index: self.layout.index,
@@ -397,11 +486,15 @@ impl Stage {
             });
         }
         let x = self.prepare_input(input)?;
-        Ok(tch::no_grad(|| self.net.forward(&x)))
+        Ok(tch::no_grad(|| net.forward(&x)))
     }
 
-    /// Mean cross-entropy of the tail without autograd (evaluation).
-    pub fn eval_loss(&self, input: &Tensor, targets: &Tensor) -> Result<f32, ForwardError> {
+    fn eval_loss_on(
+        &self,
+        net: &Net,
+        input: &Tensor,
+        targets: &Tensor,
+    ) -> Result<f32, ForwardError> {
         if !self.layout.is_tail() {
             return Err(ForwardError::WrongRole {
                 index: self.layout.index,
@@ -411,7 +504,7 @@ impl Stage {
         let x = self.prepare_input(input)?;
         self.check_targets(input, targets)?;
         let targets = targets.f_to_device(self.config.device)?;
-        let loss = tch::no_grad(|| model::loss(&self.net.forward(&x), &targets));
+        let loss = tch::no_grad(|| model::loss(&net.forward(&x), &targets));
         Ok(loss.f_double_value(&[])? as f32)
     }
 

@@ -339,3 +339,60 @@ fn a_merge_keeps_the_steps_taken_while_it_ran() {
     );
     assert_eq!(idle.weights_hash(), before);
 }
+
+#[test]
+fn given_weights_are_evaluated_instead_of_the_live_ones() {
+    let corpus = Corpus::shakespeare().unwrap();
+    let b = corpus.train_sample(0, 1, 2, 16).unwrap();
+    let (x, y) = (b.inputs_tensor(), b.targets_tensor());
+    let mut whole = stage(1, 0);
+    let snapshot = whole.flat_params();
+    let given = training::stage::GivenWeights {
+        key: "snapshot".into(),
+        values: std::sync::Arc::new(snapshot.clone()),
+    };
+    let at_start = whole.eval_loss(&x, &y).unwrap();
+    for _ in 0..3 {
+        whole.forward_loss(&x, &y).unwrap();
+        whole.step().unwrap();
+    }
+    let live = whole.eval_loss(&x, &y).unwrap();
+    assert!(live < at_start, "{live} !< {at_start}");
+    // The given weights are evaluated, twice from the kept tensors, and the live ones stay.
+    assert_eq!(whole.eval_loss_given(&given, &x, &y).unwrap(), at_start);
+    assert_eq!(whole.eval_loss_given(&given, &x, &y).unwrap(), at_start);
+    assert_eq!(whole.eval_loss(&x, &y).unwrap(), live);
+    assert_eq!(whole.flat_params().len(), snapshot.len());
+    assert_ne!(whole.flat_params(), snapshot);
+    // New values under a new key replace the kept ones.
+    let now = training::stage::GivenWeights {
+        key: "now".into(),
+        values: std::sync::Arc::new(whole.flat_params()),
+    };
+    assert_eq!(whole.eval_loss_given(&now, &x, &y).unwrap(), live);
+    // Weights of the wrong length are refused.
+    let short = training::stage::GivenWeights {
+        key: "short".into(),
+        values: std::sync::Arc::new(vec![0.0; 3]),
+    };
+    assert!(matches!(
+        whole.eval_loss_given(&short, &x, &y),
+        Err(ForwardError::EvalWeights(
+            ParamsError::LengthMismatch { .. }
+        ))
+    ));
+    // A middle stage's forward pass takes them too.
+    let mut body = stage(3, 1);
+    let h = Tensor::randn([2, 8, 128], (Kind::Float, tch::Device::Cpu));
+    let before = body.eval_forward(&h).unwrap();
+    let given = training::stage::GivenWeights {
+        key: "start".into(),
+        values: std::sync::Arc::new(body.flat_params()),
+    };
+    let _ = body.forward(1, &h).unwrap();
+    body.backward(1, &h).unwrap();
+    body.step().unwrap();
+    let out = body.eval_forward_given(&given, &h).unwrap();
+    assert!(out.equal(&before));
+    assert!(!body.eval_forward(&h).unwrap().equal(&before));
+}

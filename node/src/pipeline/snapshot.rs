@@ -42,6 +42,37 @@ pub(crate) struct Snapshot {
     pub(crate) momentum: Option<Arc<Vec<f32>>>,
 }
 
+/// The weights on which this replica evaluates `stage` for the held-out loss reported at the
+/// start of `plan`'s epoch: its snapshot of the merge that closed the epoch before (the run
+/// seed's weights in epoch 0). Not its live weights, which have taken optimizer steps since:
+/// a reported loss is the loss of the model the run agreed on.
+pub(crate) fn eval_weights(
+    shared: &Shared,
+    plan: &EpochPlan,
+    stage: u32,
+) -> Result<training::stage::GivenWeights, String> {
+    let want = plan.epoch.checked_sub(1);
+    match lock(&shared.snapshot).as_ref() {
+        Some(s) if s.stage == stage && s.epoch == want => Ok(training::stage::GivenWeights {
+            key: s.hash.clone(),
+            values: s.values.clone(),
+        }),
+        Some(s) if s.stage == stage => Err(format!(
+            "this replica's snapshot of stage {stage} is of merge {}, not {}",
+            merge_name(s.epoch),
+            merge_name(want)
+        )),
+        _ => Err(format!("this replica holds no snapshot of stage {stage}")),
+    }
+}
+
+fn merge_name(epoch: Option<u64>) -> String {
+    match epoch {
+        Some(e) => format!("epoch {e}"),
+        None => "none (the run seed)".into(),
+    }
+}
+
 impl Snapshot {
     /// Values `start..end` of what is served: the weights, then the momentum.
     fn served(&self, start: usize, end: usize) -> Vec<f32> {

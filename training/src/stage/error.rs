@@ -53,6 +53,9 @@ pub enum ForwardError {
     /// [`StageConfig::max_in_flight`] samples are already waiting.
     #[error("{0} samples already in flight")]
     TooManyInFlight(usize),
+    /// Weights given for an evaluation are not this stage's.
+    #[error("evaluation weights: {0}")]
+    EvalWeights(#[source] ParamsError),
     /// libtorch failed.
     #[error("tensor op: {0}")]
     Tensor(#[from] tch::TchError),
