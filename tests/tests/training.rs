@@ -326,10 +326,100 @@ async fn six_miners_train_merge_and_survive_a_crash() {
         );
     }
 
+    let reported = epochs(&validator).await.unwrap();
     for node in miners.into_iter().chain([restarted, joiner, validator]) {
         let name = node.name.clone();
         let status = node.stop(Duration::from_secs(15)).await.unwrap();
         assert!(status.success(), "{name}: {status}");
     }
+    reported_losses_are_those_of_the_merged_checkpoints(&dir, &run, &reported);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The held-out losses the run reported are those of the model it holds: the merged weights
+/// the miners checkpointed, evaluated here in one process (the reference trainer's pipeline,
+/// activations through the same wire codec) on the same held-out batches, give the loss the
+/// swarm reported at the start of the next epoch. Checked for every epoch whose merged
+/// checkpoints of all stages are still kept.
+fn reported_losses_are_those_of_the_merged_checkpoints(
+    dir: &std::path::Path,
+    run: &RunConfig,
+    reported: &[serde_json::Value],
+) {
+    let run_id = u64::from_le_bytes(run.hash().as_bytes()[..8].try_into().unwrap());
+    let mut merged: BTreeMap<(u32, u64), Vec<f32>> = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let store_dir = entry.unwrap().path().join("checkpoints");
+        if !store_dir.is_dir() {
+            continue;
+        }
+        let store = training::CheckpointStore::open(&store_dir).unwrap();
+        for stage in 0..run.stages {
+            for manifest in store.list(run_id, stage).unwrap() {
+                let state = store.load(&manifest).unwrap();
+                merged.insert((stage, manifest.epoch), state.params);
+            }
+        }
+    }
+    let preset: training::Preset = run.preset.name().parse().unwrap();
+    let wire: training::WireDtype = run.wire_format.name().parse().unwrap();
+    let base = training::StageConfig::new(
+        preset,
+        run.stages as usize,
+        0,
+        run.bottleneck as usize,
+        run.seed,
+    );
+    let corpus = training::Corpus::shakespeare().unwrap();
+    // The miners' held-out set (`pipeline::VAL_BATCHES` batches of the run's shape).
+    let val = corpus
+        .val_batches(run.batch_size as usize, run.seq_len as usize, 16)
+        .unwrap();
+    tch::set_num_threads(1);
+    let mut checked = Vec::new();
+    for row in reported {
+        let (Some(epoch), Some(loss)) = (row["epoch"].as_u64(), row["val_loss"].as_f64()) else {
+            continue;
+        };
+        let Some(before) = epoch.checked_sub(1) else {
+            continue;
+        };
+        let weights: Option<Vec<&Vec<f32>>> = (0..run.stages)
+            .map(|stage| merged.get(&(stage, before)))
+            .collect();
+        let Some(weights) = weights else {
+            continue;
+        };
+        let mut pipe = training::local::Pipeline::new(
+            &base,
+            run.stages as usize,
+            training::wire::Codec::new(wire),
+            run_id,
+        )
+        .unwrap();
+        for (stage, w) in pipe.stages.iter_mut().zip(weights) {
+            stage.set_flat_params(w).unwrap();
+        }
+        let total: f64 = val
+            .iter()
+            .map(|b| {
+                f64::from(
+                    pipe.eval_loss(&b.inputs_tensor(), &b.targets_tensor())
+                        .unwrap(),
+                )
+            })
+            .sum();
+        let here = total / val.len() as f64;
+        assert!(
+            (here - loss).abs() < 1e-4,
+            "epoch {epoch}: the swarm reported {loss}, its merged checkpoints of epoch {before} score {here}"
+        );
+        checked.push(epoch);
+    }
+    assert!(
+        !checked.is_empty(),
+        "no reported epoch had every stage's merged checkpoint kept: {:?}",
+        merged.keys().collect::<Vec<_>>()
+    );
+    eprintln!("reported held-out losses match the merged checkpoints at epochs {checked:?}");
 }

@@ -110,13 +110,16 @@ pub enum LoadError {
     Db(#[from] sled::Error),
 }
 
-/// Why one blob was rejected.
+/// Why one checkpoint's blob was rejected.
 #[derive(Debug, thiserror::Error)]
-enum BlobError {
+pub enum BlobError {
+    /// The blob could not be read.
     #[error("reading: {0}")]
     Io(#[from] std::io::Error),
+    /// Its bytes do not hash to the manifest's hash (corrupted).
     #[error("hash mismatch")]
     Hash,
+    /// It does not decode (or the manifest's hash is not a hash).
     #[error("malformed blob")]
     Malformed,
 }
@@ -250,6 +253,11 @@ impl CheckpointStore {
     /// Path of the blob a manifest names.
     pub fn blob_path(&self, m: &Manifest) -> PathBuf {
         self.blobs.join(&m.blake3)
+    }
+
+    /// The state a manifest of [`CheckpointStore::list`] names, checked against its hash.
+    pub fn load(&self, m: &Manifest) -> Result<StageState, BlobError> {
+        self.read_blob(m)
     }
 
     fn read_blob(&self, m: &Manifest) -> Result<StageState, BlobError> {
