@@ -19,6 +19,7 @@
 //! module only moves bytes and decides.
 
 mod evidence;
+mod gate;
 mod head;
 mod hop;
 mod outer;
@@ -159,6 +160,8 @@ pub(crate) struct Shared {
     snapshot: Mutex<Option<snapshot::Snapshot>>,
     /// Samples an `inflate` tail has claimed without serving them.
     fabricated: AtomicU64,
+    /// The newest epoch whose plan and stage are in place: forwards wait for it.
+    gate: gate::EpochGate,
     /// The newest plan this miner has begun to enter: its epoch, and the stage it gives
     /// this miner (a stage build waits on for a merge hash while newer plans keep the
     /// miner on the same stage).
@@ -250,6 +253,7 @@ impl Miner {
                 snapshot: Mutex::new(None),
                 fabricated: AtomicU64::new(0),
                 generation: AtomicU64::new(0),
+                gate: gate::EpochGate::new(),
                 newest_plan: Mutex::new((0, None)),
                 preparing: tokio::sync::Mutex::new(()),
                 preparations: Mutex::new(Vec::new()),
@@ -488,6 +492,8 @@ async fn prepare(
         state.plan = Some(plan.clone());
     }
     let Some(stage) = new_stage else {
+        // Samples of this epoch are refused at once (this miner holds no stage in it).
+        shared.gate.enter(plan.epoch);
         tracing::info!(epoch = plan.epoch, "no stage for this miner in this epoch");
         let _ = shared.advance(|life, now| life.draining(now, plan.epoch));
         return Ok(None);
@@ -501,6 +507,7 @@ async fn prepare(
         state.stage = Some(stage);
         state.worker = Some(worker.clone());
     }
+    shared.gate.enter(plan.epoch);
     Ok(Some((stage, worker)))
 }
 

@@ -258,6 +258,16 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
         Err(error) => return failed(error.to_string()),
     };
     shared.metrics.wire_received("activation", body.len());
+    // The head has given up on a sample past its deadline: no work for it.
+    let Some(left) = time_left(header.deadline_ms, now_ms(), HOP_TIMEOUT) else {
+        shared.metrics.samples_dropped.inc();
+        return failed("the sample's deadline passed".into());
+    };
+    // A sample of the epoch this miner is entering waits until its plan and stage are in
+    // place, and is then served and routed by that plan, not the one before.
+    if let Err(refused) = shared.gate.admit(header.epoch, left).await {
+        return failed(refused.to_string());
+    }
     let (plan, stage, worker) = {
         let state = lock(&shared.state);
         (state.plan.clone(), state.stage, state.worker.clone())
@@ -265,10 +275,15 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
     let (Some(plan), Some(stage), Some(worker)) = (plan, stage, worker) else {
         return failed("no stage yet".into());
     };
-    if stage == 0 || header.pathway.len() != stage as usize {
+    if plan.epoch != header.epoch {
+        return failed(format!("epoch {} is over here", header.epoch));
+    }
+    if stage == 0
+        || header.pathway.len() != stage as usize
+        || plan.stage_of(&shared.peer) != Some(stage)
+    {
         return failed(format!("this miner holds stage {stage}"));
     }
-    // The head has given up on a sample past its deadline: no work for it.
     let now = now_ms();
     let Some(left) = time_left(header.deadline_ms, now, HOP_TIMEOUT) else {
         shared.metrics.samples_dropped.inc();
