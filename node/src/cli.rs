@@ -98,6 +98,12 @@ pub(crate) struct NodeArgs {
     /// Seconds between heartbeats.
     #[arg(long, env = "IOTA_HEARTBEAT_SECS", default_value_t = 1.0, value_parser = parse_positive_secs)]
     pub(crate) heartbeat_secs: f64,
+
+    /// Samples a head-stage miner keeps in flight. More keep the pipeline busier; each step
+    /// then takes the gradients of the samples that finish together (a step never takes a
+    /// stale gradient), so the effective batch grows with it. See docs/BENCHMARKS.md.
+    #[arg(long, env = "IOTA_HEAD_WINDOW", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=8))]
+    pub(crate) head_window: u64,
 }
 
 /// Faults a node can be told to commit, for tests of the others' defences (and of its own

@@ -25,9 +25,6 @@ use crate::router::{Next, Router, RouterParts};
 use crate::schedule::unix_ms;
 use crate::status::{NodeView, StatusSource};
 
-/// Samples each head keeps in flight.
-const HEAD_WINDOW: usize = 2;
-
 /// How long a stopping node waits for its compute thread.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -150,7 +147,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                     run: run_config.clone(),
                     data_dir: args.data_dir.clone(),
                     device: args.device,
-                    head_window: HEAD_WINDOW,
+                    head_window: usize::try_from(args.head_window).unwrap_or(1),
                     faults: MinerFaults {
                         huge_frames: args.fault.contains(&Fault::HugeFrames),
                         inflate_samples: args.fault.contains(&Fault::InflateSamples),

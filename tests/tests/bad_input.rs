@@ -40,6 +40,18 @@ fn bad_metrics_address_exits_nonzero_naming_the_flag() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("--metrics"));
 }
 
+#[test]
+fn head_window_out_of_range_exits_nonzero_naming_the_flag() {
+    for bad in ["0", "9", "two"] {
+        let output = std::process::Command::new(binary())
+            .args(["--head-window", bad])
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "--head-window {bad} was accepted");
+        assert!(String::from_utf8_lossy(&output.stderr).contains("--head-window"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_bootstrap_is_retried_and_the_node_keeps_running() {
     let dir = scratch_dir("unreachable");
