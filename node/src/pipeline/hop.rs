@@ -94,39 +94,17 @@ fn penalise(shared: &Shared, peer: &str) {
     );
 }
 
-/// The replica of the next stage a head's samples go to first: the one at the head's position
-/// among the plan's heads (modulo the replicas), so that each head's samples run through one
-/// fixed pathway while its miners are live. Measured on the swarm benchmark, fixed pathways
-/// trained better and faster than samples spread over the replicas at random (a gradient
-/// computed through another pathway's replicas fits this head less well; see
-/// docs/BENCHMARKS.md). `None` when `head` is not one of the plan's heads.
-fn affine(heads: &[String], head: &str, replicas: &[String]) -> Option<String> {
-    let position = heads.iter().position(|h| h == head)?;
-    replicas.get(position % replicas.len().max(1)).cloned()
-}
-
-/// Picks a live replica of `stage` outside `tried`: first the one of `head`'s pathway
-/// ([`affine`]), else (a retry, a dead or unknown replica) one weighted by measured
-/// throughput, the draw seeded by (plan seed, sample, stage, attempt) so it can be checked.
+/// Picks a live replica of `stage` outside `tried`, weighted by measured throughput; the
+/// draw is seeded by (plan seed, sample, stage, attempt) so it can be checked.
 fn choose(
     shared: &Shared,
     plan: &EpochPlan,
     stage: u32,
-    head: Option<&str>,
     sample: u64,
     attempt: usize,
     tried: &BTreeSet<String>,
 ) -> Option<String> {
     let live = lock(&shared.live).clone();
-    if attempt == 0 {
-        let replicas: Vec<String> = plan.miners_of(stage).map(|p| p.to_string()).collect();
-        let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
-        if let Some(peer) = head.and_then(|h| affine(&heads, h, &replicas)) {
-            if live.contains(&peer) && !tried.contains(&peer) {
-                return Some(peer);
-            }
-        }
-    }
     let candidates: Vec<String> = plan
         .miners_of(stage)
         .map(|p| p.to_string())
@@ -180,8 +158,7 @@ pub(crate) async fn send_forward(
             last = String::from("the sample's deadline passed");
             break;
         };
-        let head = header.pathway.first().map(String::as_str);
-        let Some(peer) = choose(shared, plan, stage, head, header.sample, attempt, &tried) else {
+        let Some(peer) = choose(shared, plan, stage, header.sample, attempt, &tried) else {
             break;
         };
         tried.insert(peer.clone());
@@ -433,7 +410,7 @@ pub(crate) async fn send_eval(
     let mut tried = BTreeSet::new();
     let mut last = String::from("no live replica");
     for attempt in 0..ATTEMPTS {
-        let Some(peer) = choose(shared, plan, stage, None, batch, attempt, &tried) else {
+        let Some(peer) = choose(shared, plan, stage, batch, attempt, &tried) else {
             break;
         };
         tried.insert(peer.clone());
@@ -515,21 +492,7 @@ pub(crate) fn val_batch(shared: &Shared, index: u64) -> Option<training::Batch> 
 mod tests {
     use std::time::Duration;
 
-    use super::{affine, time_left};
-
-    #[test]
-    fn each_head_has_its_own_replica_of_the_next_stage() {
-        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let heads = names(&["h0", "h1", "h2"]);
-        let two = names(&["m0", "m1"]);
-        assert_eq!(affine(&heads, "h0", &two).as_deref(), Some("m0"));
-        assert_eq!(affine(&heads, "h1", &two).as_deref(), Some("m1"));
-        // More heads than replicas: they wrap round.
-        assert_eq!(affine(&heads, "h2", &two).as_deref(), Some("m0"));
-        // Not a head of the plan, or no replica: no preference.
-        assert_eq!(affine(&heads, "x", &two), None);
-        assert_eq!(affine(&heads, "h0", &[]), None);
-    }
+    use super::time_left;
 
     #[test]
     fn a_sample_past_its_deadline_has_no_time_left() {
