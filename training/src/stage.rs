@@ -459,16 +459,8 @@ impl Stage {
             .map_err(ForwardError::EvalWeights)?;
         let kind = self.config.dtype.kind();
         let mut tensors = HashMap::with_capacity(self.specs.len());
-        let mut at = 0;
-        for spec in &self.specs {
-            let n = spec.numel();
-            let shape: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
-            let t = Tensor::f_from_slice(&weights.values[at..at + n])?
-                .f_reshape(&shape)?
-                .f_to_device(self.config.device)?
-                .f_to_kind(kind)?;
-            tensors.insert(spec.name.as_str(), t);
-            at += n;
+        for (spec, t) in self.specs.iter().zip(self.unflatten(&weights.values)) {
+            tensors.insert(spec.name.as_str(), t.f_to_kind(kind)?);
         }
         let tables = (self.net.cos.shallow_clone(), self.net.sin.shallow_clone());
         let net = Net::build(&self.model, &self.layout, tables, |name| {
@@ -555,27 +547,23 @@ impl Stage {
     /// Gives every parameter a fresh tensor (the graphs in flight keep the old ones) and
     /// points the forward pass at the new ones.
     fn fork_weights(&mut self) -> Result<(), StepError> {
-        let old: Vec<Tensor> = self
+        // Every copy first, so that a failure changes nothing.
+        let copies = self
             .params
             .iter()
-            .map(|p| p.tensor.shallow_clone())
-            .collect();
-        for i in 0..self.params.len() {
-            if let Err(e) = self.params[i].fork() {
-                // Undo, so the weights stay the ones the graphs and the optimizer agree on.
-                for (p, t) in self.params.iter_mut().zip(&old) {
-                    p.tensor = t.shallow_clone();
-                }
-                return Err(StepError::Stash(e.to_string()));
-            }
+            .map(Param::fresh_copy)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StepError::Stash(e.to_string()))?;
+        for (p, copy) in self.params.iter_mut().zip(copies) {
+            p.tensor = copy;
         }
         let tables = (self.net.cos.shallow_clone(), self.net.sin.shallow_clone());
         self.net = build_net(&self.model, &self.layout, &self.specs, &self.params, tables);
         Ok(())
     }
 
-    /// Frees every in-flight graph before the weights change in place; returns how many.
-    fn drop_stale_graphs(&mut self) -> usize {
+    /// Frees every in-flight graph before the weights change in place.
+    fn drop_stale_graphs(&mut self) {
         let n = self.in_flight.len();
         if n > 0 {
             tracing::debug!(
@@ -585,7 +573,6 @@ impl Stage {
             );
         }
         self.in_flight.clear();
-        n
     }
 
     /// Discards accumulated gradients.
@@ -643,17 +630,25 @@ impl Stage {
 
     fn scatter(&self, flat: &[f32], mut f: impl FnMut(&Param, &Tensor)) -> Result<(), ParamsError> {
         self.check_flat(flat)?;
-        let mut at = 0;
-        for (p, spec) in self.params.iter().zip(&self.specs) {
-            let n = spec.numel();
-            let shape: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
-            let src = Tensor::from_slice(&flat[at..at + n])
-                .reshape(shape)
-                .to_device(self.config.device);
+        for (p, src) in self.params.iter().zip(self.unflatten(flat)) {
             f(p, &src);
-            at += n;
         }
         Ok(())
+    }
+
+    /// The f32 tensors, on the stage's device, of a flat vector [`Stage::check_flat`]
+    /// accepted, in parameter order.
+    fn unflatten<'a>(&'a self, flat: &'a [f32]) -> impl Iterator<Item = Tensor> + 'a {
+        let mut at = 0;
+        self.specs.iter().map(move |spec| {
+            let n = spec.numel();
+            let shape: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
+            let t = Tensor::from_slice(&flat[at..at + n])
+                .reshape(shape)
+                .to_device(self.config.device);
+            at += n;
+            t
+        })
     }
 
     /// Replaces the weights (e.g. with the butterfly average); optimizer state is kept, graphs

@@ -481,6 +481,20 @@ impl Worker {
         }
     }
 
+    /// Sends a sample's result, then takes the step due after it (none after a failure).
+    fn reply_then_step<T>(
+        &mut self,
+        result: Result<T, WorkerError>,
+        r: Reply<T>,
+        step_lr: Option<f64>,
+    ) {
+        let ok = result.is_ok();
+        let _ = r.send(result);
+        if ok {
+            self.step_after(step_lr);
+        }
+    }
+
     fn take_step(&mut self, lr: f64) {
         // A merge or a loaded state may have discarded the gradients meanwhile.
         if self.stage.accumulated() == 0 {
@@ -506,19 +520,11 @@ impl Worker {
             }
             Command::ForwardLoss(input, targets, step_lr, r) => {
                 let result = self.forward_loss(input, targets);
-                let ok = result.is_ok();
-                let _ = r.send(result);
-                if ok {
-                    self.step_after(step_lr);
-                }
+                self.reply_then_step(result, r, step_lr);
             }
             Command::Backward(frame, step_lr, r) => {
                 let result = self.backward(&frame);
-                let ok = result.is_ok();
-                let _ = r.send(result);
-                if ok {
-                    self.step_after(step_lr);
-                }
+                self.reply_then_step(result, r, step_lr);
             }
             Command::DropSample(id, r) => {
                 let _ = r.send(Ok(self.stage.drop_sample(id)));

@@ -113,16 +113,15 @@ impl Param {
         self.stashed = None;
     }
 
-    /// Gives the parameter a fresh tensor with the same values, leaving the old one untouched
-    /// for the graphs recorded with it; the caller rebuilds the forward pass's view of the
-    /// weights.
-    pub(crate) fn fork(&mut self) -> Result<(), tch::TchError> {
+    /// A fresh leaf with the parameter's values, to replace it while the old tensor stays
+    /// untouched for the graphs recorded with it (the caller rebuilds the forward pass's
+    /// view of the weights).
+    pub(crate) fn fresh_copy(&self) -> Result<Tensor, tch::TchError> {
         let copy = {
             let _guard = tch::no_grad_guard();
             self.tensor.f_detach()?.f_detach_copy()?
         };
-        self.tensor = copy.set_requires_grad(true);
-        Ok(())
+        Ok(copy.set_requires_grad(true))
     }
 }
 
