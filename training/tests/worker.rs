@@ -261,14 +261,15 @@ async fn a_step_due_after_a_backward_pass_waits_for_the_samples_in_flight() {
         (status.steps, status.accumulated, status.in_flight),
         (0, 1, 1)
     );
-    // No new sample starts meanwhile (status is served, forward work is not).
-    let forward = {
+    // No new sample starts meanwhile (status was served above; forward work is not).
+    let mut forward = {
         let (head, b) = (head.clone(), b.clone());
         tokio::spawn(async move { head.forward(2, tokens(&b)).await })
     };
-    let _ = head.status().await.unwrap();
     assert!(
-        !forward.is_finished(),
+        tokio::time::timeout(std::time::Duration::from_millis(500), &mut forward)
+            .await
+            .is_err(),
         "a new sample started while a step waited"
     );
     // Sample 1's backward pass ends the wait: one step with both gradients.

@@ -132,7 +132,8 @@ mod tests {
             let gate = gate.clone();
             tokio::spawn(async move { gate.admit(6, PATIENCE).await })
         };
-        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished(), "it waits for epoch 6");
         gate.enter(7);
         assert_eq!(
             waiting.await.unwrap(),
