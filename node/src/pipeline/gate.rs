@@ -83,6 +83,21 @@ mod tests {
 
     const PATIENCE: Duration = Duration::from_secs(5);
 
+    /// A sample of `epoch` admitted on a task of its own, seen waiting (paused time only
+    /// advances once every task is idle).
+    async fn waiting_for(
+        gate: &Arc<EpochGate>,
+        epoch: u64,
+    ) -> tokio::task::JoinHandle<Result<(), Refused>> {
+        let waiting = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.admit(epoch, PATIENCE).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished(), "it waits for epoch {epoch}");
+        waiting
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_sample_of_the_epoch_in_force_passes_at_once() {
         let gate = EpochGate::new();
@@ -94,12 +109,7 @@ mod tests {
     async fn a_sample_of_an_epoch_being_entered_waits_for_it() {
         let gate = Arc::new(EpochGate::new());
         gate.enter(3);
-        let waiting = {
-            let gate = gate.clone();
-            tokio::spawn(async move { gate.admit(4, PATIENCE).await })
-        };
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert!(!waiting.is_finished(), "it waits while the miner merges");
+        let waiting = waiting_for(&gate, 4).await;
         gate.enter(4);
         assert_eq!(waiting.await.unwrap(), Ok(()));
     }
@@ -128,12 +138,7 @@ mod tests {
             Err(Refused::Over { epoch: 4, here: 5 })
         );
         // A waiting sample whose epoch is skipped over is refused when the miner moves on.
-        let waiting = {
-            let gate = gate.clone();
-            tokio::spawn(async move { gate.admit(6, PATIENCE).await })
-        };
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(!waiting.is_finished(), "it waits for epoch 6");
+        let waiting = waiting_for(&gate, 6).await;
         gate.enter(7);
         assert_eq!(
             waiting.await.unwrap(),
