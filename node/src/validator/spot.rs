@@ -52,9 +52,11 @@ pub(crate) const RECENT_RECORDS: usize = 4;
 pub(crate) const COSINE_MIN: f64 = 0.9;
 
 /// Least cosine between the recomputed gradient a tail sent back and the tail's: a
-/// gradient moves more with the weights than an activation does. Honest tails measured
-/// 0.916–1.000 after the first epoch; `noise` tails about 0.0.
-pub(crate) const GRADIENT_COSINE_MIN: f64 = 0.8;
+/// gradient moves more with the weights than an activation does, and a tail steps once per
+/// sample, so the weights it answers with are up to a few steps past the sample. Honest
+/// tails measured 0.798–1.000 after the first epoch (439 checks, 1 % below 0.89); `noise`
+/// tails at most 0.006.
+pub(crate) const GRADIENT_COSINE_MIN: f64 = 0.5;
 
 /// Least ratio of the miner's output norm to the recomputed one (and at most its inverse).
 /// Honest miners measured 0.905–1.155 after the first epoch.
@@ -557,6 +559,13 @@ mod tests {
             ..drifted
         };
         assert_eq!(judge(&drifted_gradient, lazy, false), Outcome::Pass);
+        // The least honest tail gradient measured (a clean-clone run of the adversary
+        // tests, one step per sample) passes.
+        let worst_honest_gradient = Measured {
+            cosine: Some(0.79),
+            ..drifted_gradient
+        };
+        assert_eq!(judge(&worst_honest_gradient, lazy, false), Outcome::Pass);
         let noise_gradient = Measured {
             cosine: Some(0.01),
             gradient: true,
