@@ -380,6 +380,16 @@ fn targets() -> Vec<Target> {
             rpc::SPOT_CHECK,
             fuzzing::spot_check_reply,
         ),
+        body(
+            "confirmation-request",
+            rpc::MERGE_CONFIRMATION,
+            fuzzing::confirmation_request,
+        ),
+        body(
+            "confirmation-reply",
+            rpc::MERGE_CONFIRMATION,
+            fuzzing::confirmation_reply,
+        ),
         Target::new(
             "pipeline-gossip",
             PIPELINE_GOSSIP_LIMIT,

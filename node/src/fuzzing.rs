@@ -4,8 +4,9 @@
 //! [`pipeline_samples`] gives valid encodings to mutate. Nothing here has logic of its own.
 
 use crate::messages::{
-    self, EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, PipelineGossip, Service,
-    SpotCheckReply, SpotCheckRequest, WeightsReply, WeightsRequest,
+    self, ConfirmationReply, ConfirmationRequest, EvalHeader, EvalReply, ForwardHeader,
+    ForwardReply, LossRecord, PipelineGossip, Service, SpotCheckReply, SpotCheckRequest,
+    WeightsReply, WeightsRequest,
 };
 
 /// [`messages::MAX_HEADER_BYTES`]: the largest JSON header of a request-response body.
@@ -75,6 +76,16 @@ pub fn spot_check_reply(body: &[u8]) -> bool {
         Ok(evidence) => messages::f32_from_bytes(evidence.weights).is_some(),
         Err(_) => false,
     }
+}
+
+/// [`messages::decode`] of a merge-confirmation request, as a validator does.
+pub fn confirmation_request(body: &[u8]) -> bool {
+    messages::decode::<ConfirmationRequest>(Service::Confirmation, body).is_ok()
+}
+
+/// [`messages::decode`] of a validator's word on a merge, as a joining replica does.
+pub fn confirmation_reply(body: &[u8]) -> bool {
+    messages::decode::<ConfirmationReply>(Service::Confirmation, body).is_ok()
 }
 
 /// [`PipelineGossip::from_bytes`], as the node's gossip handler does.
@@ -167,6 +178,19 @@ pub fn pipeline_samples() -> Vec<Vec<u8>> {
             b"",
         ),
         body(Service::Weights, &WeightsReply::NotHeld, b""),
+        body(
+            Service::Confirmation,
+            &ConfirmationRequest { epoch: 4, stage: 1 },
+            b"",
+        ),
+        body(
+            Service::Confirmation,
+            &ConfirmationReply::Confirmed {
+                hash: "ab".repeat(32),
+            },
+            b"",
+        ),
+        body(Service::Confirmation, &ConfirmationReply::Pending, b""),
         body(
             Service::SpotCheck,
             &SpotCheckRequest {

@@ -452,7 +452,7 @@ pub(crate) enum MergeMsg {
     Audit {
         closed: Box<EpochPlan>,
         next: Box<EpochPlan>,
-        findings: mpsc::Sender<AuditFinding>,
+        findings: mpsc::Sender<AuditEvent>,
     },
 }
 
@@ -512,7 +512,7 @@ impl MergeHandle {
         &self,
         closed: EpochPlan,
         next: EpochPlan,
-        findings: mpsc::Sender<AuditFinding>,
+        findings: mpsc::Sender<AuditEvent>,
     ) -> Result<(), ServiceGone> {
         send(
             &self.tx,
@@ -603,10 +603,45 @@ pub(crate) enum ValidatorMsg {
     },
     /// A merge audit named a miner.
     AuditFinding(AuditFinding),
+    /// The audit of the merge of `stage` closing `epoch` ended.
+    Audited {
+        epoch: u64,
+        stage: u32,
+        verdict: AuditVerdict,
+    },
+    /// A joining replica asks which merge hash the audit confirmed.
+    Confirmation {
+        request: crate::messages::ConfirmationRequest,
+        reply: oneshot::Sender<crate::messages::ConfirmationReply>,
+    },
     /// Time for the next spot check (the service's own timer).
     SpotTick,
     /// A spot check ended.
     Checked(Box<SpotCheckDone>),
+}
+
+/// What an audit sends back while and when it ends.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum AuditEvent {
+    /// A member named.
+    Finding(AuditFinding),
+    /// The audit of one stage's merge ended.
+    Done {
+        epoch: u64,
+        stage: u32,
+        verdict: AuditVerdict,
+    },
+}
+
+/// How the audit of one stage's merge ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuditVerdict {
+    /// Every sampled partition had a claim, and every claim reproduced.
+    Clean,
+    /// It named a member.
+    Caught,
+    /// It could not finish (a sampled partition without a claim, or no audit plan).
+    Incomplete,
 }
 
 /// A miner a merge audit found misbehaving.
@@ -672,6 +707,18 @@ impl ValidatorHandle {
             "validator",
             ValidatorMsg::Merged { epoch, stage, hash },
         )
+        .await
+    }
+
+    /// The validator's word on the merge a request asks about.
+    pub(crate) async fn confirmation(
+        &self,
+        request: crate::messages::ConfirmationRequest,
+    ) -> Result<crate::messages::ConfirmationReply, ServiceGone> {
+        ask(&self.tx, "validator", |reply| ValidatorMsg::Confirmation {
+            request,
+            reply,
+        })
         .await
     }
 

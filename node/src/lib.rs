@@ -34,6 +34,7 @@
 //!    `identity`, and the tooling: `launcher`, `swarm` (`local-swarm`), `fuzzing`.
 
 mod cli;
+mod confirmation;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handles;

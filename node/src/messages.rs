@@ -28,6 +28,8 @@ pub(crate) enum Service {
     Weights = rpc::STAGE_WEIGHTS as isize,
     /// A validator's spot check: the evidence of one recent sample.
     SpotCheck = rpc::SPOT_CHECK as isize,
+    /// Ask a validator which merge hash of a stage its audit confirmed.
+    Confirmation = rpc::MERGE_CONFIRMATION as isize,
 }
 
 impl Service {
@@ -38,6 +40,7 @@ impl Service {
             rpc::PIPELINE_EVAL => Some(Service::Eval),
             rpc::STAGE_WEIGHTS => Some(Service::Weights),
             rpc::SPOT_CHECK => Some(Service::SpotCheck),
+            rpc::MERGE_CONFIRMATION => Some(Service::Confirmation),
             _ => None,
         }
     }
@@ -216,6 +219,34 @@ pub(crate) enum SpotCheckReply {
     NotHeld,
     /// The miner served the sample, but a merge has replaced its weights since.
     Superseded,
+}
+
+/// A joining replica asks a validator about the merge of `stage` that closed `epoch`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct ConfirmationRequest {
+    /// Epoch the merge closed.
+    pub(crate) epoch: u64,
+    /// Stage.
+    pub(crate) stage: u32,
+}
+
+/// A validator's word on one merge (the whole response is this header).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) enum ConfirmationReply {
+    /// The audit reproduced every sampled partition and named nobody, and every member
+    /// gossiped this hash of the merged weights.
+    Confirmed {
+        /// blake3 of the merged weights, hex.
+        hash: String,
+    },
+    /// The audit (or the members' hashes) is not in yet: ask again shortly.
+    Pending,
+    /// The validator did not audit that merge (too old, one member, or not a validator).
+    Unaudited,
+    /// The audit named a member of the merge.
+    Caught,
+    /// The members gossiped different hashes.
+    Disputed,
 }
 
 /// One sample's result, as a tail reports it.

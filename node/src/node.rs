@@ -161,6 +161,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 },
                 pipeline_metrics.clone(),
                 merge.clone(),
+                consensus.view.clone(),
             )?;
             Some(crate::pipeline::spawn(miner, topics.pipeline.clone()))
         }

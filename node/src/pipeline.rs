@@ -37,6 +37,7 @@ use training::checkpoint::CheckpointKey;
 use training::worker::{StageInput, WorkerConfig};
 use training::{CheckpointStore, Corpus, StageConfig, StageHandle};
 
+use crate::confirmation::Decision;
 use crate::handles::{MergeHandle, MergeRequest, MinerStatus};
 use crate::lifecycle::{Lifecycle, LifecycleError, Overrun, Phase};
 use crate::messages::{
@@ -145,6 +146,8 @@ pub(crate) struct Shared {
     peer: bootstrap::PeerIdStr,
     client: p2p::Client,
     cfg: MinerConfig,
+    /// What consensus agreed (the validators a joiner asks about a merge).
+    consensus: tokio::sync::watch::Receiver<crate::handles::ConsensusView>,
     run_id: u64,
     /// The exact shape of every frame of the run.
     frames: crate::rules::FrameRules,
@@ -221,6 +224,7 @@ impl Miner {
         cfg: MinerConfig,
         metrics: PipelineMetrics,
         merger: MergeHandle,
+        consensus: tokio::sync::watch::Receiver<crate::handles::ConsensusView>,
     ) -> anyhow::Result<Miner> {
         let corpus = Arc::new(Corpus::shakespeare()?);
         let val = corpus.val_batches(
@@ -241,6 +245,7 @@ impl Miner {
                 peer,
                 client,
                 cfg,
+                consensus,
                 run_id: frames_run_id,
                 frames,
                 corpus,
@@ -412,6 +417,10 @@ impl Miner {
             Service::Eval => hop::serve_eval(shared, &body).await,
             Service::Weights => snapshot::serve(shared, &body),
             Service::SpotCheck => evidence::serve(shared, &body).await,
+            // A validator's service; the router never hands it to a miner.
+            Service::Confirmation => {
+                crate::rpc::error_response(crate::rpc::ErrorCode::UnknownService)
+            }
         }
     }
 }
@@ -665,7 +674,32 @@ async fn load_stage(
         tracing::info!(stage, epoch = manifest.epoch, weights_hash = %hash, "resumed from checkpoint");
         return Ok(());
     }
-    if let Some((before, expected)) = &latest {
+    // The members' word on the hash, and the validators' on the audit of their merge.
+    let latest = match latest {
+        Some((before, expected)) => match snapshot::confirm(shared, stage, before, &expected).await
+        {
+            Decision::Confirmed(by) => Some((before, expected, by)),
+            Decision::Unconfirmed | Decision::Wait => {
+                tracing::warn!(
+                    stage,
+                    epoch = before,
+                    "no validator confirmed the merged hash"
+                );
+                Some((before, expected, "none".to_string()))
+            }
+            Decision::Refuted(why) => {
+                tracing::warn!(
+                    stage,
+                    epoch = before,
+                    why,
+                    "the validators refuted the merged hash: not loading it"
+                );
+                None
+            }
+        },
+        None => None,
+    };
+    if let Some((before, expected, confirmed_by)) = &latest {
         if let Some(fetched) = snapshot::fetch(shared, plan, stage, expected, len).await {
             let epoch = fetched.epoch;
             handle.set_flat_params(fetched.values.clone()).await?;
@@ -678,7 +712,7 @@ async fn load_stage(
                 fetched.momentum,
             )
             .await?;
-            tracing::info!(stage, epoch = ?epoch, weights_hash = %hash, "weights fetched from a replica");
+            tracing::info!(stage, epoch = ?epoch, weights_hash = %hash, %confirmed_by, "weights fetched from a replica");
             return Ok(());
         }
         tracing::warn!(

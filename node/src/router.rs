@@ -509,6 +509,9 @@ impl Router {
             });
             return;
         };
+        if service == Service::Confirmation {
+            return self.on_confirmation(id, &data, slot);
+        }
         let Some(miner) = self.miner.clone() else {
             return self.refuse(id, Refusal::WrongStage);
         };
@@ -517,6 +520,8 @@ impl Router {
             Service::Eval => self.check_eval(&peer_str, &data),
             Service::Weights => self.check_weights(&peer_str, &data),
             Service::SpotCheck => self.check_spot_check(&peer_str, &data),
+            // Answered above.
+            Service::Confirmation => Err(Refusal::FrameMalformed),
         };
         if let Err(refusal) = checked {
             tracing::debug!(%peer, reason = refusal.reason(), "request refused");
@@ -525,6 +530,29 @@ impl Router {
         tokio::spawn(async move {
             let reply = match miner.request(service, data).await {
                 Ok(reply) => reply,
+                Err(_) => rpc::error_response(rpc::ErrorCode::Busy),
+            };
+            let _ = client.respond(id, reply).await;
+            drop(slot);
+        });
+    }
+
+    /// A validator's word on a merge, to anyone who asks (it is public: the members gossiped
+    /// the hashes); a node that is not a validator refuses.
+    fn on_confirmation(&self, id: p2p::RequestId, data: &[u8], slot: crate::rules::BudgetSlot) {
+        let Some(validator) = self.validator.clone() else {
+            return self.refuse(id, Refusal::NotServed);
+        };
+        let Ok((request, _)) =
+            messages::decode::<messages::ConfirmationRequest>(Service::Confirmation, data)
+        else {
+            return self.refuse(id, Refusal::FrameMalformed);
+        };
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            let reply = match validator.confirmation(request).await {
+                Ok(answer) => messages::encode(Service::Confirmation, &answer, &[])
+                    .unwrap_or_else(|_| rpc::error_response(rpc::ErrorCode::Busy)),
                 Err(_) => rpc::error_response(rpc::ErrorCode::Busy),
             };
             let _ = client.respond(id, reply).await;

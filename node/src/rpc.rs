@@ -17,7 +17,8 @@
 //! | `0x03` | pipeline evaluation | `0x03, header, activation frame` | `0x03, header` |
 //! | `0x04` | stage weights for a joining replica | `0x04, header` | `0x04, header, f32 weights` |
 //! | `0x05` | spot check by a validator | `0x05, header` | `0x05, header, input frame, output frame, f32 weights` |
-//! | `0x06`–`0xEF` | free: add a row and a constant here before using one | | |
+//! | `0x06` | a validator's word on a merge it audited | `0x06, header` | `0x06, header` |
+//! | `0x07`–`0xEF` | free: add a row and a constant here before using one | | |
 //! | `0xF0`–`0xFF` | experiments, tests and benchmarks; a node never sends them and answers them with `UnknownService` | | |
 //!
 //! A service answers a request it cannot parse with [`ErrorCode::Malformed`], and answers
@@ -38,6 +39,9 @@ pub const PIPELINE_EVAL: u8 = 0x03;
 pub const STAGE_WEIGHTS: u8 = 0x04;
 /// Tag of the service that shows a validator the evidence of one recent sample.
 pub const SPOT_CHECK: u8 = 0x05;
+/// Tag of the service that tells a joining replica which merge hash a validator's audit
+/// confirmed.
+pub const MERGE_CONFIRMATION: u8 = 0x06;
 /// Tags reserved for experiments, tests and benchmarks.
 pub const EXPERIMENTAL: RangeInclusive<u8> = 0xF0..=0xFF;
 

@@ -153,6 +153,9 @@ pub(crate) enum Refusal {
     TooManyRequests,
     /// A request only a permitted validator may make (a spot check).
     NotValidator,
+    /// A request for a service this node does not run (a merge confirmation asked of a
+    /// node that is not a validator).
+    NotServed,
 }
 
 impl Refusal {
@@ -170,6 +173,7 @@ impl Refusal {
             Refusal::FrameMalformed => "frame_malformed",
             Refusal::TooManyRequests => "too_many_requests",
             Refusal::NotValidator => "not_validator",
+            Refusal::NotServed => "not_served",
         }
     }
 }

@@ -31,8 +31,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::handles::{
-    AuditFinding, ConsensusHandle, EpochWeights, MergeHandle, MinerWeight, SpotCheckCounts,
-    SpotCheckDone, ValidatorHandle, ValidatorMsg, INBOX,
+    AuditEvent, AuditVerdict, ConsensusHandle, EpochWeights, MergeHandle, MinerWeight,
+    SpotCheckCounts, SpotCheckDone, ValidatorHandle, ValidatorMsg, INBOX,
 };
 use crate::messages::{LossRecord, PipelineGossip};
 
@@ -119,6 +119,7 @@ pub(crate) fn spawn(parts: ValidatorParts) -> anyhow::Result<(ValidatorHandle, J
         checking: false,
         running: None,
         merged: BTreeMap::new(),
+        audits: BTreeMap::new(),
         caught: Caught::new(),
         checks: SpotCheckCounts::default(),
         skew_weights: parts.skew_weights,
@@ -149,6 +150,8 @@ struct Service {
     running: Option<u64>,
     /// Merge hashes gossiped per (epoch, stage).
     merged: BTreeMap<(u64, u32), BTreeSet<String>>,
+    /// How the audit of each (epoch, stage) merge ended.
+    audits: BTreeMap<(u64, u32), AuditVerdict>,
     /// Miners caught by spot checks or merge audits, per epoch.
     caught: Caught,
     /// Spot checks ended since the last scoring.
@@ -181,12 +184,24 @@ impl Service {
                     self.running = Some(next.epoch);
                     later(&self.me, SCORE_DELAY, ValidatorMsg::Score(closed.clone()));
                     // The audit's findings come back through this service's inbox.
-                    let (found_tx, mut found) = mpsc::channel::<AuditFinding>(INBOX);
+                    let (found_tx, mut found) = mpsc::channel::<AuditEvent>(INBOX);
                     let me = self.me.clone();
                     tokio::spawn(async move {
-                        while let Some(finding) = found.recv().await {
+                        while let Some(event) = found.recv().await {
                             let Some(me) = me.upgrade() else { return };
-                            if me.send(ValidatorMsg::AuditFinding(finding)).await.is_err() {
+                            let message = match event {
+                                AuditEvent::Finding(finding) => ValidatorMsg::AuditFinding(finding),
+                                AuditEvent::Done {
+                                    epoch,
+                                    stage,
+                                    verdict,
+                                } => ValidatorMsg::Audited {
+                                    epoch,
+                                    stage,
+                                    verdict,
+                                },
+                            };
+                            if me.send(message).await.is_err() {
                                 return;
                             }
                         }
@@ -218,6 +233,31 @@ impl Service {
                         .or_default()
                         .entry(finding.accused)
                         .or_insert(format!("merge_audit: {}", finding.kind));
+                }
+                ValidatorMsg::Audited {
+                    epoch,
+                    stage,
+                    verdict,
+                } => {
+                    tracing::info!(epoch, stage, ?verdict, "merge audit ended");
+                    self.audits.insert((epoch, stage), verdict);
+                    while self.audits.len() > KEEP_MERGE_EPOCHS * 16 {
+                        self.audits.pop_first();
+                    }
+                }
+                ValidatorMsg::Confirmation { request, reply } => {
+                    let key = (request.epoch, request.stage);
+                    // The merge closing the epoch before the running one may still be audited
+                    // (and one this validator has not seen close yet).
+                    let recent = self
+                        .running
+                        .is_none_or(|running| request.epoch.saturating_add(1) >= running);
+                    let answer = crate::confirmation::answer(
+                        self.audits.get(&key).copied(),
+                        self.merged.get(&key),
+                        recent,
+                    );
+                    let _ = reply.send(answer);
                 }
                 ValidatorMsg::SpotTick => {
                     later(&self.me, self.schedule.next_delay(), ValidatorMsg::SpotTick);

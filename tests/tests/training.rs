@@ -77,13 +77,15 @@ fn logged_hash(log: &str, what: &str) -> Option<String> {
 
 /// Waits until `miner` (restarted or new) trains, then checks from its log that it started
 /// from the replicas' merged snapshot, whose hash is the one the stage's members gossiped for
-/// that merge, and neither from the run seed nor from a stale checkpoint (`saved`: the last
-/// hash its previous life checkpointed).
+/// that merge and the validator (`validator_id`) confirmed after its audit, and neither from
+/// the run seed nor from a stale checkpoint (`saved`: the last hash its previous life
+/// checkpointed). Returns whether the validator confirmed it.
 async fn starts_from_the_latest_merge(
     miner: &NodeProcess,
     validator: &NodeProcess,
+    validator_id: &str,
     saved: Option<&str>,
-) {
+) -> bool {
     wait_for(
         &format!("{} trains", miner.name),
         Duration::from_secs(120),
@@ -130,11 +132,12 @@ async fn starts_from_the_latest_merge(
         assert_ne!(loaded, saved, "the stale checkpoint is not what it loaded");
     }
     let rows = epochs(validator).await.unwrap();
-    let merged: BTreeSet<String> = rows
+    let members = rows
         .iter()
         .find(|r| r["epoch"] == merged_epoch)
         .and_then(|r| r["merged"][stage.as_str()].as_object().cloned())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let merged: BTreeSet<String> = members
         .values()
         .filter_map(|h| h.as_str().map(str::to_string))
         .collect();
@@ -144,6 +147,21 @@ async fn starts_from_the_latest_merge(
         "{}: loaded {loaded}: the merge of epoch {merged_epoch}, stage {stage} gossiped {merged:?}",
         miner.name
     );
+    // A merge of two replicas or more was audited, and the validator confirmed its hash; one
+    // replica alone merges with nobody, and there is nothing to audit.
+    let expected = if members.len() >= 2 {
+        validator_id
+    } else {
+        "none"
+    };
+    assert_eq!(
+        field("confirmed_by"),
+        expected,
+        "{}: the validator's word on what it loaded, from a merge of {} replicas",
+        miner.name,
+        members.len()
+    );
+    members.len() >= 2
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,7 +294,8 @@ async fn six_miners_train_merge_and_survive_a_crash() {
     let restarted = start_node(&dir, &victim_name, &as_str(&miner_args))
         .await
         .unwrap();
-    starts_from_the_latest_merge(&restarted, &validator, Some(&saved)).await;
+    let mut confirmed =
+        starts_from_the_latest_merge(&restarted, &validator, &ids["validator"], Some(&saved)).await;
 
     // A miner that was never part of the run joins late: it too loads the replicas' merged
     // snapshot of its stage, never the run seed's weights.
@@ -284,7 +303,11 @@ async fn six_miners_train_merge_and_survive_a_crash() {
     let joiner = start_node(&dir, "joiner", &as_str(&miner_args))
         .await
         .unwrap();
-    starts_from_the_latest_merge(&joiner, &validator, None).await;
+    confirmed |= starts_from_the_latest_merge(&joiner, &validator, &ids["validator"], None).await;
+    assert!(
+        confirmed,
+        "a validator confirmed at least one of the snapshots loaded"
+    );
 
     // A miner of another run is refused, and the run goes on.
     let other = RunConfig {

@@ -16,7 +16,8 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 use crate::handles::{
-    AuditFinding, MergeAnswer, MergeGossip, MergeHandle, MergeMsg, MergeRequest, Readers, INBOX,
+    AuditEvent, AuditFinding, AuditVerdict, MergeAnswer, MergeGossip, MergeHandle, MergeMsg,
+    MergeRequest, Readers, INBOX,
 };
 use crate::merge::{self, AuditParams, MergeParams, Router};
 use crate::rules::Verdict;
@@ -127,7 +128,7 @@ impl NetMerger {
         self: &Arc<Self>,
         closed: &EpochPlan,
         next: &EpochPlan,
-        findings: tokio::sync::mpsc::Sender<AuditFinding>,
+        findings: tokio::sync::mpsc::Sender<AuditEvent>,
     ) {
         let start = merge_start(next);
         for stage in 0..closed.stages {
@@ -136,55 +137,95 @@ impl NetMerger {
                 .filter_map(|p| p.as_str().parse().ok())
                 .collect();
             if members.len() < 2 {
+                // Nothing merges: nothing to audit or confirm.
+                let findings = findings.clone();
+                let done = AuditEvent::Done {
+                    epoch: closed.epoch,
+                    stage,
+                    verdict: AuditVerdict::Incomplete,
+                };
+                tokio::spawn(async move {
+                    let _ = findings.send(done).await;
+                });
                 continue;
             }
             let this = self.clone();
             let closed = closed.clone();
             let findings = findings.clone();
             tokio::spawn(async move {
-                this.follow_stage(stage).await;
-                let Some(len) = this.stage_len(stage) else {
-                    return;
-                };
-                let plan = match merge::plan_for(closed.seed, stage, &members, len) {
-                    Ok(plan) => Arc::new(plan),
-                    Err(error) => {
-                        tracing::warn!(%error, "no audit plan");
-                        return;
-                    }
-                };
-                let params = AuditParams {
+                let epoch = closed.epoch;
+                let verdict = this
+                    .audit_stage(&closed, stage, &members, start, &findings)
+                    .await;
+                let done = AuditEvent::Done {
+                    epoch,
                     stage,
-                    epoch: closed.epoch,
-                    plan,
-                    timing: this.timing(start, len),
-                    rate: this.run.audit_rate,
-                    seed: closed.seed,
-                    max_concurrent_fetches: merge::DEFAULT_MAX_CONCURRENT_FETCHES,
-                    max_samples: max_samples(&closed),
+                    verdict,
                 };
-                match merge::audit(&this.client, &this.router, params).await {
-                    Ok(report) => {
-                        tracing::info!(stage, epoch = closed.epoch, ?report, "merge audited");
-                        let capped = report.weights_capped.iter().map(|m| AuditFinding {
-                            epoch: closed.epoch,
-                            accused: m.clone(),
-                            kind: "InflatedSamples".into(),
-                        });
-                        let found = report.misbehaviour.iter().map(|m| AuditFinding {
-                            epoch: m.epoch,
-                            accused: m.accused.clone(),
-                            kind: format!("{:?}", m.kind),
-                        });
-                        for finding in found.chain(capped) {
-                            if findings.send(finding).await.is_err() {
-                                break;
-                            }
-                        }
-                    }
-                    Err(error) => tracing::warn!(%error, stage, "audit failed"),
-                }
+                let _ = findings.send(done).await;
             });
+        }
+    }
+
+    /// One stage's audit; its findings go to `findings` as they are known.
+    async fn audit_stage(
+        &self,
+        closed: &EpochPlan,
+        stage: u32,
+        members: &[PeerId],
+        start: std::time::SystemTime,
+        findings: &tokio::sync::mpsc::Sender<AuditEvent>,
+    ) -> AuditVerdict {
+        self.follow_stage(stage).await;
+        let Some(len) = self.stage_len(stage) else {
+            return AuditVerdict::Incomplete;
+        };
+        let plan = match merge::plan_for(closed.seed, stage, members, len) {
+            Ok(plan) => Arc::new(plan),
+            Err(error) => {
+                tracing::warn!(%error, "no audit plan");
+                return AuditVerdict::Incomplete;
+            }
+        };
+        let params = AuditParams {
+            stage,
+            epoch: closed.epoch,
+            plan,
+            timing: self.timing(start, len),
+            rate: self.run.audit_rate,
+            seed: closed.seed,
+            max_concurrent_fetches: merge::DEFAULT_MAX_CONCURRENT_FETCHES,
+            max_samples: max_samples(closed),
+        };
+        let report = match merge::audit(&self.client, &self.router, params).await {
+            Ok(report) => report,
+            Err(error) => {
+                tracing::warn!(%error, stage, "audit failed");
+                return AuditVerdict::Incomplete;
+            }
+        };
+        tracing::info!(stage, epoch = closed.epoch, ?report, "merge audited");
+        let capped = report.weights_capped.iter().map(|m| AuditFinding {
+            epoch: closed.epoch,
+            accused: m.clone(),
+            kind: "InflatedSamples".into(),
+        });
+        let found = report.misbehaviour.iter().map(|m| AuditFinding {
+            epoch: m.epoch,
+            accused: m.accused.clone(),
+            kind: format!("{:?}", m.kind),
+        });
+        for finding in found.chain(capped) {
+            if findings.send(AuditEvent::Finding(finding)).await.is_err() {
+                break;
+            }
+        }
+        if !report.misbehaviour.is_empty() || !report.weights_capped.is_empty() {
+            AuditVerdict::Caught
+        } else if report.unclaimed.is_empty() {
+            AuditVerdict::Clean
+        } else {
+            AuditVerdict::Incomplete
         }
     }
 

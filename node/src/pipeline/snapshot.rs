@@ -19,13 +19,25 @@ use std::time::Duration;
 use bootstrap::EpochPlan;
 
 use super::{lock, Shared, HOP_TIMEOUT};
-use crate::messages::{self, Service, WeightsReply, WeightsRequest};
+use crate::confirmation::{self, Decision};
+use crate::messages::{
+    self, ConfirmationReply, ConfirmationRequest, Service, WeightsReply, WeightsRequest,
+};
 
 /// Values per chunk: 16 MiB of f32, a quarter of the 64 MiB frame limit.
 pub(crate) const CHUNK_VALUES: u64 = 1 << 22;
 
 /// How often a joining miner looks for the merge hash it waits for.
 const POLL: Duration = Duration::from_millis(100);
+
+/// How long a joining miner waits for the validators' audits of a merge to end.
+const CONFIRM_PATIENCE: Duration = Duration::from_secs(30);
+
+/// How long one validator has to answer about a merge.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often a joining miner asks again while an audit is running.
+const CONFIRM_POLL: Duration = Duration::from_millis(500);
 
 /// A stage's weights as of a merge.
 #[derive(Debug, Clone)]
@@ -213,6 +225,56 @@ pub(crate) async fn merged_hash(
             return Err(NoHash::NotHeard);
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Asks the run's validators (every one at once) about the merge of `stage` that closed
+/// `epoch`, whose members gossiped `expected`, until one confirms it, all have answered for
+/// good, or [`CONFIRM_PATIENCE`] passes (then: unconfirmed).
+pub(crate) async fn confirm(
+    shared: &Arc<Shared>,
+    stage: u32,
+    epoch: u64,
+    expected: &str,
+) -> Decision {
+    let deadline = tokio::time::Instant::now() + CONFIRM_PATIENCE;
+    loop {
+        let validators: Vec<p2p::PeerId> = shared
+            .consensus
+            .borrow()
+            .validators
+            .iter()
+            .filter(|v| **v != shared.me)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let mut asking = tokio::task::JoinSet::new();
+        for validator in validators {
+            let client = shared.client.clone();
+            asking.spawn(async move {
+                let request = ConfirmationRequest { epoch, stage };
+                let body = messages::encode(Service::Confirmation, &request, &[]).ok()?;
+                let reply = tokio::time::timeout(CONFIRM_TIMEOUT, client.request(validator, body))
+                    .await
+                    .ok()?
+                    .ok()?;
+                let (answer, _) =
+                    messages::decode::<ConfirmationReply>(Service::Confirmation, &reply).ok()?;
+                Some((validator.to_string(), answer))
+            });
+        }
+        let mut answers = Vec::new();
+        while let Some(done) = asking.join_next().await {
+            if let Ok(Some(answer)) = done {
+                answers.push(answer);
+            }
+        }
+        match confirmation::decide(&answers, expected) {
+            Decision::Wait if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(CONFIRM_POLL).await;
+            }
+            Decision::Wait => return Decision::Unconfirmed,
+            decided => return decided,
+        }
     }
 }
 
