@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Installs PyTorch 2.11.0 (the version tch 0.24 is built against) into an ignored `.venv`,
-# once: a second run finds it and does nothing. Then links `.venv/torch-lib` to torch's
+# Installs PyTorch 2.11.0 (the version tch 0.24 is built against), and the transformers the
+# export test loads models with, into an ignored `.venv`, once: a second run finds them and
+# does nothing. Then links `.venv/torch-lib` to torch's
 # shared libraries, which the binaries find through their rpath (see .cargo/config.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION=2.11.0
+# The export test loads an exported model with Hugging Face's Llama to compare logits.
+TRANSFORMERS_VERSION=5.24.0
 PYTHON="${PYTHON:-python3}"
 
 have_torch() {
@@ -17,6 +20,11 @@ if ! have_torch; then
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
   have_torch || { echo "setup: torch==$TORCH_VERSION did not install into .venv" >&2; exit 1; }
+fi
+
+if ! .venv/bin/python -W ignore -c "import transformers, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
+  echo "setup: installing transformers==$TRANSFORMERS_VERSION into .venv (once)" >&2
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION"
 fi
 
 lib="$(.venv/bin/python -W ignore -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"

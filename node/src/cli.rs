@@ -31,6 +31,9 @@ pub(crate) enum Command {
     LocalSwarm(LocalSwarmArgs),
     /// Train in one process: the reference every distributed figure is compared with.
     TrainLocal(TrainLocalArgs),
+    /// Write a run's model (the latest merged weights of every stage) as one
+    /// `model.safetensors` and a `config.json` in the Hugging Face Llama layout.
+    Export(ExportArgs),
 }
 
 /// Options of a node.
@@ -141,6 +144,25 @@ pub(crate) struct KeygenArgs {
     /// Directory that holds (or will hold) the node identity.
     #[arg(long = "data-dir", env = "IOTA_DATA_DIR", value_name = "DIR")]
     pub(crate) data_dir: PathBuf,
+}
+
+/// Options of `export`.
+#[derive(Debug, Args)]
+pub(crate) struct ExportArgs {
+    /// A `local-swarm` output directory, or node data directories (repeatable): where the
+    /// stages' checkpoints are. Every node of the run must be stopped.
+    #[arg(long = "from", value_name = "DIR", required = true, num_args = 1..)]
+    pub(crate) from: Vec<PathBuf>,
+    /// Directory to write `model.safetensors` and `config.json` into (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: PathBuf,
+    /// The run's configuration (TOML): the `run.toml` of a `local-swarm` output when there
+    /// is one, else the built-in defaults.
+    #[arg(long = "run", value_name = "FILE")]
+    pub(crate) run: Option<PathBuf>,
+    /// The epoch whose merged weights to export (default: the newest every stage has).
+    #[arg(long)]
+    pub(crate) epoch: Option<u64>,
 }
 
 /// Options of `local-swarm`.

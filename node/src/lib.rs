@@ -35,6 +35,7 @@
 
 mod cli;
 mod confirmation;
+mod export;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handles;
@@ -79,6 +80,9 @@ pub fn main_entry() -> std::process::ExitCode {
             None => node::run(cli.node).await,
             Some(cli::Command::Keygen(args)) => keygen(&args),
             Some(cli::Command::LocalSwarm(args)) => swarm::run(args).await,
+            Some(cli::Command::Export(args)) => {
+                tokio::task::spawn_blocking(move || export::run(&args)).await?
+            }
             Some(cli::Command::TrainLocal(args)) => {
                 tokio::task::spawn_blocking(move || train_local(&args)).await?
             }

@@ -21,8 +21,8 @@ use tch::{Kind, Tensor};
 
 use crate::preset::{ModelConfig, VOCAB};
 
-const NORM_EPS: f64 = 1e-5;
-const ROPE_THETA: f64 = 10_000.0;
+pub(crate) const NORM_EPS: f64 = 1e-5;
+pub(crate) const ROPE_THETA: f64 = 10_000.0;
 const INIT_STD: f64 = 0.02;
 
 /// Why a stage layout is impossible.

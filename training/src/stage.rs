@@ -410,6 +410,19 @@ impl Stage {
         self.eval_forward_on(&self.net, input)
     }
 
+    /// The tail's logits `[B, T, 256]` for its input, without autograd (sampling, and
+    /// comparing an exported model with the stages).
+    pub fn eval_logits(&self, input: &Tensor) -> Result<Tensor, ForwardError> {
+        if !self.layout.is_tail() {
+            return Err(ForwardError::WrongRole {
+                index: self.layout.index,
+                op: "compute logits (it is not the tail)",
+            });
+        }
+        let x = self.prepare_input(input)?;
+        Ok(tch::no_grad(|| self.net.forward(&x)))
+    }
+
     /// Mean cross-entropy of the tail without autograd (evaluation).
     pub fn eval_loss(&self, input: &Tensor, targets: &Tensor) -> Result<f32, ForwardError> {
         self.eval_loss_on(&self.net, input, targets)

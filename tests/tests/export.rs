@@ -1,0 +1,236 @@
+//! `iota-p2p export`: a run's checkpoints become one model that Hugging Face `transformers`
+//! loads as a `LlamaForCausalLM` and that computes the same logits as the stages did; replicas
+//! that disagree, or no complete epoch, make it fail saying why.
+//!
+//! The checkpoints are written here as the miners write them (one sled store per data dir,
+//! the merged weights of each stage at an epoch), from weights made non-trivial by a
+//! deterministic perturbation of the seed's (every norm away from 1).
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use bootstrap::RunConfig;
+use iota_tests::{binary, scratch_dir};
+use training::checkpoint::CheckpointKey;
+use training::{CheckpointStore, Stage, StageConfig};
+
+const STAGES: usize = 3;
+const EPOCH: u64 = 4;
+
+fn run_config() -> RunConfig {
+    RunConfig {
+        stages: STAGES as u32,
+        bottleneck: 0,
+        seed: 7,
+        ..RunConfig::default()
+    }
+}
+
+fn run_id(run: &RunConfig) -> u64 {
+    // The node's run id: the first 8 bytes of the run hash (private to the node crate).
+    u64::from_le_bytes(run.hash().as_bytes()[..8].try_into().unwrap())
+}
+
+/// The three stages with perturbed weights.
+fn stages(run: &RunConfig) -> Vec<Stage> {
+    let preset: training::Preset = run.preset.name().parse().unwrap();
+    (0..STAGES)
+        .map(|i| {
+            let cfg = StageConfig::new(preset, STAGES, i, 0, run.seed);
+            let mut stage = Stage::new(&cfg).unwrap();
+            let perturbed: Vec<f32> = stage
+                .flat_params()
+                .iter()
+                .enumerate()
+                .map(|(j, v)| v + 0.05 * ((j as f32 * 0.7 + i as f32).sin()))
+                .collect();
+            stage.set_flat_params(&perturbed).unwrap();
+            stage
+        })
+        .collect()
+}
+
+/// Saves `params` as `stage`'s merged checkpoint of `epoch` in `data_dir`.
+fn save(data_dir: &Path, run: &RunConfig, stage: &Stage, index: u32, params: Vec<f32>) {
+    let store = CheckpointStore::open(&data_dir.join("checkpoints")).unwrap();
+    let mut state = stage.export_state();
+    state.params = params;
+    let key = CheckpointKey {
+        run: run_id(run),
+        stage: index,
+        epoch: EPOCH,
+        step: 10,
+    };
+    store.save(&key, &state).unwrap();
+}
+
+fn export(from: &Path, out: &Path) -> std::process::Output {
+    Command::new(binary())
+        .args(["export", "--from"])
+        .arg(from)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
+fn venv_python() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .join(".venv/bin/python")
+}
+
+#[test]
+fn an_export_loads_in_transformers_with_the_logits_of_the_stages() {
+    tch::set_num_threads(1);
+    let dir = scratch_dir("export");
+    let swarm = dir.join("swarm");
+    let run = run_config();
+    std::fs::create_dir_all(&swarm).unwrap();
+    std::fs::write(swarm.join("run.toml"), run.to_toml_string().unwrap()).unwrap();
+    let stages = stages(&run);
+    // Two replicas of the middle stage, one of each other stage.
+    for (node, index) in [
+        ("miner-0", 0),
+        ("miner-1", 1),
+        ("miner-2", 1),
+        ("miner-3", 2),
+    ] {
+        let stage = &stages[index];
+        save(
+            &swarm.join(node),
+            &run,
+            stage,
+            index as u32,
+            stage.flat_params(),
+        );
+    }
+    let out = dir.join("model");
+    let done = export(&swarm, &out);
+    let stdout = String::from_utf8_lossy(&done.stdout);
+    assert!(
+        done.status.success(),
+        "export: {stdout}{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("RESULT export epoch={EPOCH} stages={STAGES}")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("agreed by 2 replica(s)"), "{stdout}");
+
+    // The stages' own logits on a fixed batch.
+    let tokens: Vec<Vec<i64>> = (0..2)
+        .map(|b| {
+            b"ROMEO: But soft, what light through yonder window"
+                .iter()
+                .skip(b * 3)
+                .take(32)
+                .map(|&c| i64::from(c))
+                .collect()
+        })
+        .collect();
+    let flat: Vec<i64> = tokens.iter().flatten().copied().collect();
+    let mut h = tch::Tensor::from_slice(&flat).reshape([2, 32]);
+    for stage in &stages[..STAGES - 1] {
+        h = stage.eval_forward(&h).unwrap();
+    }
+    let h = stages[STAGES - 1].eval_logits(&h).unwrap();
+    let ours: Vec<f32> = Vec::<f32>::try_from(h.flatten(0, -1)).unwrap();
+
+    let python = venv_python();
+    assert!(
+        python.exists(),
+        "{} is missing: run ./scripts/setup.sh",
+        python.display()
+    );
+    let tokens_path = dir.join("tokens.json");
+    std::fs::write(&tokens_path, serde_json::to_string(&tokens).unwrap()).unwrap();
+    let logits_path = dir.join("hf-logits.json");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/hf_logits.py");
+    let hf = Command::new(&python)
+        .arg(&script)
+        .arg(&out)
+        .arg(&tokens_path)
+        .arg(&logits_path)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .output()
+        .unwrap();
+    assert!(
+        hf.status.success(),
+        "transformers loads the export: {}",
+        String::from_utf8_lossy(&hf.stderr)
+    );
+    let theirs: Vec<Vec<Vec<f32>>> =
+        serde_json::from_str(&std::fs::read_to_string(&logits_path).unwrap()).unwrap();
+    let theirs: Vec<f32> = theirs.into_iter().flatten().flatten().collect();
+    assert_eq!(theirs.len(), ours.len(), "[2, 32, 256] logits");
+    let max_diff = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    let spread = ours.iter().map(|v| v.abs()).fold(0f32, f32::max);
+    println!("export: max |logit difference| {max_diff:e} (largest |logit| {spread})");
+    assert!(spread > 0.1, "the logits are not trivially zero");
+    assert!(
+        max_diff <= 1e-4,
+        "transformers' logits differ from the stages' by {max_diff}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn replicas_that_disagree_or_a_missing_stage_make_the_export_fail_saying_why() {
+    tch::set_num_threads(1);
+    let dir = scratch_dir("export-refused");
+    let run = run_config();
+    let stages = stages(&run);
+    let swarm = dir.join("swarm");
+    std::fs::create_dir_all(&swarm).unwrap();
+    std::fs::write(swarm.join("run.toml"), run.to_toml_string().unwrap()).unwrap();
+
+    // Stage 2 has no checkpoint: no epoch is complete.
+    save(
+        &swarm.join("miner-0"),
+        &run,
+        &stages[0],
+        0,
+        stages[0].flat_params(),
+    );
+    save(
+        &swarm.join("miner-1"),
+        &run,
+        &stages[1],
+        1,
+        stages[1].flat_params(),
+    );
+    let failed = export(&swarm, &dir.join("model"));
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(!failed.status.success());
+    assert!(
+        stderr.contains("no epoch has a checkpoint of every one"),
+        "{stderr}"
+    );
+
+    // Two replicas of stage 1 hold different weights.
+    save(
+        &swarm.join("miner-3"),
+        &run,
+        &stages[2],
+        2,
+        stages[2].flat_params(),
+    );
+    let mut other = stages[1].flat_params();
+    other[0] += 1.0;
+    save(&swarm.join("miner-2"), &run, &stages[1], 1, other);
+    let failed = export(&swarm, &dir.join("model"));
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(!failed.status.success());
+    assert!(stderr.contains("replicas disagree"), "{stderr}");
+    assert!(!dir.join("model/model.safetensors").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,278 @@
+//! A trained model taken out of the swarm: the merged weights of every stage assembled into
+//! one `model.safetensors` and a `config.json`, in the Hugging Face Llama layout.
+//!
+//! The model of [`crate::model`] is a Llama decoder (pre-norm RMSNorm, rotary embeddings
+//! with the halves rotated, SwiGLU, no biases, untied LM head), so with no bottleneck every
+//! tensor has a `LlamaForCausalLM` name and shape ([`hf_name`]) and `config.json` carries
+//! the keys `transformers` reads. With IOTA bottlenecks the extra projections are written
+//! under `iota.boundary.<k>.{down,down_norm,up,up_norm}.weight` (boundary `k` sits after
+//! stage `k`: `down` at the end of stage `k`, `up` at the start of stage `k + 1`), and the
+//! config's `model_type` is `iota_bottleneck_llama`, so that Llama loaders refuse it rather
+//! than silently drop the projections. Everything but [`write`] is pure.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, TensorView};
+
+use crate::model::{self, LayoutError, StageLayout};
+use crate::preset::{ModelConfig, VOCAB};
+
+/// Why a model cannot be assembled or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExportError {
+    /// The stages given do not split this model.
+    #[error("stage layout: {0}")]
+    Layout(#[from] LayoutError),
+    /// A stage's weight vector is not that stage's length.
+    #[error("stage {stage} has {got} values, its layout {expected}")]
+    Length {
+        /// The stage.
+        stage: usize,
+        /// Values its layout holds.
+        expected: usize,
+        /// Values given.
+        got: usize,
+    },
+    /// Writing the files failed.
+    #[error("writing {path}: {message}")]
+    Write {
+        /// The file.
+        path: String,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// One tensor of the assembled model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamedTensor<'a> {
+    /// Its name in the exported file ([`hf_name`]).
+    pub name: String,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Its values, row-major.
+    pub values: &'a [f32],
+}
+
+/// The exported name of an internal parameter name (see the module documentation).
+pub fn hf_name(name: &str) -> String {
+    let parts: Vec<&str> = name.split('.').collect();
+    match parts.as_slice() {
+        ["embed"] => "model.embed_tokens.weight".into(),
+        ["final_norm"] => "model.norm.weight".into(),
+        ["lm_head"] => "lm_head.weight".into(),
+        ["layers", l, w] => {
+            let inner = match *w {
+                "attn_norm" => "input_layernorm",
+                "mlp_norm" => "post_attention_layernorm",
+                "wq" => "self_attn.q_proj",
+                "wk" => "self_attn.k_proj",
+                "wv" => "self_attn.v_proj",
+                "wo" => "self_attn.o_proj",
+                "w1" => "mlp.gate_proj",
+                "w3" => "mlp.up_proj",
+                "w2" => "mlp.down_proj",
+                other => other,
+            };
+            format!("model.layers.{l}.{inner}.weight")
+        }
+        ["boundary", k, w] => format!("iota.boundary.{k}.{w}.weight"),
+        _ => format!("iota.{name}"),
+    }
+}
+
+/// Splits each stage's flat weight vector (`stages[i]`: stage `i`'s, in
+/// [`crate::Stage::flat_params`] order) into the model's named tensors, in model order.
+pub fn assemble<'a>(
+    model: &ModelConfig,
+    bottleneck: usize,
+    stages: &[&'a [f32]],
+) -> Result<Vec<NamedTensor<'a>>, ExportError> {
+    let mut out = Vec::new();
+    for (index, flat) in stages.iter().enumerate() {
+        let layout = StageLayout::new(model, stages.len(), index, bottleneck)?;
+        let specs = model::param_specs(model, &layout);
+        let expected: usize = specs.iter().map(|s| s.numel()).sum();
+        if flat.len() != expected {
+            return Err(ExportError::Length {
+                stage: index,
+                expected,
+                got: flat.len(),
+            });
+        }
+        let mut at = 0;
+        for spec in specs {
+            let n = spec.numel();
+            out.push(NamedTensor {
+                name: hf_name(&spec.name),
+                shape: spec.shape.clone(),
+                values: &flat[at..at + n],
+            });
+            at += n;
+        }
+    }
+    Ok(out)
+}
+
+/// The `config.json` of the model split into `stages` stages with `bottleneck`.
+pub fn config_json(model: &ModelConfig, stages: usize, bottleneck: usize) -> serde_json::Value {
+    let model_type = if bottleneck == 0 {
+        "llama"
+    } else {
+        "iota_bottleneck_llama"
+    };
+    serde_json::json!({
+        "architectures": [if bottleneck == 0 { "LlamaForCausalLM" } else { "IotaBottleneckLlamaForCausalLM" }],
+        "model_type": model_type,
+        "vocab_size": VOCAB,
+        "hidden_size": model.d_model,
+        "intermediate_size": model.ffn_hidden,
+        "num_hidden_layers": model.n_layers,
+        "num_attention_heads": model.n_heads,
+        "num_key_value_heads": model.n_heads,
+        "head_dim": model.head_dim(),
+        "max_position_embeddings": model.max_seq,
+        "rms_norm_eps": model::NORM_EPS,
+        "rope_theta": model::ROPE_THETA,
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "mlp_bias": false,
+        "tie_word_embeddings": false,
+        "torch_dtype": "float32",
+        "iota_stages": stages,
+        "iota_bottleneck": bottleneck,
+        "iota_stage_layers": (0..stages)
+            .filter_map(|i| StageLayout::new(model, stages, i, bottleneck).ok())
+            .map(|l| [l.layers.start, l.layers.end])
+            .collect::<Vec<_>>(),
+    })
+}
+
+/// Writes `tensors` to `dir/model.safetensors` (f32, with `metadata`) and `config` to
+/// `dir/config.json`.
+pub fn write(
+    dir: &Path,
+    tensors: &[NamedTensor<'_>],
+    config: &serde_json::Value,
+    metadata: HashMap<String, String>,
+) -> Result<(), ExportError> {
+    let failed = |path: &Path, message: String| ExportError::Write {
+        path: path.display().to_string(),
+        message,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| failed(dir, e.to_string()))?;
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|t| t.values.iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
+    let file = dir.join("model.safetensors");
+    let views = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|(t, b)| {
+            TensorView::new(Dtype::F32, t.shape.clone(), b)
+                .map(|v| (t.name.clone(), v))
+                .map_err(|e| failed(&file, format!("{e:?}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    safetensors::tensor::serialize_to_file(views, &Some(metadata), &file)
+        .map_err(|e| failed(&file, format!("{e:?}")))?;
+    let path = dir.join("config.json");
+    let text = serde_json::to_string_pretty(config).map_err(|e| failed(&path, e.to_string()))?;
+    std::fs::write(&path, text + "\n").map_err(|e| failed(&path, e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preset::Preset;
+
+    #[test]
+    fn every_internal_name_has_its_llama_name() {
+        assert_eq!(hf_name("embed"), "model.embed_tokens.weight");
+        assert_eq!(
+            hf_name("layers.3.wq"),
+            "model.layers.3.self_attn.q_proj.weight"
+        );
+        assert_eq!(
+            hf_name("layers.0.w1"),
+            "model.layers.0.mlp.gate_proj.weight"
+        );
+        assert_eq!(hf_name("layers.0.w3"), "model.layers.0.mlp.up_proj.weight");
+        assert_eq!(
+            hf_name("layers.0.w2"),
+            "model.layers.0.mlp.down_proj.weight"
+        );
+        assert_eq!(
+            hf_name("layers.1.mlp_norm"),
+            "model.layers.1.post_attention_layernorm.weight"
+        );
+        assert_eq!(hf_name("final_norm"), "model.norm.weight");
+        assert_eq!(hf_name("boundary.0.down"), "iota.boundary.0.down.weight");
+    }
+
+    #[test]
+    fn stages_assemble_into_the_whole_model_once() {
+        let model = Preset::Tiny.config();
+        let lens: Vec<usize> = (0..3)
+            .map(|i| {
+                let layout = StageLayout::new(&model, 3, i, 0).unwrap();
+                model::param_specs(&model, &layout)
+                    .iter()
+                    .map(|s| s.numel())
+                    .sum()
+            })
+            .collect();
+        let flats: Vec<Vec<f32>> = lens.iter().map(|&n| vec![0.5; n]).collect();
+        let refs: Vec<&[f32]> = flats.iter().map(Vec::as_slice).collect();
+        let tensors = assemble(&model, 0, &refs).unwrap();
+        let total: usize = tensors.iter().map(|t| t.values.len()).sum();
+        assert_eq!(total, model.num_params());
+        let names: std::collections::BTreeSet<&str> =
+            tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names.len(), tensors.len(), "no name twice");
+        assert!(names.iter().all(|n| !n.starts_with("iota.")));
+        // A stage of the wrong length is refused, naming it.
+        let short = &flats[1][1..];
+        let err = assemble(&model, 0, &[&flats[0], short, &flats[2]]).unwrap_err();
+        assert!(matches!(err, ExportError::Length { stage: 1, .. }), "{err}");
+    }
+
+    #[test]
+    fn a_bottleneck_export_names_its_projections_and_is_not_called_llama() {
+        let model = Preset::Tiny.config();
+        let flats: Vec<Vec<f32>> = (0..2)
+            .map(|i| {
+                let layout = StageLayout::new(&model, 2, i, 8).unwrap();
+                let n = model::param_specs(&model, &layout)
+                    .iter()
+                    .map(|s| s.numel())
+                    .sum();
+                vec![0.0; n]
+            })
+            .collect();
+        let refs: Vec<&[f32]> = flats.iter().map(Vec::as_slice).collect();
+        let tensors = assemble(&model, 8, &refs).unwrap();
+        let iota: Vec<&str> = tensors
+            .iter()
+            .map(|t| t.name.as_str())
+            .filter(|n| n.starts_with("iota."))
+            .collect();
+        assert_eq!(
+            iota,
+            [
+                "iota.boundary.0.down_norm.weight",
+                "iota.boundary.0.down.weight",
+                "iota.boundary.0.up_norm.weight",
+                "iota.boundary.0.up.weight"
+            ]
+        );
+        assert_eq!(
+            config_json(&model, 2, 8)["model_type"],
+            "iota_bottleneck_llama"
+        );
+        assert_eq!(config_json(&model, 2, 0)["model_type"], "llama");
+    }
+}
