@@ -11,7 +11,13 @@ use p2p::Multiaddr;
 
 /// A peer-to-peer node that pretrains one language model together with other nodes.
 #[derive(Debug, Parser)]
-#[command(name = "iota-p2p", version, about, long_about = None)]
+#[command(
+    name = "iota-p2p",
+    version,
+    about,
+    long_about = None,
+    args_conflicts_with_subcommands = true
+)]
 pub(crate) struct Cli {
     /// What to run; without a subcommand the binary runs one node.
     #[command(subcommand)]
@@ -20,6 +26,25 @@ pub(crate) struct Cli {
     /// Node options (used when no subcommand is given).
     #[command(flatten)]
     pub(crate) node: NodeArgs,
+}
+
+impl Cli {
+    /// Parses the process's arguments (exiting with clap's message on a bad one). Node flags
+    /// and a subcommand together are refused; a subcommand ignores the node's `IOTA_…`
+    /// environment variables, so that a node setting (`IOTA_DEVICE=…`) cannot break it.
+    pub(crate) fn parse_args() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let mut command = Cli::command();
+        let subcommand = std::env::args_os()
+            .nth(1)
+            .and_then(|a| a.into_string().ok())
+            .is_some_and(|a| command.find_subcommand(&a).is_some());
+        if subcommand {
+            command = command.mut_args(|a| a.env(None));
+        }
+        let matches = command.get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
 }
 
 /// Subcommands besides running a node.
@@ -184,9 +209,10 @@ pub(crate) struct LocalSwarmArgs {
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub(crate) samples_per_epoch: u64,
     /// Model preset: tiny, small, base or large.
-    #[arg(long, default_value = "tiny")]
-    pub(crate) preset: String,
-    /// Directory for the nodes' data, their logs and the report (emptied first).
+    #[arg(long, default_value = "tiny", value_parser = parse_preset)]
+    pub(crate) preset: training::Preset,
+    /// Directory for the nodes' data, their logs and the report: emptied first when it is the
+    /// output of an earlier local-swarm, refused when it holds anything else.
     #[arg(long, value_name = "DIR", default_value = "out/local-swarm")]
     pub(crate) out: PathBuf,
     /// Seconds the whole run may take before it is stopped as failed.

@@ -58,11 +58,9 @@ mod swarm;
 mod topics;
 mod validator;
 
-use clap::Parser;
-
 /// Parses the command line, runs what it asks for, and gives the process exit code.
 pub fn main_entry() -> std::process::ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::parse_args();
     init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -29,6 +29,14 @@ const STOP_GRACE: Duration = Duration::from_secs(15);
 pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
     let out = args.out.clone();
     if out.exists() {
+        if let Some(stranger) = not_ours(&out)? {
+            anyhow::bail!(
+                "--out {}: it holds {}, which no local-swarm wrote; choose another directory \
+                 (or empty this one yourself)",
+                out.display(),
+                stranger
+            );
+        }
         std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
     }
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
@@ -135,7 +143,7 @@ async fn drive(
     std::fs::write(&metagraph_path, metagraph.to_json())?;
     let run = RunConfig {
         run_name: "local-swarm".into(),
-        preset: parse_preset(&args.preset)?,
+        preset: model_preset(args.preset)?,
         stages: args.stages,
         epoch_samples: args.samples_per_epoch,
         // The learning rate follows a cosine over the run, as train-local's does over its steps.
@@ -349,9 +357,40 @@ async fn settled_weights(nodes: &[NodeProcess], epochs: u64) -> Vec<serde_json::
     latest.into_inner()
 }
 
-fn parse_preset(name: &str) -> anyhow::Result<ModelPreset> {
-    let text = format!("preset = \"{name}\"");
+/// The run configuration's name for `preset`.
+fn model_preset(preset: training::Preset) -> anyhow::Result<ModelPreset> {
+    let text = format!("preset = \"{}\"", preset.name());
     Ok(RunConfig::from_toml_str(&text)
-        .with_context(|| format!("--preset {name}: expected tiny, small, base or large"))?
+        .with_context(|| format!("--preset {preset}: not a preset of the run configuration"))?
         .preset)
+}
+
+/// The first entry of `dir` that a local-swarm run does not write (`None`: `dir` is empty or
+/// an earlier run's output, which may be emptied).
+fn not_ours(dir: &Path) -> anyhow::Result<Option<String>> {
+    if !dir.is_dir() {
+        return Ok(Some("no directory but a file".into()));
+    }
+    const FILES: [&str; 6] = [
+        "report.md",
+        "loss.svg",
+        "weights.svg",
+        "weights.json",
+        "metagraph.json",
+        "run.toml",
+    ];
+    let node = |name: &str, prefix: &str| {
+        name.strip_prefix(prefix)
+            .map(|rest| rest.strip_suffix(".log").unwrap_or(rest))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        let ours =
+            FILES.contains(&name.as_str()) || node(&name, "miner-") || node(&name, "validator-");
+        if !ours {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
 }

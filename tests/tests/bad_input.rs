@@ -119,3 +119,78 @@ fn restarted_node_keeps_its_peer_id() {
     assert_eq!(first, run());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn local_swarm_refuses_to_empty_a_directory_it_did_not_write() {
+    let dir = scratch_dir("swarm-out");
+    let precious = dir.join("thesis.tex");
+    std::fs::write(&precious, "years of work").unwrap();
+    let output = std::process::Command::new(binary())
+        .args(["local-swarm", "--epochs", "1", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "it ran: {stderr}");
+    assert!(
+        stderr.contains("--out"),
+        "the message names the flag: {stderr}"
+    );
+    assert!(precious.exists(), "the directory was emptied");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_bad_preset_is_refused_before_anything_is_touched() {
+    let dir = scratch_dir("swarm-preset");
+    let out = dir.join("out");
+    for command in [
+        vec!["local-swarm", "--preset", "huge", "--out"],
+        vec!["train-local", "--preset", "huge", "--steps", "1"],
+    ] {
+        let mut cmd = std::process::Command::new(binary());
+        cmd.args(&command);
+        if command[0] == "local-swarm" {
+            cmd.arg(&out);
+        }
+        let output = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{command:?} ran");
+        // Parsed the same way in every command: clap names the flag and the choices.
+        assert!(
+            stderr.contains("--preset") && stderr.contains("tiny, small, base"),
+            "{command:?}: {stderr}"
+        );
+        assert!(!out.exists(), "{command:?} created its output first");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn node_flags_with_a_subcommand_are_refused_and_node_settings_do_not_break_it() {
+    let dir = scratch_dir("keygen-flags");
+    // `--validator keygen` used to run keygen and drop `--validator` without a word.
+    let output = std::process::Command::new(binary())
+        .args(["--validator", "keygen", "--data-dir"])
+        .arg(dir.join("a"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "--validator keygen was accepted");
+    assert!(stderr.contains("--validator"), "{stderr}");
+    // A node setting in the environment is no business of keygen's.
+    let output = std::process::Command::new(binary())
+        .args(["keygen", "--data-dir"])
+        .arg(dir.join("b"))
+        .env("IOTA_DEVICE", "quantum")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "keygen with IOTA_DEVICE=quantum: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let peer = String::from_utf8_lossy(&output.stdout);
+    assert!(peer.trim().starts_with("12D3KooW"), "{peer}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
