@@ -59,6 +59,8 @@ pub(crate) enum Command {
     /// Write a run's model (the latest merged weights of every stage) as one
     /// `model.safetensors` and a `config.json` in the Hugging Face Llama layout.
     Export(ExportArgs),
+    /// Sample text from an exported model (byte by byte, with a KV cache).
+    Generate(GenerateArgs),
 }
 
 /// Options of a node.
@@ -188,6 +190,37 @@ pub(crate) struct ExportArgs {
     /// The epoch whose merged weights to export (default: the newest every stage has).
     #[arg(long)]
     pub(crate) epoch: Option<u64>,
+}
+
+/// Options of `generate`.
+#[derive(Debug, Args)]
+pub(crate) struct GenerateArgs {
+    /// Directory `export` wrote (`config.json` and `model.safetensors`).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) model: PathBuf,
+    /// Text to continue.
+    #[arg(long, default_value = "ROMEO:")]
+    pub(crate) prompt: String,
+    /// Bytes to generate.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub(crate) tokens: u64,
+    /// Softmax temperature; 0 always takes the most likely byte.
+    #[arg(long, default_value_t = 0.8, value_parser = parse_temperature)]
+    pub(crate) temperature: f64,
+    /// Sample among the k most likely bytes only (0: all 256).
+    #[arg(long = "top-k", default_value_t = 40, value_parser = clap::value_parser!(u64).range(0..=256))]
+    pub(crate) top_k: u64,
+    /// Seed of the sampling: the same seed gives the same text.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+}
+
+/// A softmax temperature: a finite number of at least 0.
+fn parse_temperature(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t.is_finite() && t >= 0.0 => Ok(t),
+        _ => Err(format!("{s:?} is not a number of at least 0")),
+    }
 }
 
 /// Options of `local-swarm`.

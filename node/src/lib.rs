@@ -81,6 +81,9 @@ pub fn main_entry() -> std::process::ExitCode {
             Some(cli::Command::Export(args)) => {
                 tokio::task::spawn_blocking(move || export::run(&args)).await?
             }
+            Some(cli::Command::Generate(args)) => {
+                tokio::task::spawn_blocking(move || generate(&args)).await?
+            }
             Some(cli::Command::TrainLocal(args)) => {
                 tokio::task::spawn_blocking(move || train_local(&args)).await?
             }
@@ -99,6 +102,20 @@ pub fn main_entry() -> std::process::ExitCode {
 fn keygen(args: &cli::KeygenArgs) -> anyhow::Result<()> {
     let keypair = identity::load_or_create(&args.data_dir)?;
     println!("{}", keypair.public().to_peer_id());
+    Ok(())
+}
+
+/// Samples from an exported model and prints the prompt with its continuation.
+fn generate(args: &cli::GenerateArgs) -> anyhow::Result<()> {
+    let model = training::generate::Model::load(&args.model)?;
+    let sampling = training::generate::Sampling {
+        tokens: usize::try_from(args.tokens)?,
+        temperature: args.temperature,
+        top_k: usize::try_from(args.top_k)?,
+        seed: args.seed,
+    };
+    let text = model.generate(args.prompt.as_bytes(), &sampling)?;
+    println!("{}{}", args.prompt, String::from_utf8_lossy(&text));
     Ok(())
 }
 

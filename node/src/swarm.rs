@@ -74,6 +74,44 @@ pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
         stop_errors == 0,
         "{stop_errors} node(s) did not stop cleanly"
     );
+    if let Err(error) = sample(&out) {
+        println!("local-swarm: no model exported or sampled: {error:#}");
+    }
+    Ok(())
+}
+
+/// Exports the run's model to `out/model` and ends the report with a short text from it.
+fn sample(out: &Path) -> anyhow::Result<()> {
+    let model_dir = out.join("model");
+    crate::export::run(&crate::cli::ExportArgs {
+        from: vec![out.to_path_buf()],
+        out: model_dir.clone(),
+        run: None,
+        epoch: None,
+    })?;
+    let model = training::generate::Model::load(&model_dir)?;
+    let prompt = "ROMEO:";
+    let sampling = training::generate::Sampling {
+        tokens: 200,
+        temperature: 0.8,
+        top_k: 40,
+        seed: 0,
+    };
+    let text = format!(
+        "{prompt}{}",
+        String::from_utf8_lossy(&model.generate(prompt.as_bytes(), &sampling)?)
+    );
+    println!(
+        "local-swarm: model in {}; a sample from it:\n{text}",
+        model_dir.display()
+    );
+    let report = out.join("report.md");
+    let mut md = std::fs::read_to_string(&report)?;
+    md.push_str(&format!(
+        "\n## A sample from the model\n\n`iota-p2p generate --model {} --prompt \"{prompt}\" --tokens 200 --seed 0`:\n\n```text\n{text}\n```\n",
+        model_dir.display()
+    ));
+    std::fs::write(&report, md)?;
     Ok(())
 }
 

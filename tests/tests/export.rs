@@ -1,6 +1,7 @@
 //! `iota-p2p export`: a run's checkpoints become one model that Hugging Face `transformers`
-//! loads as a `LlamaForCausalLM` and that computes the same logits as the stages did; replicas
-//! that disagree, or no complete epoch, make it fail saying why.
+//! loads as a `LlamaForCausalLM` and that computes the same logits as the stages did, and that
+//! `iota-p2p generate` samples from; replicas that disagree, or no complete epoch, make it
+//! fail saying why.
 //!
 //! The checkpoints are written here as the miners write them (one sled store per data dir,
 //! the merged weights of each stage at an epoch), from weights made non-trivial by a
@@ -180,6 +181,30 @@ fn an_export_loads_in_transformers_with_the_logits_of_the_stages() {
         max_diff <= 1e-4,
         "transformers' logits differ from the stages' by {max_diff}"
     );
+
+    // `generate` samples from the export: the prompt and 50 bytes, the same for one seed.
+    let generate = |seed: &str| {
+        let output = Command::new(binary())
+            .args([
+                "generate", "--prompt", "ROMEO:", "--tokens", "50", "--seed", seed, "--model",
+            ])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "generate: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output.stdout
+    };
+    let text = generate("3");
+    assert!(
+        text.starts_with(b"ROMEO:"),
+        "{}",
+        String::from_utf8_lossy(&text)
+    );
+    assert_eq!(text, generate("3"), "one seed, one text");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -14,6 +14,7 @@ pub mod butterfly;
 pub mod checkpoint;
 pub mod data;
 pub mod export;
+pub mod generate;
 pub mod local;
 pub mod model;
 pub mod outer;
