@@ -1,4 +1,6 @@
-//! The node's HTTP face: `GET /metrics` (Prometheus text format) and `GET /status` (JSON).
+//! The node's HTTP face: `GET /metrics` (Prometheus text format), `GET /status` (JSON) and
+//! `GET /`, a dashboard that follows `/status` (one page, its script and its style, compiled
+//! into the binary: no CDN, no build step).
 //!
 //! Read-only: nothing here changes the node. The server is meant for an operator's loopback or
 //! private network; it listens only where `--metrics` says.
@@ -36,6 +38,9 @@ pub(crate) async fn serve(
         .with_context(|| format!("--metrics {addr}: cannot listen there"))?;
     let bound = listener.local_addr()?;
     let app = Router::new()
+        .route("/", get(dashboard_page))
+        .route("/dashboard.js", get(dashboard_script))
+        .route("/dashboard.css", get(dashboard_style))
         .route("/metrics", get(metrics))
         .route("/status", get(status_json))
         .with_state(AppState { registry, status });
@@ -48,6 +53,30 @@ pub(crate) async fn serve(
         }
     });
     Ok((bound, task))
+}
+
+async fn dashboard_page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("dashboard/index.html"),
+    )
+        .into_response()
+}
+
+async fn dashboard_script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("dashboard/dashboard.js"),
+    )
+        .into_response()
+}
+
+async fn dashboard_style() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("dashboard/dashboard.css"),
+    )
+        .into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

@@ -207,7 +207,7 @@ fn terminate(pid: u32) {
 }
 
 /// A plain `GET` with a short timeout, run off the async threads.
-async fn http_get(url: String) -> anyhow::Result<String> {
+pub async fn http_get(url: String) -> anyhow::Result<String> {
     tokio::task::spawn_blocking(move || -> anyhow::Result<String> {
         let response = ureq::get(&url)
             .timeout(Duration::from_secs(5))

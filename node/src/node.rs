@@ -384,6 +384,16 @@ async fn on_tick(
         .as_ref()
         .map(|p| bootstrap::stage_sizes(&p.assignment, p.stages))
         .unwrap_or_default();
+    let stage_map: Vec<Vec<String>> = agreed
+        .current
+        .as_ref()
+        .map(|p| {
+            (0..p.stages)
+                .map(|s| p.miners_of(s).map(|m| m.to_string()).collect())
+                .collect()
+        })
+        .unwrap_or_default();
+    let epoch_samples = agreed.current.as_ref().map(|p| p.epoch_samples);
     let epoch = agreed.epoch();
     metrics
         .epoch
@@ -404,6 +414,8 @@ async fn on_tick(
         v.epoch = epoch;
         v.stage = agreed.stage;
         v.stage_sizes = stage_sizes;
+        v.stage_map = stage_map;
+        v.epoch_samples = epoch_samples;
     });
     Ok(())
 }

@@ -31,6 +31,10 @@ pub(crate) struct NodeView {
     pub(crate) stage: Option<u32>,
     /// Miners per stage in the plan in force.
     pub(crate) stage_sizes: Vec<usize>,
+    /// The miners of each stage in the plan in force (peer ids, sorted).
+    pub(crate) stage_map: Vec<Vec<String>>,
+    /// Samples each head draws in the epoch in force.
+    pub(crate) epoch_samples: Option<u64>,
     /// The miner's counters (defaults on a validator).
     #[serde(flatten)]
     pub(crate) miner: crate::handles::MinerStatus,

@@ -256,6 +256,11 @@ async fn drive(
     let watcher = nodes
         .first()
         .context("local-swarm needs at least one node")?;
+    println!(
+        "local-swarm: dashboard of {} at {}/",
+        watcher.name,
+        watcher.metrics_url()
+    );
 
     // Follow the run: one line per finished epoch, until the held-out loss after the last
     // epoch is known.

@@ -1,0 +1,147 @@
+// The node's dashboard: follows GET /status once a second and draws what the node knows of
+// the run. No library, no build step: the node serves this file as it is.
+"use strict";
+
+const short = (peer) => (peer ? peer.slice(0, 8) + "…" + peer.slice(-6) : "–");
+const el = (tag, attrs = {}, text) => {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+};
+
+function drawStages(status) {
+  const root = document.getElementById("stages");
+  root.replaceChildren();
+  const live = new Set(status.live_peers || []);
+  (status.stage_map || []).forEach((miners, stage) => {
+    const box = el("div", { class: "stage", "data-stage": String(stage) });
+    box.append(el("h3", {}, `stage ${stage} · ${miners.length} replica(s)`));
+    for (const peer of miners) {
+      const state = live.has(peer) || peer === status.peer_id ? "live" : "gone";
+      box.append(el("div", { class: `miner ${state}`, "data-peer": peer, title: peer }, short(peer)));
+    }
+    root.append(box);
+  });
+  if (!root.children.length) root.textContent = "no plan yet";
+}
+
+function drawLoss(epochs) {
+  const svg = document.getElementById("loss");
+  const ns = "http://www.w3.org/2000/svg";
+  svg.replaceChildren();
+  const series = [
+    ["train", "#3c6fd8", epochs.map((e) => [e.epoch, e.train_loss])],
+    ["val", "#e07b00", epochs.map((e) => [e.epoch, e.val_loss])],
+  ].map(([name, color, pts]) => [name, color, pts.filter(([, y]) => typeof y === "number" && isFinite(y))]);
+  const all = series.flatMap(([, , pts]) => pts);
+  if (!all.length) return;
+  const [w, h, pad] = [640, 260, 36];
+  const xs = all.map(([x]) => x), ys = all.map(([, y]) => y);
+  const [x0, x1] = [Math.min(...xs), Math.max(...xs, Math.min(...xs) + 1)];
+  const [y0, y1] = [Math.min(...ys) * 0.95, Math.max(...ys) * 1.02];
+  const px = (x) => pad + ((x - x0) / (x1 - x0)) * (w - 2 * pad);
+  const py = (y) => h - pad - ((y - y0) / (y1 - y0 || 1)) * (h - 2 * pad);
+  const axis = document.createElementNS(ns, "path");
+  axis.setAttribute("d", `M${pad},${pad} V${h - pad} H${w - pad}`);
+  axis.setAttribute("stroke", "#999");
+  axis.setAttribute("fill", "none");
+  svg.append(axis);
+  for (const [label, y] of [[y1.toFixed(2), y1], [y0.toFixed(2), y0]]) {
+    const t = document.createElementNS(ns, "text");
+    t.setAttribute("x", 2);
+    t.setAttribute("y", py(y) + 4);
+    t.setAttribute("font-size", "11");
+    t.textContent = label;
+    svg.append(t);
+  }
+  for (const [name, color, pts] of series) {
+    if (!pts.length) continue;
+    const line = document.createElementNS(ns, "polyline");
+    line.setAttribute("points", pts.map(([x, y]) => `${px(x)},${py(y)}`).join(" "));
+    line.setAttribute("stroke", color);
+    line.setAttribute("fill", "none");
+    line.setAttribute("stroke-width", "2");
+    line.setAttribute("class", `series-${name}`);
+    svg.append(line);
+    for (const [x, y] of pts) {
+      const dot = document.createElementNS(ns, "circle");
+      dot.setAttribute("cx", px(x));
+      dot.setAttribute("cy", py(y));
+      dot.setAttribute("r", 3);
+      dot.setAttribute("fill", color);
+      dot.setAttribute("class", `point-${name}`);
+      dot.setAttribute("data-epoch", x);
+      svg.append(dot);
+    }
+  }
+}
+
+function drawMiners(status) {
+  const body = document.querySelector("#miners tbody");
+  body.replaceChildren();
+  const epochs = status.epochs || [];
+  const latest = epochs.length ? epochs[epochs.length - 1] : null;
+  const stageOf = new Map();
+  (status.stage_map || []).forEach((miners, s) => miners.forEach((m) => stageOf.set(m, s)));
+  const weightOf = new Map(((status.weights && status.weights.miners) || []).map((m) => [m.peer_id, m.weight]));
+  const samples = (latest && latest.samples_by_miner) || {};
+  const wire = (latest && latest.wire_bytes) || {};
+  const peers = new Set([...stageOf.keys(), ...Object.keys(samples)]);
+  for (const peer of [...peers].sort()) {
+    const row = el("tr", { "data-peer": peer });
+    row.append(el("td", { class: "peer", title: peer }, short(peer)));
+    row.append(el("td", {}, stageOf.has(peer) ? String(stageOf.get(peer)) : "–"));
+    row.append(el("td", {}, String(samples[peer] || 0)));
+    row.append(el("td", {}, wire[peer] !== undefined ? String(wire[peer]) : "–"));
+    row.append(el("td", {}, weightOf.has(peer) ? Number(weightOf.get(peer)).toFixed(3) : "–"));
+    body.append(row);
+  }
+}
+
+function drawValidators(status) {
+  const body = document.querySelector("#validators tbody");
+  body.replaceChildren();
+  for (const v of (status.weights && status.weights.validators) || []) {
+    const row = el("tr");
+    row.append(el("td", { class: "peer", title: v.peer_id || v.hotkey }, short(v.peer_id || v.hotkey)));
+    row.append(el("td", {}, String(v.stake)));
+    row.append(el("td", {}, v.trust !== undefined ? Number(v.trust).toFixed(3) : "–"));
+    body.append(row);
+  }
+}
+
+function draw(status) {
+  document.getElementById("role").textContent = status.role;
+  document.getElementById("node").textContent = status.peer_id;
+  document.getElementById("epoch").textContent = status.epoch ?? "–";
+  document.getElementById("orchestrator").textContent =
+    "orchestrator " + (status.is_orchestrator ? "this node" : short(status.orchestrator));
+  const epochs = status.epochs || [];
+  const current = epochs.find((e) => e.epoch === status.epoch);
+  const heads = (status.stage_map && status.stage_map[0] && status.stage_map[0].length) || 0;
+  const total = (status.epoch_samples || 0) * heads;
+  const done = current ? current.samples : 0;
+  document.getElementById("progress").style.width = total ? `${Math.min(100, (100 * done) / total)}%` : "0";
+  document.getElementById("progress-text").textContent = total ? `${done} of ${total} samples` : "";
+  drawStages(status);
+  drawLoss(epochs);
+  drawMiners(status);
+  drawValidators(status);
+}
+
+async function follow() {
+  const error = document.getElementById("error");
+  try {
+    const response = await fetch("/status", { cache: "no-store" });
+    if (!response.ok) throw new Error(`/status: ${response.status}`);
+    draw(await response.json());
+    error.hidden = true;
+  } catch (e) {
+    error.hidden = false;
+    error.textContent = String(e);
+  }
+  setTimeout(follow, 1000);
+}
+
+follow();

@@ -1,0 +1,53 @@
+// Opens a node's dashboard in headless Chromium and checks what it shows against the node's
+// own /status: every miner of the plan under its stage, and the held-out loss curve gaining a
+// point as an epoch passes. Leaves a screenshot. Used by the dashboard test
+// (tests/tests/dashboard.rs); exits non-zero saying what was not seen.
+//
+// Usage: node check.mjs <dashboard url> <expected.json> <screenshot.png>
+//   expected.json: {"stage_map": [[peer, ...], ...]}
+import { readFileSync } from "node:fs";
+import { chromium } from "playwright-core";
+
+const [url, expectedPath, screenshot] = process.argv.slice(2);
+const expected = JSON.parse(readFileSync(expectedPath, "utf8"));
+const browser = await chromium.launch({
+  executablePath: "/usr/bin/chromium",
+  args: [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+  ],
+});
+let failed = null;
+try {
+  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  await page.goto(url);
+  for (const [stage, miners] of expected.stage_map.entries()) {
+    for (const peer of miners) {
+      await page
+        .locator(`[data-stage="${stage}"] [data-peer="${peer}"]`)
+        .waitFor({ timeout: 30000 });
+    }
+  }
+  const points = () => page.locator("circle.point-val").count();
+  const before = await points();
+  await page.waitForFunction(
+    (n) => document.querySelectorAll("circle.point-val").length > n,
+    before,
+    { timeout: 120000, polling: 500 },
+  );
+  const after = await points();
+  await page.screenshot({ path: screenshot, fullPage: true });
+  console.log(
+    `DASHBOARD ok stages=${expected.stage_map.length} miners=${expected.stage_map.flat().length} val_points=${before}->${after} screenshot=${screenshot}`,
+  );
+} catch (e) {
+  failed = e;
+}
+await browser.close();
+if (failed) {
+  console.error(`DASHBOARD failed: ${failed.message}`);
+  process.exit(1);
+}
