@@ -123,6 +123,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let (client, mut events, event_loop) =
         p2p::spawn(keypair, config, p2p_metrics.clone()).context("starting the network")?;
     let metagraph_for_validator = metagraph.clone();
+    let metagraph_for_hints = metagraph.clone();
     let orchestration = Orchestration::new(
         me.clone(),
         role,
@@ -232,6 +233,8 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut counter = 0u64;
+    let started = Instant::now();
+    let mut last_hint: Option<Instant> = None;
     let mut shutdown = std::pin::pin!(shutdown_signal());
     let mut consensus_changes = consensus.view.clone();
 
@@ -262,6 +265,15 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 let now = Instant::now().into_std();
                 router.live().prune(now);
                 let live_peers = sorted_live(router.live(), now);
+                // Say why nothing happens, now and then, while nobody is elected.
+                let waiting = agreed.orchestrator.is_none()
+                    && started.elapsed() >= NO_ORCHESTRATOR_HINT
+                    && last_hint.is_none_or(|t| t.elapsed() >= NO_ORCHESTRATOR_HINT);
+                if waiting {
+                    last_hint = Some(Instant::now());
+                    let live: BTreeSet<String> = live_peers.iter().cloned().chain([me.to_string()]).collect();
+                    tracing::warn!("{}", no_orchestrator_reason(metagraph_for_hints.as_ref(), &live));
+                }
                 view.send_modify(|v| {
                     v.heartbeats_sent = counter;
                     v.live_peers = live_peers;
@@ -420,6 +432,47 @@ async fn on_tick(
     Ok(())
 }
 
+/// How long a node waits for an orchestrator before it says why there is none, and how often
+/// it says it again.
+const NO_ORCHESTRATOR_HINT: Duration = Duration::from_secs(15);
+
+/// Why no orchestrator is elected, for a node that waits on one (pure): `live` are the peers
+/// heard (and this node).
+fn no_orchestrator_reason(metagraph: Option<&Metagraph>, live: &BTreeSet<String>) -> String {
+    let Some(metagraph) = metagraph else {
+        return "no orchestrator: this node has no --metagraph, so nobody can be elected; start \
+                every node of the run with the same --metagraph <file> (and --run <file>)"
+            .into();
+    };
+    let candidates: Vec<String> = metagraph
+        .neurons()
+        .iter()
+        .filter(|n| n.validator_permit && n.stake > 0)
+        .map(|n| n.peer_id.to_string())
+        .collect();
+    if candidates.is_empty() {
+        return "no orchestrator: the metagraph has no validator with a permit and stake".into();
+    }
+    let heard: Vec<&String> = candidates.iter().filter(|c| live.contains(*c)).collect();
+    if heard.is_empty() {
+        format!(
+            "no orchestrator: no validator with stake is live; start one of {} with --validator \
+             and the same --metagraph and --run",
+            candidates.join(", ")
+        )
+    } else {
+        format!(
+            "no orchestrator yet: validator(s) {} are live, waiting for the election to settle \
+             (a node of another --run is refused: check that every node uses the same file)",
+            heard
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
 /// Fault injection for tests: a node that is not the orchestrator publishes a plan naming
 /// itself, which every honest node must drop.
 async fn forge_plan(
@@ -487,5 +540,47 @@ pub(crate) async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiting_node_says_why_nobody_is_elected() {
+        let none = no_orchestrator_reason(None, &BTreeSet::new());
+        assert!(none.contains("no --metagraph"), "{none}");
+        let v = "12D3KooWLu6EsLa3gHbJx33AMA3ssTscrCEWeLH56hWM5xnLaeQB";
+        let m = "12D3KooWNcQ3TSvfDjiVTgRfVkGXLiAYAz82Soata9Mm59LKg7Wo";
+        let local = |stake: u64| {
+            Metagraph::for_local_run(vec![
+                bootstrap::metagraph::LocalNeuron {
+                    peer_id: PeerIdStr::parse(v).unwrap(),
+                    stake,
+                    validator_permit: true,
+                },
+                bootstrap::metagraph::LocalNeuron {
+                    peer_id: PeerIdStr::parse(m).unwrap(),
+                    stake: 0,
+                    validator_permit: false,
+                },
+            ])
+            .unwrap()
+        };
+        let staked = local(100);
+        let gone = no_orchestrator_reason(Some(&staked), &BTreeSet::from([m.to_string()]));
+        assert!(
+            gone.contains("no validator with stake is live") && gone.contains(v),
+            "{gone}"
+        );
+        let heard = no_orchestrator_reason(Some(&staked), &BTreeSet::from([v.to_string()]));
+        assert!(heard.contains("are live"), "{heard}");
+        let unstaked = local(0);
+        let empty = no_orchestrator_reason(Some(&unstaked), &BTreeSet::new());
+        assert!(
+            empty.contains("no validator with a permit and stake"),
+            "{empty}"
+        );
     }
 }
