@@ -1,7 +1,8 @@
 //! `iota-p2p export`: a run's checkpoints become one model that Hugging Face `transformers`
 //! loads as a `LlamaForCausalLM` and that computes the same logits as the stages did, and that
-//! `iota-p2p generate` samples from; replicas that disagree, or no complete epoch, make it
-//! fail saying why.
+//! `iota-p2p generate` samples from; an export with IOTA bottlenecks computes those logits in
+//! a plain PyTorch forward written from the README's layout; replicas that disagree, or no
+//! complete epoch, make it fail saying why.
 //!
 //! The checkpoints are written here as the miners write them (one sled store per data dir,
 //! the merged weights of each stage at an epoch), from weights made non-trivial by a
@@ -19,10 +20,10 @@ use training::{CheckpointStore, Stage, StageConfig};
 const STAGES: usize = 3;
 const EPOCH: u64 = 4;
 
-fn run_config() -> RunConfig {
+fn run_config(bottleneck: u32) -> RunConfig {
     RunConfig {
         stages: STAGES as u32,
-        bottleneck: 0,
+        bottleneck,
         seed: 7,
         ..RunConfig::default()
     }
@@ -38,7 +39,7 @@ fn stages(run: &RunConfig) -> Vec<Stage> {
     let preset: training::Preset = run.preset.name().parse().unwrap();
     (0..STAGES)
         .map(|i| {
-            let cfg = StageConfig::new(preset, STAGES, i, 0, run.seed);
+            let cfg = StageConfig::new(preset, STAGES, i, run.bottleneck as usize, run.seed);
             let mut stage = Stage::new(&cfg).unwrap();
             let perturbed: Vec<f32> = stage
                 .flat_params()
@@ -83,16 +84,81 @@ fn venv_python() -> PathBuf {
         .join(".venv/bin/python")
 }
 
-#[test]
-fn an_export_loads_in_transformers_with_the_logits_of_the_stages() {
-    tch::set_num_threads(1);
-    let dir = scratch_dir("export");
-    let swarm = dir.join("swarm");
-    let run = run_config();
-    std::fs::create_dir_all(&swarm).unwrap();
+/// A fixed batch of two 32-byte windows.
+fn tokens() -> Vec<Vec<i64>> {
+    (0..2)
+        .map(|b| {
+            b"ROMEO: But soft, what light through yonder window"
+                .iter()
+                .skip(b * 3)
+                .take(32)
+                .map(|&c| i64::from(c))
+                .collect()
+        })
+        .collect()
+}
+
+/// The stages' own logits on `tokens`, flattened.
+fn stage_logits(stages: &[Stage], tokens: &[Vec<i64>]) -> Vec<f32> {
+    let flat: Vec<i64> = tokens.iter().flatten().copied().collect();
+    let mut h = tch::Tensor::from_slice(&flat).reshape([tokens.len() as i64, -1]);
+    for stage in &stages[..stages.len() - 1] {
+        h = stage.eval_forward(&h).unwrap();
+    }
+    let h = stages[stages.len() - 1].eval_logits(&h).unwrap();
+    Vec::<f32>::try_from(h.flatten(0, -1)).unwrap()
+}
+
+/// The logits `script` (in scripts/) computes for the model in `model` on `tokens`, flattened.
+fn python_logits(script: &str, model: &Path, tokens: &[Vec<i64>], scratch: &Path) -> Vec<f32> {
+    let python = venv_python();
+    assert!(
+        python.exists(),
+        "{} is missing: run ./scripts/setup.sh",
+        python.display()
+    );
+    let tokens_path = scratch.join("tokens.json");
+    std::fs::write(&tokens_path, serde_json::to_string(tokens).unwrap()).unwrap();
+    let logits_path = scratch.join(format!("{script}.json"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts")
+        .join(script);
+    let ran = Command::new(&python)
+        .arg(&script)
+        .arg(model)
+        .arg(&tokens_path)
+        .arg(&logits_path)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .output()
+        .unwrap();
+    assert!(
+        ran.status.success(),
+        "{} on the export: {}",
+        script.display(),
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let nested: Vec<Vec<Vec<f32>>> =
+        serde_json::from_str(&std::fs::read_to_string(&logits_path).unwrap()).unwrap();
+    nested.into_iter().flatten().flatten().collect()
+}
+
+/// Largest absolute difference, after checking both are the same non-trivial size.
+fn max_diff(ours: &[f32], theirs: &[f32]) -> f32 {
+    assert_eq!(theirs.len(), ours.len(), "[2, 32, 256] logits");
+    let spread = ours.iter().map(|v| v.abs()).fold(0f32, f32::max);
+    assert!(spread > 0.1, "the logits are not trivially zero");
+    ours.iter()
+        .zip(theirs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max)
+}
+
+/// Writes the stages' checkpoints as a swarm output in `swarm` (two replicas of the middle
+/// stage) and exports it to `out`, returning export's stdout.
+fn checkpoint_and_export(swarm: &Path, out: &Path, run: &RunConfig, stages: &[Stage]) -> String {
+    std::fs::create_dir_all(swarm).unwrap();
     std::fs::write(swarm.join("run.toml"), run.to_toml_string().unwrap()).unwrap();
-    let stages = stages(&run);
-    // Two replicas of the middle stage, one of each other stage.
     for (node, index) in [
         ("miner-0", 0),
         ("miner-1", 1),
@@ -102,85 +168,70 @@ fn an_export_loads_in_transformers_with_the_logits_of_the_stages() {
         let stage = &stages[index];
         save(
             &swarm.join(node),
-            &run,
+            run,
             stage,
             index as u32,
             stage.flat_params(),
         );
     }
-    let out = dir.join("model");
-    let done = export(&swarm, &out);
-    let stdout = String::from_utf8_lossy(&done.stdout);
+    let done = export(swarm, out);
+    let stdout = String::from_utf8_lossy(&done.stdout).to_string();
     assert!(
         done.status.success(),
         "export: {stdout}{}",
         String::from_utf8_lossy(&done.stderr)
     );
+    stdout
+}
+
+#[test]
+fn a_bottleneck_export_matches_a_plain_pytorch_forward_of_the_documented_layout() {
+    tch::set_num_threads(1);
+    let dir = scratch_dir("export-bottleneck");
+    let run = run_config(16);
+    let stages = stages(&run);
+    let out = dir.join("model");
+    checkpoint_and_export(&dir.join("swarm"), &out, &run, &stages);
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["model_type"], "iota_bottleneck_llama");
+    let tokens = tokens();
+    let ours = stage_logits(&stages, &tokens);
+    let theirs = python_logits("iota_forward.py", &out, &tokens, &dir);
+    let diff = max_diff(&ours, &theirs);
+    println!("bottleneck export: max |logit difference| {diff:e}");
+    assert!(
+        diff <= 1e-4,
+        "the documented layout's logits differ by {diff}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_export_loads_in_transformers_with_the_logits_of_the_stages() {
+    tch::set_num_threads(1);
+    let dir = scratch_dir("export");
+    let run = run_config(0);
+    let stages = stages(&run);
+    let out = dir.join("model");
+    let stdout = checkpoint_and_export(&dir.join("swarm"), &out, &run, &stages);
     assert!(
         stdout.contains(&format!("RESULT export epoch={EPOCH} stages={STAGES}")),
         "{stdout}"
     );
     assert!(stdout.contains("agreed by 2 replica(s)"), "{stdout}");
-
-    // The stages' own logits on a fixed batch.
-    let tokens: Vec<Vec<i64>> = (0..2)
-        .map(|b| {
-            b"ROMEO: But soft, what light through yonder window"
-                .iter()
-                .skip(b * 3)
-                .take(32)
-                .map(|&c| i64::from(c))
-                .collect()
-        })
-        .collect();
-    let flat: Vec<i64> = tokens.iter().flatten().copied().collect();
-    let mut h = tch::Tensor::from_slice(&flat).reshape([2, 32]);
-    for stage in &stages[..STAGES - 1] {
-        h = stage.eval_forward(&h).unwrap();
-    }
-    let h = stages[STAGES - 1].eval_logits(&h).unwrap();
-    let ours: Vec<f32> = Vec::<f32>::try_from(h.flatten(0, -1)).unwrap();
-
-    let python = venv_python();
+    let tokens = tokens();
+    let ours = stage_logits(&stages, &tokens);
+    let theirs = python_logits("hf_logits.py", &out, &tokens, &dir);
+    let diff = max_diff(&ours, &theirs);
+    println!("export: max |logit difference| {diff:e}");
     assert!(
-        python.exists(),
-        "{} is missing: run ./scripts/setup.sh",
-        python.display()
+        diff <= 1e-4,
+        "transformers' logits differ from the stages' by {diff}"
     );
-    let tokens_path = dir.join("tokens.json");
-    std::fs::write(&tokens_path, serde_json::to_string(&tokens).unwrap()).unwrap();
-    let logits_path = dir.join("hf-logits.json");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/hf_logits.py");
-    let hf = Command::new(&python)
-        .arg(&script)
-        .arg(&out)
-        .arg(&tokens_path)
-        .arg(&logits_path)
-        .env("HF_HUB_OFFLINE", "1")
-        .env("TRANSFORMERS_OFFLINE", "1")
-        .output()
-        .unwrap();
-    assert!(
-        hf.status.success(),
-        "transformers loads the export: {}",
-        String::from_utf8_lossy(&hf.stderr)
-    );
-    let theirs: Vec<Vec<Vec<f32>>> =
-        serde_json::from_str(&std::fs::read_to_string(&logits_path).unwrap()).unwrap();
-    let theirs: Vec<f32> = theirs.into_iter().flatten().flatten().collect();
-    assert_eq!(theirs.len(), ours.len(), "[2, 32, 256] logits");
-    let max_diff = ours
-        .iter()
-        .zip(&theirs)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    let spread = ours.iter().map(|v| v.abs()).fold(0f32, f32::max);
-    println!("export: max |logit difference| {max_diff:e} (largest |logit| {spread})");
-    assert!(spread > 0.1, "the logits are not trivially zero");
-    assert!(
-        max_diff <= 1e-4,
-        "transformers' logits differ from the stages' by {max_diff}"
-    );
+    // The documented plain-PyTorch forward agrees on this export too.
+    let plain = python_logits("iota_forward.py", &out, &tokens, &dir);
+    assert!(max_diff(&ours, &plain) <= 1e-4);
 
     // `generate` samples from the export: the prompt and 50 bytes, the same for one seed.
     let generate = |seed: &str| {
@@ -212,7 +263,7 @@ fn an_export_loads_in_transformers_with_the_logits_of_the_stages() {
 fn replicas_that_disagree_or_a_missing_stage_make_the_export_fail_saying_why() {
     tch::set_num_threads(1);
     let dir = scratch_dir("export-refused");
-    let run = run_config();
+    let run = run_config(0);
     let stages = stages(&run);
     let swarm = dir.join("swarm");
     std::fs::create_dir_all(&swarm).unwrap();
