@@ -1,6 +1,8 @@
-# Sourced by the other scripts: points cargo's tch build at the PyTorch in `.venv`.
-# torch-sys runs `python` from PATH when VIRTUAL_ENV is set, so the venv's bin comes first.
+# Sourced by the other scripts: the venv's Python first on PATH (the tests' Python scripts),
+# and the same libtorch that .cargo/config.toml names (set here too, so that a value left in
+# the environment cannot point torch-sys elsewhere).
 IOTA_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export VIRTUAL_ENV="$IOTA_ROOT/.venv"
 export PATH="$VIRTUAL_ENV/bin:$PATH"
-export LIBTORCH_USE_PYTORCH=1
+export LIBTORCH="$IOTA_ROOT/.venv/torch"
+unset LIBTORCH_USE_PYTORCH

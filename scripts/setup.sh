@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs PyTorch 2.11.0 (the version tch 0.24 is built against), and the transformers the
 # export test loads models with, into an ignored `.venv`, once: a second run finds them and
-# does nothing. Then links `.venv/torch-lib` to torch's
+# does nothing. Then links `.venv/torch` to the torch package and `.venv/torch-lib` to torch's
 # shared libraries, which the binaries find through their rpath (see .cargo/config.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,3 +29,5 @@ fi
 
 lib="$(.venv/bin/python -W ignore -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
 ln -sfn "$lib" .venv/torch-lib
+# torch-sys reads headers and libraries from here (LIBTORCH in .cargo/config.toml).
+ln -sfn "$(dirname "$lib")" .venv/torch
