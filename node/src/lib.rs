@@ -1,7 +1,8 @@
 //! The `iota-p2p` node: one participant of a decentralized training run, and the tools around it.
 //!
 //! `iota-p2p [flags]` runs a node; `keygen` prepares an identity; `local-swarm` starts a
-//! network of nodes on this machine. The binary's `main` calls [`main_entry`]; the
+//! network of nodes on this machine; `export` writes a run's model and `generate` samples
+//! from it. The binary's `main` calls [`main_entry`]; the
 //! [`launcher`] is public so that multi-node tests start nodes the way `local-swarm` does.
 //!
 //! # Layers
@@ -15,7 +16,9 @@
 //!    inbox messages, watch views and handles through which the services reach each other.
 //! 2. **Rules and state machines** — `rules`: who may say what and when, pure and
 //!    unit-tested, applied by the router before any service sees a message; `lifecycle`: a
-//!    miner's epoch (planned → merging → training → draining) with time as an argument.
+//!    miner's epoch (planned → merging → training → draining) with time as an argument;
+//!    `confirmation`: what a validator says of a merge it audited, and what a joiner makes
+//!    of the validators' answers.
 //! 3. **Services**, each a task that owns its state behind a bounded inbox and publishes
 //!    what others may read as a watch value:
 //!    * consensus — `orchestration`: heartbeats, the stake election, epoch plans;
@@ -24,14 +27,16 @@
 //!      (`merge::service`) that runs the miner's merges and the validator's audits;
 //!    * validator — `validator`: audits the merges closing each epoch (the home of scoring
 //!      and weights);
-//!    * observe — `status` and `http`: `/status` (from the watch values) and `/metrics`.
+//!    * observe — `status` and `http`: `/status` (from the watch values), `/metrics` and
+//!      the dashboard at `/`.
 //!
 //!    The miner merges and the validator audits through the merge service's handle.
 //! 4. **Router** — `router`: the only consumer of the p2p layer's events. It authorises
 //!    every message, reports every gossip verdict to gossipsub, and hands each message to
 //!    its service's inbox; it also keeps the plan book the rules read, from consensus.
 //! 5. **Node and tools** — `node` (starts the services, the router and the timers), `cli`,
-//!    `identity`, and the tooling: `launcher`, `swarm` (`local-swarm`), `fuzzing`.
+//!    `identity`, and the tooling: `launcher`, `swarm` (`local-swarm`), `fuzzing`, `export`
+//!    (a run's checkpoints to one safetensors model).
 
 mod cli;
 mod confirmation;
@@ -139,11 +144,12 @@ fn train_local(args: &cli::TrainLocalArgs) -> anyhow::Result<()> {
     };
     let report = training::local::run(&cfg, |p| {
         println!(
-            "step {:>6}/{}  train loss {}  held-out loss {:.4}  {:.0} tokens/s",
+            "step {:>6}/{} ({:>3.0} %)  train loss {}  held-out loss {}  {:.0} tokens/s",
             p.step,
             p.steps,
+            100.0 * p.step as f64 / p.steps.max(1) as f64,
             p.train_loss.map_or("-".to_string(), |l| format!("{l:.4}")),
-            p.val_loss,
+            p.val_loss.map_or("-".to_string(), |l| format!("{l:.4}")),
             p.tokens_per_s
         );
     })?;

@@ -95,6 +95,7 @@ const LAYERS: &[(&str, usize, &str)] = &[
     ("handles", 1, "handles"),
     ("rules", 2, "rules"),
     ("lifecycle", 2, "lifecycle"),
+    ("confirmation", 2, "confirmation"),
     ("orchestration", 3, "consensus"),
     ("pipeline", 3, "miner"),
     ("merge", 3, "merge"),
@@ -108,6 +109,7 @@ const LAYERS: &[(&str, usize, &str)] = &[
     ("launcher", 5, "launcher"),
     ("swarm", 5, "swarm"),
     ("fuzzing", 5, "fuzzing"),
+    ("export", 5, "export"),
 ];
 
 #[test]

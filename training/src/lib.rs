@@ -9,6 +9,8 @@
 //! - [`checkpoint`]: weights and optimizer state on disk, newest verified first.
 //! - [`butterfly`]: partition plan, averaging and verification of stage replicas.
 //! - [`outer`]: the outer Nesterov step a merge takes on the replicas' averaged change.
+//! - [`export`]: the stages' weights as one safetensors model in the Hugging Face Llama layout.
+//! - [`generate`]: byte sampling with a KV cache from an exported model.
 
 pub mod butterfly;
 pub mod checkpoint;
