@@ -1,9 +1,11 @@
 //! The swarm against the single-process reference, side by side in one run: tokens per
 //! second, and held-out loss after the same number of tokens.
 //!
-//! Runs `iota-p2p local-swarm` (1 validator, 6 miners, 3 stages, tiny preset) and then
-//! `iota-p2p train-local` on the same preset, batch and sequence length, with as many
-//! libtorch threads as the machine has cores, for as many steps as the swarm trained samples.
+//! Runs `iota-p2p train-local` on the tiny preset, with as many libtorch threads as the
+//! machine has cores, for as many steps as the swarm will train samples, and then
+//! `iota-p2p local-swarm` (1 validator, 6 miners, 3 stages, same preset, batch and sequence
+//! length), whose `loss.svg` draws the reference's loss as a line. Both show their progress as
+//! they run.
 //! `IOTA_BENCH_EPOCHS` (default 6) and `IOTA_BENCH_SAMPLES` (samples per head per epoch,
 //! default 100) size the run; `IOTA_BENCH_RUN`, TOML fields of the run configuration, is
 //! laid over the swarm's (e.g. `IOTA_BENCH_RUN='outer_lr = 1.0'` to try other outer-step
@@ -27,17 +29,28 @@ fn result(output: &str, name: &str) -> std::collections::BTreeMap<String, f64> {
         .unwrap_or_default()
 }
 
+/// Runs the binary with `args`, echoing its output line by line as it comes (the progress of
+/// a run of several minutes), and returns it.
 fn run(args: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_iota-p2p"))
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iota-p2p"))
         .args(args)
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .spawn()
         .expect("the binary runs");
-    let text = String::from_utf8_lossy(&output.stdout).to_string();
-    assert!(
-        output.status.success(),
-        "{args:?} failed:\n{text}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let mut text = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            println!("{line}");
+            text.push_str(&line);
+            text.push('\n');
+        }
+    }
+    let status = child.wait().expect("the binary ends");
+    assert!(status.success(), "{args:?} failed:\n{text}");
     text
 }
 
@@ -60,6 +73,21 @@ fn main() {
     if !extra.is_empty() {
         println!("run configuration over the swarm's: {extra}");
     }
+    // The reference first, so that the swarm's report draws it beside its own curves.
+    let steps = epochs * samples * heads;
+    let local = run(&[
+        "train-local",
+        "--preset",
+        "tiny",
+        "--steps",
+        &steps.to_string(),
+        "--threads",
+        &cores.to_string(),
+        "--eval-interval",
+        "0",
+    ]);
+    let l = result(&local, "train-local");
+    let reference = l["val_loss"].to_string();
     let swarm = run(&[
         "local-swarm",
         "--run",
@@ -74,25 +102,12 @@ fn main() {
         &epochs.to_string(),
         "--samples-per-epoch",
         &samples.to_string(),
+        "--reference-loss",
+        &reference,
         "--out",
         &out.display().to_string(),
     ]);
-    print!("{swarm}");
     let s = result(&swarm, "local-swarm");
-    let steps = epochs * samples * heads;
-    let local = run(&[
-        "train-local",
-        "--preset",
-        "tiny",
-        "--steps",
-        &steps.to_string(),
-        "--threads",
-        &cores.to_string(),
-        "--eval-interval",
-        "0",
-    ]);
-    print!("{local}");
-    let l = result(&local, "train-local");
     let _ = std::fs::remove_dir_all(&out);
     let _ = std::fs::remove_file(&overrides);
     println!();

@@ -255,6 +255,10 @@ pub(crate) struct LocalSwarmArgs {
     /// inflate, inflate-samples, nan-merge. The report shows what the validators made of them.
     #[arg(long, value_name = "MODE[:COUNT]", value_parser = parse_adversary)]
     pub(crate) adversary: Vec<Adversary>,
+    /// Held-out loss of the single-process reference after the same tokens, drawn in
+    /// `loss.svg` as a line (the swarm benchmark passes the one it measured).
+    #[arg(long, value_name = "NATS")]
+    pub(crate) reference_loss: Option<f64>,
     /// Run configuration fields (TOML) over the swarm's own: e.g. `outer_lr = 1.5`.
     #[arg(long = "run", value_name = "FILE")]
     pub(crate) run: Option<PathBuf>,

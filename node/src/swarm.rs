@@ -300,7 +300,7 @@ async fn drive(
     .await?;
     let rows = rows.into_inner();
     let summary = report::Summary::new(&rows, epochs, &run, started.elapsed())?;
-    report::write(out, &rows, &summary, &run, nodes)?;
+    report::write(out, &rows, &summary, &run, nodes, args.reference_loss)?;
     if !args.adversary.is_empty() {
         // Let the last epoch's scores and their consensus settle before reading them.
         let statuses = settled_weights(nodes, epochs).await;

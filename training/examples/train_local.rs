@@ -30,11 +30,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let report = local::run(&cfg, |p| {
         println!(
-            "step {:>5}/{} train_loss {} val_loss {:.4} tokens/s {:.0}",
+            "step {:>5}/{} train_loss {} val_loss {} tokens/s {:.0}",
             p.step,
             p.steps,
             p.train_loss.map_or("-".into(), |l| format!("{l:.4}")),
-            p.val_loss,
+            p.val_loss.map_or("-".into(), |l| format!("{l:.4}")),
             p.tokens_per_s
         );
     })?;

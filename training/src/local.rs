@@ -111,8 +111,9 @@ pub struct Progress {
     pub steps: usize,
     /// Training loss of the last step (nats per byte), `None` before the first step.
     pub train_loss: Option<f32>,
-    /// Held-out loss (nats per byte).
-    pub val_loss: f32,
+    /// Held-out loss (nats per byte), when this report comes with an evaluation (the other
+    /// reports are the rate lines every tenth of the run).
+    pub val_loss: Option<f32>,
     /// Training tokens per second so far (evaluation time excluded).
     pub tokens_per_s: f64,
 }
@@ -321,7 +322,7 @@ impl Pipeline {
 }
 
 /// Trains `cfg.steps` steps, evaluating at the start, every `eval_interval` steps and at the
-/// end; `progress` is called after each evaluation.
+/// end; `progress` is called after each evaluation, and every tenth of the run without one.
 pub fn run(
     cfg: &LocalConfig,
     mut progress: impl FnMut(&Progress),
@@ -367,9 +368,10 @@ pub fn run(
         step: 0,
         steps: cfg.steps,
         train_loss: None,
-        val_loss: val_loss_start,
+        val_loss: Some(val_loss_start),
         tokens_per_s: 0.0,
     });
+    let rate_every = (cfg.steps / 10).max(1);
     let mut train_secs = 0.0;
     let mut tokens = 0;
     let mut train_loss = f32::NAN;
@@ -402,7 +404,15 @@ pub fn run(
                 step: done,
                 steps: cfg.steps,
                 train_loss: Some(train_loss),
-                val_loss,
+                val_loss: Some(val_loss),
+                tokens_per_s: tokens as f64 / train_secs,
+            });
+        } else if done % rate_every == 0 {
+            progress(&Progress {
+                step: done,
+                steps: cfg.steps,
+                train_loss: Some(train_loss),
+                val_loss: None,
                 tokens_per_s: tokens as f64 / train_secs,
             });
         }

@@ -21,13 +21,20 @@ fn tiny_preset_trained_200_steps_lowers_held_out_loss_by_a_quarter() {
         ..LocalConfig::default()
     };
     let mut seen = Vec::new();
-    let report = local::run(&cfg, |p| seen.push((p.step, p.val_loss))).unwrap();
+    let mut rates = Vec::new();
+    let report = local::run(&cfg, |p| match p.val_loss {
+        Some(val) => seen.push((p.step, val)),
+        None => rates.push(p.step),
+    })
+    .unwrap();
     assert_eq!(
         seen.iter().map(|s| s.0).collect::<Vec<_>>(),
         vec![0, 100, 200]
     );
     assert_eq!(seen[0].1, report.val_loss_start);
     assert_eq!(seen[2].1, report.val_loss);
+    // A rate line every tenth of the run between the evaluations.
+    assert_eq!(rates, vec![20, 40, 60, 80, 120, 140, 160, 180]);
     let drop = 1.0 - report.val_loss / report.val_loss_start;
     assert!(
         drop >= 0.25,

@@ -140,15 +140,20 @@ fn val_loss_span(rows: &[EpochStats], epochs: u64) -> anyhow::Result<((u64, f32)
     }
 }
 
-/// Writes `report.md` and `loss.svg` into `out`.
+/// Writes `report.md` and `loss.svg` into `out` (`reference`: the single-process held-out
+/// loss after the same tokens, drawn as a line when known).
 pub(crate) fn write(
     out: &Path,
     rows: &[EpochStats],
     summary: &Summary,
     run: &RunConfig,
     nodes: &[NodeProcess],
+    reference: Option<f64>,
 ) -> anyhow::Result<()> {
-    std::fs::write(out.join("loss.svg"), loss_svg(rows, summary.epochs))?;
+    std::fs::write(
+        out.join("loss.svg"),
+        loss_svg(rows, summary.epochs, reference)?,
+    )?;
     let names: BTreeMap<String, String> = nodes
         .iter()
         .map(|n| (crate::launcher::peer_of(&n.listen_addr()), n.name.clone()))
@@ -232,9 +237,12 @@ pub(crate) fn write(
     Ok(())
 }
 
-/// An SVG line chart of training and held-out loss per epoch.
-fn loss_svg(rows: &[EpochStats], epochs: u64) -> String {
-    let (w, h, pad) = (640.0, 360.0, 48.0);
+/// An SVG line chart (plotters) of training and held-out loss per epoch, with the
+/// single-process reference as a dashed line when it is known.
+fn loss_svg(rows: &[EpochStats], epochs: u64, reference: Option<f64>) -> anyhow::Result<String> {
+    use plotters::prelude::*;
+    // Training loss is the mean over an epoch: drawn at its middle; the held-out loss is of
+    // the weights the epoch started from.
     let train: Vec<(f64, f64)> = rows
         .iter()
         .filter_map(|r| r.train_loss.map(|l| (r.epoch as f64 + 0.5, l)))
@@ -243,48 +251,65 @@ fn loss_svg(rows: &[EpochStats], epochs: u64) -> String {
         .iter()
         .filter_map(|r| r.val_loss.map(|l| (r.epoch as f64, f64::from(l))))
         .collect();
-    let all = train.iter().chain(&val).map(|p| p.1);
-    let max_y = all.clone().fold(0.0, f64::max).max(1.0);
-    let max_x = (epochs as f64).max(1.0);
-    let x = |v: f64| pad + v / max_x * (w - 2.0 * pad);
-    let y = |v: f64| h - pad - v / max_y * (h - 2.0 * pad);
-    let line = |pts: &[(f64, f64)], color: &str| {
-        let d: Vec<String> = pts
-            .iter()
-            .map(|(a, b)| format!("{:.1},{:.1}", x(*a), y(*b)))
-            .collect();
-        format!(
-            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>",
-            d.join(" ")
-        )
-    };
-    let mut svg = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
-    svg += &format!("<rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>\n");
-    svg += &format!(
-        "<line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
-        h - pad,
-        w - pad,
-        h - pad
-    );
-    svg += &format!(
-        "<line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{}\" stroke=\"black\"/>\n",
-        h - pad
-    );
-    for i in 0..=4 {
-        let v = max_y * f64::from(i) / 4.0;
-        svg += &format!("<text x=\"4\" y=\"{:.1}\">{v:.2}</text>\n", y(v) + 4.0);
+    let ys: Vec<f64> = train
+        .iter()
+        .chain(&val)
+        .map(|p| p.1)
+        .chain(reference)
+        .filter(|v| v.is_finite())
+        .collect();
+    let top = ys.iter().copied().fold(1.0, f64::max) * 1.05;
+    let bottom = ys.iter().copied().fold(top, f64::min) * 0.9;
+    let right = (epochs as f64).max(1.0);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (720, 380)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("local-swarm loss", ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(52)
+            .build_cartesian_2d(0f64..right, bottom..top)?;
+        chart
+            .configure_mesh()
+            .x_desc("epoch")
+            .y_desc("nats per byte")
+            .draw()?;
+        let blue = RGBColor(31, 119, 180);
+        let red = RGBColor(214, 39, 40);
+        chart
+            .draw_series(LineSeries::new(train, blue.stroke_width(2)))?
+            .label("train")
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], blue.stroke_width(2))
+            });
+        chart
+            .draw_series(LineSeries::new(val.clone(), red.stroke_width(2)))?
+            .label("held-out")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], red.stroke_width(2)));
+        chart.draw_series(val.iter().map(|&p| Circle::new(p, 3, red.filled())))?;
+        if let Some(reference) = reference.filter(|r| r.is_finite()) {
+            let grey = RGBColor(90, 90, 90);
+            chart
+                .draw_series(DashedLineSeries::new(
+                    vec![(0.0, reference), (right, reference)],
+                    6,
+                    4,
+                    grey.stroke_width(1),
+                ))?
+                .label("one process (same tokens)")
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], grey));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
     }
-    svg += &format!(
-        "<text x=\"{:.1}\" y=\"{}\">epoch</text>\n",
-        w / 2.0,
-        h - 12.0
-    );
-    svg += &line(&train, "#1f77b4");
-    svg += "\n";
-    svg += &line(&val, "#d62728");
-    svg += &format!("\n<text x=\"{:.1}\" y=\"20\" fill=\"#1f77b4\">train loss</text><text x=\"{:.1}\" y=\"36\" fill=\"#d62728\">held-out loss (nats/byte)</text>\n", w - 200.0, w - 200.0);
-    svg += "</svg>\n";
-    svg
+    Ok(svg)
 }
 
 #[cfg(test)]
@@ -338,6 +363,29 @@ mod tests {
         let line = s.result_line();
         assert!(line.starts_with("RESULT local-swarm val_loss_start=5.5000 val_loss=2.0000"));
         assert!(!line.contains("NaN") && !line.contains("_epoch="), "{line}");
+    }
+
+    #[test]
+    fn the_loss_chart_draws_train_held_out_and_the_reference() {
+        let rows = rows(3, &[(0, 5.5), (1, 3.0), (2, 2.5), (3, 2.2)]);
+        let svg = super::loss_svg(&rows, 3, Some(1.9)).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+            "{svg}"
+        );
+        for label in [
+            "train",
+            "held-out",
+            "one process (same tokens)",
+            "epoch",
+            "nats per byte",
+        ] {
+            assert!(svg.contains(label), "{label} in {svg}");
+        }
+        // One dot per held-out evaluation.
+        assert_eq!(svg.matches("<circle").count(), 4, "{svg}");
+        let without = super::loss_svg(&rows, 3, None).unwrap();
+        assert!(!without.contains("one process"));
     }
 
     #[test]
