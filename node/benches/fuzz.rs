@@ -585,6 +585,7 @@ fn heartbeat_samples() -> Vec<Vec<u8>> {
             run_hash: "ef".repeat(32),
             epoch,
             stage,
+            dashboard: stage.map(|_| "http://127.0.0.1:9100".to_string()),
         }
         .to_bytes()
     })

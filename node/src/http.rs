@@ -155,9 +155,15 @@ fn classic_text(openmetrics: &str) -> String {
     out
 }
 
+/// The node's status; any page may read it (the dashboard of another node of the run reads
+/// its peers' `/status`), as it is read-only and holds nothing the node does not gossip.
 async fn status_json(State(state): State<AppState>) -> Response {
     match state.status.snapshot().await {
-        Ok(status) => axum::Json(status).into_response(),
+        Ok(status) => (
+            [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")],
+            axum::Json(status),
+        )
+            .into_response(),
         Err(error) => (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
     }
 }

@@ -210,9 +210,13 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
             tracing::info!(%bound, "serving /metrics and /status");
             println!("METRICS http://{bound}");
             let _ = std::io::stdout().flush();
-            Some(task)
+            Some((task, format!("http://{bound}")))
         }
         None => None,
+    };
+    let (http, dashboard) = match http {
+        Some((task, url)) => (Some(task), Some(url)),
+        None => (None, None),
     };
 
     let mut router = Router::new(RouterParts {
@@ -255,6 +259,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                     run_hash: agreed.run_hash.clone(),
                     epoch: agreed.epoch(),
                     stage: agreed.stage,
+                    dashboard: dashboard.clone(),
                 };
                 if let Err(error) = client.publish(&topics.heartbeat, beat.to_bytes()).await {
                     tracing::debug!(%error, "heartbeat not published");
@@ -265,6 +270,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 let now = Instant::now().into_std();
                 router.live().prune(now);
                 let live_peers = sorted_live(router.live(), now);
+                let peer_dashboards = dashboards(router.live(), now);
                 // Say why nothing happens, now and then, while nobody is elected.
                 let waiting = agreed.orchestrator.is_none()
                     && started.elapsed() >= NO_ORCHESTRATOR_HINT
@@ -277,6 +283,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 view.send_modify(|v| {
                     v.heartbeats_sent = counter;
                     v.live_peers = live_peers;
+                    v.peer_dashboards = peer_dashboards;
                 });
             }
             _ = tick.tick() => {
@@ -501,6 +508,22 @@ fn role_name(role: Role) -> &'static str {
     }
 }
 
+/// The HTTP servers live peers announce, keyed by peer: only `http://<ip>:<port>` (what a
+/// node announces), anything else a peer says is dropped.
+fn dashboards(
+    live: &LiveView,
+    now: std::time::Instant,
+) -> std::collections::BTreeMap<String, String> {
+    live.live(now)
+        .iter()
+        .filter_map(|(peer, beat)| {
+            let url = beat.dashboard.as_deref()?;
+            let addr: std::net::SocketAddr = url.strip_prefix("http://")?.parse().ok()?;
+            Some((peer.to_string(), format!("http://{addr}")))
+        })
+        .collect()
+}
+
 fn sorted_live(live: &LiveView, now: std::time::Instant) -> Vec<String> {
     let mut peers: Vec<String> = live
         .live(now)
@@ -546,6 +569,47 @@ pub(crate) async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_plain_http_addresses_peers_announce_reach_the_dashboard() {
+        let mut live = LiveView::new(Duration::from_secs(30));
+        let now = std::time::Instant::now();
+        let announced = [
+            Some("http://127.0.0.1:9100"),
+            Some("javascript:alert(1)"),
+            Some("http://evil.example:80"),
+            Some("http://127.0.0.1:9100/../admin"),
+            None,
+        ];
+        let mut kept = None;
+        for (i, url) in announced.into_iter().enumerate() {
+            let peer = p2p::identity::Keypair::generate_ed25519()
+                .public()
+                .to_peer_id();
+            if i == 0 {
+                kept = Some(peer.to_string());
+            }
+            let beat = Heartbeat {
+                peer_id: peer.to_string(),
+                role: Role::Miner,
+                counter: 1,
+                sent_at_ms: unix_ms(std::time::SystemTime::now()),
+                run_hash: "run".into(),
+                epoch: None,
+                stage: None,
+                dashboard: url.map(str::to_string),
+            };
+            live.observe(peer, beat, now);
+        }
+        let seen = dashboards(&live, now);
+        assert_eq!(
+            seen,
+            std::collections::BTreeMap::from([(
+                kept.unwrap(),
+                "http://127.0.0.1:9100".to_string()
+            )])
+        );
+    }
 
     #[test]
     fn a_waiting_node_says_why_nobody_is_elected() {

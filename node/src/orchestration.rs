@@ -574,6 +574,7 @@ mod tests {
             run_hash: run.to_hex(),
             epoch: None,
             stage: None,
+            dashboard: None,
         }
     }
 

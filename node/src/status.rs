@@ -19,6 +19,9 @@ pub(crate) struct NodeView {
     pub(crate) listen_addrs: Vec<String>,
     /// Peers whose heartbeats are fresh, sorted.
     pub(crate) live_peers: Vec<String>,
+    /// The HTTP servers (`http://<ip>:<port>`) live peers announce in their heartbeats: the
+    /// dashboard reads their `/status` too.
+    pub(crate) peer_dashboards: std::collections::BTreeMap<String, String>,
     /// Heartbeats this node has published.
     pub(crate) heartbeats_sent: u64,
     /// The elected orchestrator.

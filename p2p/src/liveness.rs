@@ -51,6 +51,10 @@ pub struct Heartbeat {
     pub epoch: Option<u64>,
     /// The pipeline stage the sender holds, if any.
     pub stage: Option<u32>,
+    /// Base URL (`http://<ip>:<port>`) of the sender's HTTP server, when it serves one
+    /// (`--metrics`): dashboards read its `/status` from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dashboard: Option<String>,
 }
 
 /// Why [`Heartbeat::from_bytes`] failed.
@@ -186,6 +190,7 @@ mod tests {
             run_hash: "run".into(),
             epoch: Some(3),
             stage: Some(1),
+            dashboard: None,
         }
     }
 

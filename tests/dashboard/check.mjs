@@ -1,6 +1,6 @@
 // Opens a node's dashboard in headless Chromium and checks what it shows against the node's
-// own /status: every miner of the plan under its stage, and the held-out loss curve gaining a
-// point as an epoch passes. Leaves a screenshot. Used by the dashboard test
+// own /status: every miner of the plan under its stage, each miner's own sample count read
+// from that miner's /status, and the held-out loss curve gaining a point as an epoch passes. Leaves a screenshot. Used by the dashboard test
 // (tests/tests/dashboard.rs); exits non-zero saying what was not seen.
 //
 // Usage: node check.mjs <dashboard url> <expected.json> <screenshot.png>
@@ -30,6 +30,17 @@ try {
         .locator(`[data-stage="${stage}"] [data-peer="${peer}"]`)
         .waitFor({ timeout: 30000 });
     }
+  }
+  // Each miner's own count, read from its /status (the peers it announced).
+  for (const peer of expected.stage_map.flat()) {
+    await page.waitForFunction(
+      (p) => {
+        const cell = document.querySelector(`#miners tr[data-peer="${p}"] td.served`);
+        return cell && /^[1-9][0-9]*$/.test(cell.textContent);
+      },
+      peer,
+      { timeout: 60000, polling: 500 },
+    );
   }
   const points = () => page.locator("circle.point-val").count();
   const before = await points();

@@ -1,7 +1,8 @@
 //! The dashboard in a real browser: a 3-stage local swarm runs, and headless Chromium (driven by
 //! `tests/dashboard/check.mjs` through playwright-core) opens its validator's `GET /` and must
-//! show every miner of the plan under its stage and the held-out loss curve gaining a point as
-//! an epoch passes. The screenshot stays in the test's scratch directory.
+//! show every miner of the plan under its stage, each miner's own sample count (read from the
+//! `/status` the miner announces in its heartbeats) and the held-out loss curve gaining a point
+//! as an epoch passes. The screenshot stays in the test's scratch directory.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::path::Path;
@@ -37,8 +38,9 @@ async fn the_dashboard_shows_the_stage_map_and_a_growing_loss_curve_in_chromium(
             "1",
             "--stages",
             "3",
+            // Long enough that the curve still grows once every miner's count is shown.
             "--epochs",
-            "4",
+            "8",
             "--samples-per-epoch",
             "40",
             "--timeout-secs",

@@ -1,6 +1,32 @@
 // The node's dashboard: follows GET /status once a second and draws what the node knows of
-// the run. No library, no build step: the node serves this file as it is.
+// the run, and the /status of every peer that announces its HTTP server (their own counts).
+// No library, no build step: the node serves this file as it is. Everything shown is set as
+// text, never as HTML: a peer's status is not trusted.
 "use strict";
+
+// The latest /status of each peer that announced one (peer id -> status).
+const peerStatus = new Map();
+
+async function followPeers(status) {
+  const urls = status.peer_dashboards || {};
+  await Promise.all(
+    Object.entries(urls).map(async ([peer, url]) => {
+      try {
+        const controller = new AbortController();
+        const timer = setTimeout(() => controller.abort(), 2000);
+        const response = await fetch(`${url}/status`, { cache: "no-store", signal: controller.signal });
+        clearTimeout(timer);
+        if (!response.ok) return;
+        const theirs = await response.json();
+        // Only a status that names the peer it was announced by.
+        if (theirs && theirs.peer_id === peer) peerStatus.set(peer, theirs);
+      } catch (_) {
+        peerStatus.delete(peer);
+      }
+    }),
+  );
+  for (const peer of [...peerStatus.keys()]) if (!(peer in urls)) peerStatus.delete(peer);
+}
 
 const short = (peer) => (peer ? peer.slice(0, 8) + "…" + peer.slice(-6) : "–");
 const el = (tag, attrs = {}, text) => {
@@ -93,6 +119,9 @@ function drawMiners(status) {
     row.append(el("td", { class: "peer", title: peer }, short(peer)));
     row.append(el("td", {}, stageOf.has(peer) ? String(stageOf.get(peer)) : "–"));
     row.append(el("td", {}, String(samples[peer] || 0)));
+    const own = peerStatus.get(peer);
+    const served = own && typeof own.samples_processed === "number" ? String(own.samples_processed) : "–";
+    row.append(el("td", { class: "served" }, served));
     row.append(el("td", {}, wire[peer] !== undefined ? String(wire[peer]) : "–"));
     row.append(el("td", {}, weightOf.has(peer) ? Number(weightOf.get(peer)).toFixed(3) : "–"));
     body.append(row);
@@ -135,7 +164,9 @@ async function follow() {
   try {
     const response = await fetch("/status", { cache: "no-store" });
     if (!response.ok) throw new Error(`/status: ${response.status}`);
-    draw(await response.json());
+    const status = await response.json();
+    await followPeers(status);
+    draw(status);
     error.hidden = true;
   } catch (e) {
     error.hidden = false;
