@@ -67,6 +67,8 @@ pub enum WireFormat {
     Bf16,
     /// 8-bit integers with a per-token scale.
     Int8,
+    /// 4-bit integers with a per-token scale.
+    Int4,
 }
 
 impl WireFormat {
@@ -76,6 +78,7 @@ impl WireFormat {
             WireFormat::F32 => "f32",
             WireFormat::Bf16 => "bf16",
             WireFormat::Int8 => "int8",
+            WireFormat::Int4 => "int4",
         }
     }
 }

@@ -404,8 +404,10 @@ fn targets() -> Vec<Target> {
 
 fn frame_samples() -> Vec<Vec<u8>> {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    let cases: [(WireDtype, &[usize]); 8] = [
+    let cases: [(WireDtype, &[usize]); 10] = [
         (WireDtype::F32, &[5]),
+        (WireDtype::Int4, &[3, 5]),
+        (WireDtype::Int4, &[8, 32]),
         (WireDtype::Bf16, &[2, 3]),
         (WireDtype::Int8, &[2, 3, 4]),
         (WireDtype::F32, &[1, 2, 2, 3]),

@@ -7,7 +7,7 @@
 //! | 4 | magic `IOTW` |
 //! | 1 | version (1) |
 //! | 1 | kind: 0 activation, 1 gradient |
-//! | 1 | dtype: 0 f32, 1 bf16, 2 int8 (per-token bf16 absmax scale) |
+//! | 1 | dtype: 0 f32, 1 bf16, 2 int8, 3 int4 (both with a per-token bf16 absmax scale) |
 //! | 1 | rank `r`, 1..=[`MAX_DIMS`] |
 //! | 8 | run id |
 //! | 8 | sample id |
@@ -25,7 +25,8 @@
 //! values. Any failure is a typed [`DecodeError`].
 //!
 //! Quantisation bounds: f32 is exact; bf16 is within 2⁻⁸·|x| of each value; int8 is within half
-//! a scale step, `absmax(token) / 254` rounded up to a bf16, of each value.
+//! a scale step, `absmax(token) / 254` rounded up to a bf16, of each value; int4 likewise within
+//! `absmax(token) / 14` rounded up.
 
 mod quant;
 
@@ -67,6 +68,9 @@ pub enum WireDtype {
     Bf16,
     /// 1 byte per element plus a 2-byte scale per token (row of the last dimension).
     Int8,
+    /// Half a byte per element (a token's row padded to whole bytes) plus a 2-byte scale per
+    /// token.
+    Int4,
 }
 
 impl WireDtype {
@@ -75,6 +79,7 @@ impl WireDtype {
             WireDtype::F32 => 0,
             WireDtype::Bf16 => 1,
             WireDtype::Int8 => 2,
+            WireDtype::Int4 => 3,
         }
     }
 
@@ -83,6 +88,7 @@ impl WireDtype {
             0 => Some(WireDtype::F32),
             1 => Some(WireDtype::Bf16),
             2 => Some(WireDtype::Int8),
+            3 => Some(WireDtype::Int4),
             _ => None,
         }
     }
@@ -93,6 +99,7 @@ impl WireDtype {
             WireDtype::F32 => "f32",
             WireDtype::Bf16 => "bf16",
             WireDtype::Int8 => "int8",
+            WireDtype::Int4 => "int4",
         }
     }
 }
@@ -107,14 +114,19 @@ impl FromStr for WireDtype {
     type Err = ParseNameError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [WireDtype::F32, WireDtype::Bf16, WireDtype::Int8]
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| ParseNameError {
-                what: "wire dtype",
-                given: s.to_owned(),
-                expected: "f32, bf16, int8",
-            })
+        [
+            WireDtype::F32,
+            WireDtype::Bf16,
+            WireDtype::Int8,
+            WireDtype::Int4,
+        ]
+        .into_iter()
+        .find(|d| d.name() == s)
+        .ok_or_else(|| ParseNameError {
+            what: "wire dtype",
+            given: s.to_owned(),
+            expected: "f32, bf16, int8, int4",
+        })
     }
 }
 
@@ -302,7 +314,7 @@ pub enum DecodeError {
     #[error("non-finite value in payload")]
     NonFinite,
     /// An int8 code of -128, which encoders never write.
-    #[error("invalid int8 code")]
+    #[error("invalid int8 or int4 code")]
     BadCode,
 }
 

@@ -13,12 +13,14 @@ use training::wire::{self, Codec, DecodeLimits, FrameKind, FrameMeta, WireDtype}
 fn frames() -> &'static [Vec<u8>] {
     static FRAMES: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
     FRAMES.get_or_init(|| {
-        let cases: [(WireDtype, &[usize]); 5] = [
+        let cases: [(WireDtype, &[usize]); 7] = [
             (WireDtype::F32, &[3, 5]),
             (WireDtype::Bf16, &[2, 3, 4]),
             (WireDtype::Int8, &[4, 8]),
             (WireDtype::Int8, &[1, 1, 1, 1]),
             (WireDtype::Int8, &[16, 32]),
+            (WireDtype::Int4, &[4, 7]),
+            (WireDtype::Int4, &[16, 32]),
         ];
         cases
             .iter()

@@ -1,4 +1,5 @@
-//! Element encodings of the wire payload before zstd: f32, bf16 and int8 with a per-token scale.
+//! Element encodings of the wire payload before zstd: f32, bf16, and int8 or int4 with a
+//! per-token scale.
 //!
 //! Layouts (all little endian):
 //! - f32: `n × 4` bytes.
@@ -6,6 +7,9 @@
 //! - int8: `tokens × 2` bytes of bf16 scales, then `n` signed bytes in `-127..=127`, where a
 //!   token is one row of the last dimension. The scale is `absmax / 127` rounded *up* to a bf16,
 //!   so every element's error is at most half a scale step.
+//! - int4: `tokens × 2` bytes of bf16 scales (`absmax / 7` rounded up), then each token's
+//!   codes in `-7..=7`, two per byte (the first in the low nibble, two's complement), a
+//!   token's row padded to whole bytes with a zero nibble.
 
 /// Rounds an f32 to the nearest bf16 (ties to even), saturating finite values at ±max bf16.
 pub(crate) fn f32_to_bf16(x: f32) -> u16 {
@@ -47,6 +51,10 @@ pub(crate) fn raw_len(dtype: super::WireDtype, n: usize, row: usize) -> Option<u
             let tokens = n.checked_div(row)?;
             tokens.checked_mul(2)?.checked_add(n)
         }
+        super::WireDtype::Int4 => {
+            let tokens = n.checked_div(row)?;
+            tokens.checked_mul(2 + row.div_ceil(2))
+        }
     }
 }
 
@@ -77,6 +85,27 @@ pub(crate) fn quantise(dtype: super::WireDtype, values: &[f32], row: usize) -> V
             }
             out
         }
+        super::WireDtype::Int4 => {
+            let tokens = values.len() / row;
+            let packed = row.div_ceil(2);
+            let mut out = vec![0u8; tokens * (2 + packed)];
+            let (scales, codes) = out.split_at_mut(tokens * 2);
+            for (t, chunk) in values.chunks_exact(row).enumerate() {
+                let absmax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let scale_bits = bf16_ceil(absmax / 7.0);
+                scales[t * 2..t * 2 + 2].copy_from_slice(&scale_bits.to_le_bytes());
+                let scale = bf16_to_f32(scale_bits);
+                if scale > 0.0 {
+                    let bytes = &mut codes[t * packed..(t + 1) * packed];
+                    for (i, &v) in chunk.iter().enumerate() {
+                        let q = (v / scale).round().clamp(-7.0, 7.0) as i8;
+                        let nibble = (q as u8) & 0x0F;
+                        bytes[i / 2] |= if i % 2 == 0 { nibble } else { nibble << 4 };
+                    }
+                }
+            }
+            out
+        }
     }
 }
 
@@ -85,7 +114,8 @@ pub(crate) fn quantise(dtype: super::WireDtype, values: &[f32], row: usize) -> V
 pub(crate) enum DequantError {
     /// An element or scale is NaN or infinite, or a scale is negative.
     NonFinite,
-    /// An int8 code is -128, which the encoder never produces.
+    /// An int8 code is -128 or an int4 code -8, or an int4 row's padding nibble is not zero:
+    /// nothing the encoder produces.
     BadCode,
 }
 
@@ -119,6 +149,32 @@ pub(crate) fn dequantise(
                 for &c in chunk {
                     let q = c as i8;
                     if q == i8::MIN {
+                        return Err(DequantError::BadCode);
+                    }
+                    out.push(f32::from(q) * scale);
+                }
+            }
+        }
+        super::WireDtype::Int4 => {
+            let tokens = n / row;
+            let packed = row.div_ceil(2);
+            let (scales, codes) = raw.split_at(tokens * 2);
+            for (s, bytes) in scales.chunks_exact(2).zip(codes.chunks_exact(packed)) {
+                let scale = bf16_to_f32(u16::from_le_bytes([s[0], s[1]]));
+                if !scale.is_finite() || scale < 0.0 {
+                    return Err(DequantError::NonFinite);
+                }
+                for i in 0..packed * 2 {
+                    let nibble = (bytes[i / 2] >> (4 * (i % 2))) & 0x0F;
+                    if i >= row {
+                        if nibble != 0 {
+                            return Err(DequantError::BadCode);
+                        }
+                        continue;
+                    }
+                    // Sign-extend the 4-bit two's complement code.
+                    let q = ((nibble << 4) as i8) >> 4;
+                    if q == -8 {
                         return Err(DequantError::BadCode);
                     }
                     out.push(f32::from(q) * scale);

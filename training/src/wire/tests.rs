@@ -74,6 +74,55 @@ fn int8_round_trip_is_within_half_a_scale_step() {
 }
 
 #[test]
+fn int4_round_trip_is_within_half_a_scale_step_and_takes_half_a_byte() {
+    // An odd row width, so that each token's row ends in a padding nibble.
+    let (tokens, width) = (24, 33);
+    let v = values(tokens, width, 5);
+    let bytes = encode(&Codec::new(WireDtype::Int4), &meta(), &[tokens, width], &v).unwrap();
+    let f = decode(&bytes, &DecodeLimits::default()).unwrap();
+    for t in 0..tokens {
+        let row = &v[t * width..(t + 1) * width];
+        let absmax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let bound = absmax / 7.0 * (1.0 + 1.0 / 128.0) / 2.0;
+        for (a, b) in row.iter().zip(&f.values[t * width..(t + 1) * width]) {
+            assert!(
+                (a - b).abs() <= bound * 1.0001,
+                "token {t}: {a} vs {b}, bound {bound}"
+            );
+        }
+    }
+    let int8 = encode(&Codec::new(WireDtype::Int8), &meta(), &[tokens, width], &v).unwrap();
+    assert!(
+        bytes.len() < int8.len() * 3 / 4,
+        "int4 ({}) is well under int8 ({})",
+        bytes.len(),
+        int8.len()
+    );
+}
+
+#[test]
+fn an_int4_code_of_minus_eight_or_a_set_padding_nibble_is_refused() {
+    use super::quant::{dequantise, DequantError};
+    // One token of 3 values: a bf16 scale of 1.0, then codes 1, -1, 2 and a zero pad.
+    let scale = 0x3F80u16.to_le_bytes();
+    let good = [scale[0], scale[1], 0xF1, 0x02];
+    assert_eq!(
+        dequantise(WireDtype::Int4, &good, 3, 3).unwrap(),
+        vec![1.0, -1.0, 2.0]
+    );
+    let minus_eight = [scale[0], scale[1], 0x81, 0x02];
+    assert_eq!(
+        dequantise(WireDtype::Int4, &minus_eight, 3, 3),
+        Err(DequantError::BadCode)
+    );
+    let padded = [scale[0], scale[1], 0xF1, 0x12];
+    assert_eq!(
+        dequantise(WireDtype::Int4, &padded, 3, 3),
+        Err(DequantError::BadCode)
+    );
+}
+
+#[test]
 fn zero_rows_and_extreme_values_survive_int8() {
     let mut v = vec![0.0f32; 64];
     v[40] = f32::MAX;
@@ -106,7 +155,12 @@ fn non_finite_values_are_refused_by_the_encoder() {
 
 #[test]
 fn every_flipped_bit_and_every_truncation_is_rejected() {
-    for dtype in [WireDtype::F32, WireDtype::Bf16, WireDtype::Int8] {
+    for dtype in [
+        WireDtype::F32,
+        WireDtype::Bf16,
+        WireDtype::Int8,
+        WireDtype::Int4,
+    ] {
         let v = values(4, 8, 4);
         let bytes = encode(&Codec::new(dtype), &meta(), &[4, 8], &v).unwrap();
         let limits = DecodeLimits::default();
@@ -223,7 +277,12 @@ fn non_finite_payloads_are_rejected_even_with_a_valid_hash() {
 
 #[test]
 fn dtype_names_parse_back() {
-    for d in [WireDtype::F32, WireDtype::Bf16, WireDtype::Int8] {
+    for d in [
+        WireDtype::F32,
+        WireDtype::Bf16,
+        WireDtype::Int8,
+        WireDtype::Int4,
+    ] {
         assert_eq!(d.name().parse::<WireDtype>().unwrap(), d);
     }
     assert!("fp8".parse::<WireDtype>().is_err());
