@@ -303,7 +303,7 @@ async fn drive(
     report::write(out, &rows, &summary, &run, nodes, args.reference_loss)?;
     if !args.adversary.is_empty() {
         // Let the last epoch's scores and their consensus settle before reading them.
-        let statuses = settled_weights(nodes, epochs).await;
+        let statuses = settled_weights(nodes, epochs, args.validators as usize).await;
         let names: std::collections::BTreeMap<String, String> = nodes
             .iter()
             .map(|n| (crate::launcher::peer_of(&n.listen_addr()), n.name.clone()))
@@ -372,9 +372,14 @@ fn names_first(nodes: &[NodeProcess]) -> String {
     nodes.first().map(|n| n.name.clone()).unwrap_or_default()
 }
 
-/// Every node's `/status` once each one's consensus covers the last trained epoch (or after
-/// a bounded wait, whatever they hold then), in the order of `nodes`.
-async fn settled_weights(nodes: &[NodeProcess], epochs: u64) -> Vec<serde_json::Value> {
+/// Every node's `/status` once each one's consensus covers the last trained epoch with the
+/// weights of all `validators` (a validator that scores a moment later would otherwise be
+/// missing), or after a bounded wait, whatever they hold then; in the order of `nodes`.
+async fn settled_weights(
+    nodes: &[NodeProcess],
+    epochs: u64,
+    validators: usize,
+) -> Vec<serde_json::Value> {
     let latest = std::cell::RefCell::new(Vec::new());
     let waited = wait_for(
         "every node's consensus on the last epoch's weights",
@@ -387,7 +392,11 @@ async fn settled_weights(nodes: &[NodeProcess], epochs: u64) -> Vec<serde_json::
             }
             let behind = statuses
                 .iter()
-                .filter(|s| s["consensus_epoch"].as_u64().is_none_or(|e| e + 1 < epochs))
+                .filter(|s| {
+                    let heard = s["weights"]["validators"].as_array().map_or(0, Vec::len);
+                    s["consensus_epoch"].as_u64().is_none_or(|e| e + 1 < epochs)
+                        || heard < validators
+                })
                 .count();
             *latest.borrow_mut() = statuses;
             Ok((behind == 0, format!("{behind} node(s) behind")))
