@@ -376,22 +376,11 @@ impl Model {
 
 /// Rotary tables for every position of `cfg`: `[positions, head_dim / 2]`.
 fn rope(cfg: &Config) -> (Tensor, Tensor) {
-    let hd = cfg.hidden_size / cfg.num_attention_heads;
-    let half = hd / 2;
-    let positions = cfg.max_position_embeddings;
-    let mut cos = Vec::with_capacity(positions * half);
-    let mut sin = Vec::with_capacity(positions * half);
-    for pos in 0..positions {
-        for i in 0..half {
-            let angle = pos as f64 * cfg.rope_theta.powf(-(2.0 * i as f64) / hd as f64);
-            cos.push(angle.cos() as f32);
-            sin.push(angle.sin() as f32);
-        }
-    }
-    let shape = [positions as i64, half as i64];
-    (
-        Tensor::from_slice(&cos).reshape(shape),
-        Tensor::from_slice(&sin).reshape(shape),
+    crate::model::rope_tables_for(
+        cfg.hidden_size / cfg.num_attention_heads,
+        cfg.max_position_embeddings,
+        cfg.rope_theta,
+        tch::Device::Cpu,
     )
 }
 

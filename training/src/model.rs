@@ -282,18 +282,28 @@ pub(crate) struct Net {
 
 /// f32 rotary tables for `cfg` on `device`.
 pub(crate) fn rope_tables(cfg: &ModelConfig, device: tch::Device) -> (Tensor, Tensor) {
-    let half = cfg.head_dim() / 2;
-    let mut cos = Vec::with_capacity(cfg.max_seq * half);
-    let mut sin = Vec::with_capacity(cfg.max_seq * half);
-    for pos in 0..cfg.max_seq {
+    rope_tables_for(cfg.head_dim(), cfg.max_seq, ROPE_THETA, device)
+}
+
+/// f32 rotary tables `[positions, head_dim / 2]` (cos, sin) for base `theta` on `device`.
+pub(crate) fn rope_tables_for(
+    head_dim: usize,
+    positions: usize,
+    theta: f64,
+    device: tch::Device,
+) -> (Tensor, Tensor) {
+    let half = head_dim / 2;
+    let mut cos = Vec::with_capacity(positions * half);
+    let mut sin = Vec::with_capacity(positions * half);
+    for pos in 0..positions {
         for i in 0..half {
-            let freq = ROPE_THETA.powf(-(2.0 * i as f64) / cfg.head_dim() as f64);
+            let freq = theta.powf(-(2.0 * i as f64) / head_dim as f64);
             let angle = pos as f64 * freq;
             cos.push(angle.cos() as f32);
             sin.push(angle.sin() as f32);
         }
     }
-    let shape = [cfg.max_seq as i64, half as i64];
+    let shape = [positions as i64, half as i64];
     let t = |v: &[f32]| Tensor::from_slice(v).reshape(shape).to_device(device);
     (t(&cos), t(&sin))
 }
