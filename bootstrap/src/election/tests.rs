@@ -523,3 +523,43 @@ fn the_epoch_grows_no_faster_than_time_allows() {
         ],
     );
 }
+
+#[test]
+fn a_new_stake_snapshot_re_ranks_and_unseats_an_orchestrator_that_lost_its_candidacy() {
+    let mut tracker = serving_one();
+    let mut view = View::new();
+    let now = Duration::from_millis(100);
+    view.heard(&peer(1), now);
+    view.heard(&peer(2), now);
+    // Validator 1's stake moved away (or its binding lapsed): it is no candidate any more.
+    tracker.set_metagraph(&metagraph(&[(2, 200 * RAO_PER_TAO, true)]));
+    assert_eq!(tracker.phase(), &Phase::Vacant);
+    assert_eq!(
+        tracker.tick(now, &view).phase,
+        Phase::Serving {
+            orchestrator: peer(2)
+        }
+    );
+    assert_eq!(tracker.last_accepted_epoch(), Some(0), "accepted plans stay");
+    // Validator 3 outranks 2 in the next snapshot: 2 keeps the duty until the boundary.
+    tracker.set_metagraph(&metagraph(&[
+        (2, 200 * RAO_PER_TAO, true),
+        (3, 900 * RAO_PER_TAO, true),
+    ]));
+    view.heard(&peer(3), now);
+    assert_eq!(
+        tracker.tick(now, &view).phase,
+        Phase::Handover {
+            orchestrator: peer(2),
+            successor: peer(3)
+        }
+    );
+    // And if 3 drops out again before the boundary, 2 simply keeps serving.
+    tracker.set_metagraph(&metagraph(&[(2, 200 * RAO_PER_TAO, true)]));
+    assert_eq!(
+        tracker.phase(),
+        &Phase::Serving {
+            orchestrator: peer(2)
+        }
+    );
+}

@@ -250,6 +250,31 @@ impl OrchestratorTracker {
         }
     }
 
+    /// Takes a new snapshot of stake (the chain moved, or a binding changed who speaks for a
+    /// hotkey). The ranking is rebuilt from it; an orchestrator that is no longer a
+    /// candidate loses the duty at once (it is vacant until the next tick elects), and a
+    /// pending successor that is no longer a candidate is dropped. Plans already accepted
+    /// stay accepted.
+    pub fn set_metagraph(&mut self, metagraph: &Metagraph) {
+        self.ranking = Ranking::new(metagraph, self.config.min_validator_stake);
+        let is_candidate = |p: &PeerIdStr| self.ranking.rank_of(p).is_some();
+        self.phase = match &self.phase {
+            Phase::Vacant => Phase::Vacant,
+            Phase::Serving { orchestrator } | Phase::Handover { orchestrator, .. }
+                if !is_candidate(orchestrator) =>
+            {
+                Phase::Vacant
+            }
+            Phase::Handover {
+                orchestrator,
+                successor,
+            } if !is_candidate(successor) => Phase::Serving {
+                orchestrator: orchestrator.clone(),
+            },
+            other => other.clone(),
+        };
+    }
+
     /// Advances to `now` given what the node has heard.
     pub fn tick(&mut self, now: Duration, view: &View) -> Decision {
         let timeout = self.config.heartbeat_timeout;
