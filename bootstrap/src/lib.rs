@@ -9,15 +9,25 @@
 //!   boundaries, and accepts or rejects plans.
 //! * [`assignment`]: which stage each live miner holds.
 //! * [`EpochPlan`]: what the orchestrator publishes to open an epoch, and [`next_plan`].
+//! * [`identity`]: Bittensor hotkeys as signing keys: the hotkey files of `btcli` wallets
+//!   ([`identity::load_hotkey_file`], [`identity::write_hotkey_file`]), sr25519 signatures as
+//!   Substrate makes them ([`identity::HotkeyPair`]), and the [`identity::BindingClaim`] by
+//!   which a hotkey names the peer that speaks for it. The one module here that does IO.
+//! * [`chain`]: subtensor's runtime-API answers (`get_neurons_lite`, `get_subnet_state`)
+//!   decoded from the JSON-RPC hex and SCALE bytes into plain neurons, with every length
+//!   bounded and every byte accounted for.
 //!
-//! Nothing here does IO, reads a clock or draws randomness: callers pass file contents, the
+//! Apart from reading and writing hotkey files and drawing new keys in [`identity`], nothing
+//! here does IO, reads a clock or draws randomness: callers pass file contents, the
 //! time (`now`, a [`std::time::Duration`] since any fixed origin) and seeds. Peer ids are
 //! validated text ([`PeerIdStr`]), so this crate does not link libp2p.
 
 #![deny(missing_docs)]
 
 pub mod assignment;
+pub mod chain;
 pub mod election;
+pub mod identity;
 pub mod metagraph;
 mod peer_id;
 pub mod plan;

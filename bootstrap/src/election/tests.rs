@@ -540,7 +540,11 @@ fn a_new_stake_snapshot_re_ranks_and_unseats_an_orchestrator_that_lost_its_candi
             orchestrator: peer(2)
         }
     );
-    assert_eq!(tracker.last_accepted_epoch(), Some(0), "accepted plans stay");
+    assert_eq!(
+        tracker.last_accepted_epoch(),
+        Some(0),
+        "accepted plans stay"
+    );
     // Validator 3 outranks 2 in the next snapshot: 2 keeps the duty until the boundary.
     tracker.set_metagraph(&metagraph(&[
         (2, 200 * RAO_PER_TAO, true),
