@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Installs PyTorch 2.11.0 (the version tch 0.24 is built against), and the transformers the
-# export test loads models with, into an ignored `.venv`, once: a second run finds them and
-# does nothing. Then links `.venv/torch` to the torch package and `.venv/torch-lib` to torch's
-# shared libraries, which the binaries find through their rpath (see .cargo/config.toml).
+# Installs PyTorch 2.11.0 (the version tch 0.24 is built against), the transformers the
+# export test loads models with, and bittensor-wallet (the hotkey cross-check) into an ignored
+# `.venv`, once: a second run finds them and does nothing. Then links `.venv/torch` to the
+# torch package and `.venv/torch-lib` to torch's shared libraries, which the binaries find
+# through their rpath (see .cargo/config.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION=2.11.0
 # The export test loads an exported model with Hugging Face's Llama to compare logits.
 TRANSFORMERS_VERSION=5.24.0
+# The wallet cross-check (bootstrap/tests/bittensor_wallet.rs) loads hotkey files and checks
+# signatures with Bittensor's own wallet package.
+BITTENSOR_WALLET_VERSION=4.1.1
 PYTHON="${PYTHON:-python3}"
 
 have_torch() {
@@ -25,6 +29,11 @@ fi
 if ! .venv/bin/python -W ignore -c "import transformers, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
   echo "setup: installing transformers==$TRANSFORMERS_VERSION into .venv (once)" >&2
   .venv/bin/python -m pip install --quiet --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION"
+fi
+
+if ! .venv/bin/python -W ignore -c "import bittensor_wallet, sys; sys.exit(0 if bittensor_wallet.__version__ == '$BITTENSOR_WALLET_VERSION' else 1)" 2>/dev/null; then
+  echo "setup: installing bittensor-wallet==$BITTENSOR_WALLET_VERSION into .venv (once)" >&2
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check "bittensor-wallet==$BITTENSOR_WALLET_VERSION"
 fi
 
 lib="$(.venv/bin/python -W ignore -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"

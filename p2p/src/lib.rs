@@ -11,11 +11,14 @@
 //! backoff), run periodic discovery rounds and dial every peer they learn of, so a network
 //! joined through one bootstrap node becomes fully known.
 //!
-//! Also here, pure and IO-free: [`LiveView`], who is alive from gossiped [`Heartbeat`]s.
+//! Also here, pure and IO-free: [`LiveView`], who is alive from gossiped [`Heartbeat`]s, and
+//! [`HotkeyBinding`]s (a Bittensor hotkey and a peer's libp2p key agreeing that the peer
+//! speaks for the hotkey), verified into a [`BindingBook`].
 
 #![warn(missing_docs)]
 
 mod behaviour;
+mod binding;
 mod client;
 mod codec;
 mod config;
@@ -28,6 +31,10 @@ mod metrics;
 mod scoring;
 mod swarm;
 
+pub use binding::{
+    BindingBook, BindingDecodeError, BindingError, BindingSignError, BookUpdate, HotkeyBinding,
+    VerifiedBinding, MAX_BINDING_BYTES,
+};
 pub use client::{Client, Event, GossipId, RequestId, Verdict};
 pub use codec::{Codec, PROTOCOL as RR_PROTOCOL};
 pub use config::{
