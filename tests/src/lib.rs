@@ -4,6 +4,8 @@
 //! directory as the tests), starts nodes through the node's own launcher and waits on
 //! conditions with deadlines. The tests live in `tests/`.
 
+pub mod chain_replay;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
