@@ -154,6 +154,16 @@ pub enum MetagraphError {
         /// The earlier entry's uid.
         first_uid: u16,
     },
+    /// A neuron of a chain answer says it belongs to another subnet than the one asked for.
+    #[error("uid {uid} is a neuron of netuid {netuid}, not of netuid {expected}")]
+    WrongNetuid {
+        /// The neuron's uid.
+        uid: u16,
+        /// The subnet the neuron names.
+        netuid: u16,
+        /// The subnet asked for.
+        expected: u16,
+    },
     /// A local run with more neurons than uids exist.
     #[error("a local run has {count} neurons; uids stop at {}", u16::MAX)]
     TooManyNeurons {
@@ -204,6 +214,40 @@ impl fmt::Display for UidLabel {
 }
 
 impl Metagraph {
+    /// The snapshot of `netuid` at `block` from the chain's neurons, as far as this node can
+    /// bind them to peers: a neuron counts only when `peer_of` knows the peer id that proved
+    /// (by a verified binding) to speak for its hotkey. Stake is the chain's stake list (the
+    /// subnet's alpha on dynamic-TAO runtimes, see [`crate::chain`]); the validator permit is
+    /// the chain's. Fails on a neuron of another subnet and on the duplicates [`Self::new`]
+    /// refuses.
+    pub fn from_chain(
+        netuid: u16,
+        block: u64,
+        neurons: &[crate::chain::ChainNeuron],
+        mut peer_of: impl FnMut(&Hotkey) -> Option<PeerIdStr>,
+    ) -> Result<Self, MetagraphError> {
+        let mut bound = Vec::new();
+        for n in neurons {
+            if n.netuid != netuid {
+                return Err(MetagraphError::WrongNetuid {
+                    uid: n.uid,
+                    netuid: n.netuid,
+                    expected: netuid,
+                });
+            }
+            if let Some(peer_id) = peer_of(&n.hotkey) {
+                bound.push(Neuron {
+                    uid: n.uid,
+                    hotkey: n.hotkey.clone(),
+                    peer_id,
+                    stake: n.stake,
+                    validator_permit: n.validator_permit,
+                });
+            }
+        }
+        Self::new(netuid, block, bound)
+    }
+
     /// Checks `neurons` for duplicates and builds the snapshot. Errors name entries by their
     /// position in `neurons`.
     pub fn new(netuid: u16, block: u64, neurons: Vec<Neuron>) -> Result<Self, MetagraphError> {

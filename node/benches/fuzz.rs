@@ -588,6 +588,7 @@ fn heartbeat_samples() -> Vec<Vec<u8>> {
             epoch,
             stage,
             dashboard: stage.map(|_| "http://127.0.0.1:9100".to_string()),
+            binding: None,
         }
         .to_bytes()
     })

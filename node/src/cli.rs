@@ -61,6 +61,28 @@ pub(crate) enum Command {
     Export(ExportArgs),
     /// Sample text from an exported model (byte by byte, with a KV cache).
     Generate(GenerateArgs),
+    /// Print a subnet's neurons as read from subtensor: uid, hotkey, stake, permit, active,
+    /// and the peer id a running node has verified for the hotkey. On dynamic-TAO runtimes
+    /// the stake is the subnet's alpha (α), not TAO.
+    Metagraph(MetagraphArgs),
+}
+
+/// Options of `metagraph`.
+#[derive(Debug, Args)]
+pub(crate) struct MetagraphArgs {
+    /// Subtensor node (`ws://`, `wss://`, `http://` or `https://`).
+    #[arg(long, value_name = "URL")]
+    pub(crate) subtensor: String,
+    /// The subnet.
+    #[arg(long, value_name = "N")]
+    pub(crate) netuid: u16,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// A running node's HTTP server (its `--metrics` address, `http://IP:PORT`): the peer ids
+    /// bound to the hotkeys are read from its `/status`.
+    #[arg(long, value_name = "URL")]
+    pub(crate) node: Option<String>,
 }
 
 /// Options of a node.
@@ -101,10 +123,21 @@ pub(crate) struct NodeArgs {
     pub(crate) metrics: Option<SocketAddr>,
 
     /// Stake snapshot of the run (JSON: netuid, block, neurons with uid, hotkey, peer_id,
-    /// stake in rao, validator_permit); the same file on every node. Without it no
-    /// orchestrator can be elected.
-    #[arg(long, env = "IOTA_METAGRAPH", value_name = "FILE")]
+    /// stake in rao, validator_permit); the same file on every node. Without it (or
+    /// `--subtensor`) no orchestrator can be elected.
+    #[arg(
+        long,
+        env = "IOTA_METAGRAPH",
+        value_name = "FILE",
+        conflicts_with = "subtensor"
+    )]
     pub(crate) metagraph: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub(crate) chain: ChainArgs,
+
+    #[command(flatten)]
+    pub(crate) wallet: WalletArgs,
 
     /// Run configuration (TOML); built-in defaults without it. Every node of a run must use
     /// the same one: its hash travels in heartbeats and a node of another run is refused.
@@ -134,6 +167,64 @@ pub(crate) struct NodeArgs {
     /// stale gradient), so the effective batch grows with it. See docs/BENCHMARKS.md.
     #[arg(long, env = "IOTA_HEAD_WINDOW", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=8))]
     pub(crate) head_window: u64,
+}
+
+/// Where a node reads stake from the chain, and how often it talks to it.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ChainArgs {
+    /// Subtensor node to read the subnet's stake from and to submit weights to
+    /// (`ws://`, `wss://`, `http://` or `https://`), instead of `--metagraph`. A peer's stake
+    /// counts only once it proves its hotkey (see `--hotkey`).
+    #[arg(long, env = "IOTA_SUBTENSOR", value_name = "URL", requires = "netuid")]
+    pub(crate) subtensor: Option<String>,
+
+    /// The subnet on the chain.
+    #[arg(long, env = "IOTA_NETUID", value_name = "N", requires = "subtensor")]
+    pub(crate) netuid: Option<u16>,
+
+    /// Seconds between reads of the subnet's neurons (default: one tempo, 360 blocks of 12 s).
+    #[arg(long, env = "IOTA_STAKE_REFRESH_SECS", default_value_t = 4320.0, value_parser = parse_refresh_secs)]
+    pub(crate) stake_refresh_secs: f64,
+
+    /// A validator submits its weights once every this many scored epochs.
+    #[arg(long, env = "IOTA_WEIGHTS_EVERY", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub(crate) weights_every: u64,
+
+    /// ... and never within this many blocks of its last submission (subtensor's default
+    /// `WeightsSetRateLimit` is 100 blocks; a submission sooner is refused by the chain).
+    #[arg(long, env = "IOTA_WEIGHTS_MIN_BLOCKS", default_value_t = 100)]
+    pub(crate) weights_min_blocks: u64,
+
+    /// Seconds one call to the chain node may take before it counts as failed.
+    #[arg(long, env = "IOTA_CHAIN_TIMEOUT_SECS", default_value_t = 30.0, value_parser = parse_positive_secs)]
+    pub(crate) chain_timeout_secs: f64,
+
+    /// `version_key` of the weights submitted (the subnet's `WeightsVersionKey`).
+    #[arg(long, env = "IOTA_WEIGHTS_VERSION_KEY", default_value_t = 0)]
+    pub(crate) weights_version_key: u64,
+}
+
+/// A Bittensor hotkey, given as a file or the wallet way (`<wallet-path>/<wallet>/hotkeys/<hotkey-name>`).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct WalletArgs {
+    /// Hotkey file (a Bittensor wallet's `hotkeys/<name>` JSON) the node proves its stake
+    /// with: it signs a binding of this node's peer id that every heartbeat carries.
+    #[arg(long, env = "IOTA_HOTKEY", value_name = "FILE", conflicts_with_all = ["wallet", "hotkey_name"])]
+    pub(crate) hotkey: Option<PathBuf>,
+    /// Directory of the Bittensor wallets (default `~/.bittensor/wallets`).
+    #[arg(long = "wallet-path", env = "IOTA_WALLET_PATH", value_name = "DIR")]
+    pub(crate) wallet_path: Option<PathBuf>,
+    /// Wallet name (the hotkey is `<wallet-path>/<wallet>/hotkeys/<hotkey-name>`).
+    #[arg(long = "wallet", env = "IOTA_WALLET", value_name = "NAME")]
+    pub(crate) wallet: Option<String>,
+    /// Hotkey name inside the wallet (default `default`).
+    #[arg(
+        long = "hotkey-name",
+        env = "IOTA_HOTKEY_NAME",
+        value_name = "NAME",
+        requires = "wallet"
+    )]
+    pub(crate) hotkey_name: Option<String>,
 }
 
 /// Faults a node can be told to commit, for tests of the others' defences (and of its own
@@ -167,10 +258,15 @@ pub(crate) enum Fault {
 
 /// Options of `keygen`.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["data_dir", "hotkey"])))]
 pub(crate) struct KeygenArgs {
     /// Directory that holds (or will hold) the node identity.
     #[arg(long = "data-dir", env = "IOTA_DATA_DIR", value_name = "DIR")]
-    pub(crate) data_dir: PathBuf,
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Also (or only) create a test hotkey file, in the format of Bittensor wallets, at this
+    /// path (refused if it exists); prints its SS58 address.
+    #[arg(long = "hotkey", value_name = "FILE")]
+    pub(crate) hotkey: Option<PathBuf>,
 }
 
 /// Options of `export`.
@@ -335,6 +431,14 @@ fn parse_bootstrap(s: &str) -> Result<Multiaddr, String> {
 /// Parses a compute device.
 fn parse_device(s: &str) -> Result<training::Device, String> {
     training::parse_device(s).map_err(|e| e.to_string())
+}
+
+/// Parses the seconds between stake refreshes: at least 1, at most a day.
+fn parse_refresh_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (1.0..=86_400.0).contains(&v) => Ok(v),
+        _ => Err("expected a number of seconds in [1, 86400]".into()),
+    }
 }
 
 /// Parses a positive number of seconds.

@@ -56,6 +56,11 @@ pub(crate) enum HeartbeatRejected {
     NotFresh(&'static str),
     /// A miner outside the metagraph while the run's open places are taken.
     NotRegistered,
+    /// The hotkey binding it carries does not verify (forged, replayed by another peer, for
+    /// another subnet, of the wrong shape): the metric label says which.
+    BadBinding(&'static str),
+    /// The hotkey binding it carries has expired, or expires too far ahead (a clock off).
+    StaleBinding,
 }
 
 impl HeartbeatRejected {
@@ -66,6 +71,8 @@ impl HeartbeatRejected {
             HeartbeatRejected::NotAuthor => "heartbeat_not_author",
             HeartbeatRejected::NotFresh(reason) => reason,
             HeartbeatRejected::NotRegistered => "miner_not_registered",
+            HeartbeatRejected::BadBinding(reason) => reason,
+            HeartbeatRejected::StaleBinding => "binding_stale",
         }
     }
 }
@@ -96,6 +103,29 @@ pub(crate) struct ConsensusView {
     pub(crate) stage: Option<u32>,
     /// The consensus of the validators' weights for the latest epoch any were heard for.
     pub(crate) weights: Option<ConsensusWeights>,
+    /// Uid of each peer the metagraph in force binds to one (validators weigh by uid).
+    pub(crate) uids: BTreeMap<String, u16>,
+    /// Grows each time the metagraph in force or the hotkey bindings change.
+    pub(crate) metagraph_generation: u64,
+    /// With stake from the chain: every verified hotkey binding, hotkey (SS58) → peer id.
+    pub(crate) bindings: BTreeMap<String, String>,
+    /// With stake from the chain: hotkeys of its snapshot that have a verified binding.
+    pub(crate) bound_hotkeys: usize,
+}
+
+/// The subnet's neurons at one block, as the chain answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ChainStake {
+    /// The subnet.
+    pub(crate) netuid: u16,
+    /// The block read at.
+    pub(crate) block: u64,
+    /// Its hash.
+    pub(crate) block_hash: String,
+    /// The neurons, in uid order.
+    pub(crate) neurons: Vec<bootstrap::chain::ChainNeuron>,
+    /// Whether the runtime wrapped the answer in a `Vec<u8>` (older runtimes).
+    pub(crate) wrapped: bool,
 }
 
 /// The validators' weights for one epoch, combined by Yuma consensus.
@@ -181,6 +211,13 @@ pub(crate) enum ConsensusMsg {
         epoch: u64,
         weights: Vec<(u16, u16)>,
     },
+    /// A good read of the subnet's neurons from the chain.
+    ChainStake(Box<ChainStake>),
+    /// This node's own hotkey binding, new or renewed.
+    OwnBinding {
+        binding: Box<p2p::HotkeyBinding>,
+        wall_ms: u64,
+    },
 }
 
 /// The consensus service, as the router and the node's loop see it.
@@ -224,6 +261,33 @@ impl ConsensusHandle {
     /// Advances the election.
     pub(crate) async fn tick(&self, progress: EpochProgress) -> Result<(), ServiceGone> {
         send(&self.tx, "consensus", ConsensusMsg::Tick { progress }).await
+    }
+
+    /// Hands consensus this node's own hotkey binding.
+    pub(crate) async fn own_binding(
+        &self,
+        binding: p2p::HotkeyBinding,
+        wall_ms: u64,
+    ) -> Result<(), ServiceGone> {
+        send(
+            &self.tx,
+            "consensus",
+            ConsensusMsg::OwnBinding {
+                binding: Box::new(binding),
+                wall_ms,
+            },
+        )
+        .await
+    }
+
+    /// Hands consensus a new read of the subnet's neurons from the chain.
+    pub(crate) async fn chain_stake(&self, stake: ChainStake) -> Result<(), ServiceGone> {
+        send(
+            &self.tx,
+            "consensus",
+            ConsensusMsg::ChainStake(Box::new(stake)),
+        )
+        .await
     }
 
     /// Hands consensus a validator's weights for `epoch`.

@@ -1,6 +1,7 @@
 //! The `iota-p2p` node: one participant of a decentralized training run, and the tools around it.
 //!
-//! `iota-p2p [flags]` runs a node; `keygen` prepares an identity; `local-swarm` starts a
+//! `iota-p2p [flags]` runs a node; `keygen` prepares an identity (and a test hotkey);
+//! `metagraph` prints a subnet as subtensor holds it; `local-swarm` starts a
 //! network of nodes on this machine; `export` writes a run's model and `generate` samples
 //! from it. The binary's `main` calls [`main_entry`]; the
 //! [`launcher`] is public so that multi-node tests start nodes the way `local-swarm` does.
@@ -29,6 +30,9 @@
 //!      and weights);
 //!    * observe — `status` and `http`: `/status` (from the watch values), `/metrics` and
 //!      the dashboard at `/`.
+//!    * chain — [`chain`]: with `--subtensor`, the reader of the subnet's stake (handed to
+//!      consensus, which binds it to peers by their verified hotkey bindings), a
+//!      validator's `set_weights` submitter, and the `metagraph` command.
 //!
 //!    The miner merges and the validator audits through the merge service's handle.
 //! 4. **Router** — `router`: the only consumer of the p2p layer's events. It authorises
@@ -38,6 +42,7 @@
 //!    `identity`, and the tooling: `launcher`, `swarm` (`local-swarm`), `fuzzing`, `export`
 //!    (a run's checkpoints to one safetensors model).
 
+pub mod chain;
 mod cli;
 mod confirmation;
 mod export;
@@ -63,6 +68,8 @@ mod swarm;
 mod topics;
 mod validator;
 
+use anyhow::Context;
+
 /// Parses the command line, runs what it asks for, and gives the process exit code.
 pub fn main_entry() -> std::process::ExitCode {
     let cli = cli::Cli::parse_args();
@@ -82,6 +89,15 @@ pub fn main_entry() -> std::process::ExitCode {
         match cli.command {
             None => node::run(cli.node).await,
             Some(cli::Command::Keygen(args)) => keygen(&args),
+            Some(cli::Command::Metagraph(args)) => {
+                chain::show::metagraph_command(&chain::show::Query {
+                    subtensor: args.subtensor,
+                    netuid: args.netuid,
+                    json: args.json,
+                    node: args.node,
+                })
+                .await
+            }
             Some(cli::Command::LocalSwarm(args)) => swarm::run(args).await,
             Some(cli::Command::Export(args)) => {
                 tokio::task::spawn_blocking(move || export::run(&args)).await?
@@ -105,8 +121,16 @@ pub fn main_entry() -> std::process::ExitCode {
 
 /// Creates the identity in `--data-dir` if absent and prints the peer id as the last line.
 fn keygen(args: &cli::KeygenArgs) -> anyhow::Result<()> {
-    let keypair = identity::load_or_create(&args.data_dir)?;
-    println!("{}", keypair.public().to_peer_id());
+    if let Some(dir) = &args.data_dir {
+        let keypair = identity::load_or_create(dir)?;
+        println!("{}", keypair.public().to_peer_id());
+    }
+    if let Some(path) = &args.hotkey {
+        let key = bootstrap::identity::NewHotkey::generate().context("drawing a new hotkey")?;
+        bootstrap::identity::write_hotkey_file(path, &key, false)
+            .with_context(|| format!("--hotkey {}", path.display()))?;
+        println!("{}", key.pair().hotkey());
+    }
     Ok(())
 }
 

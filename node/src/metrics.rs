@@ -214,3 +214,83 @@ impl PipelineMetrics {
             .get()
     }
 }
+
+/// Metrics of the chain (subtensor) as a stake source and a weight sink.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ChainMetrics {
+    /// `iota_chain_stake_age_seconds`: seconds since the stake snapshot in force was read
+    /// from the chain (-1: none read yet). It grows while reads fail: the staleness alarm.
+    pub(crate) stake_age_seconds: Gauge<f64, AtomicU64>,
+    /// `iota_chain_stake_block`: the block the stake snapshot in force was read at.
+    pub(crate) stake_block: Gauge,
+    /// `iota_chain_neurons`: neurons in the snapshot in force.
+    pub(crate) neurons: Gauge,
+    /// `iota_chain_bound_hotkeys`: the snapshot's hotkeys with a verified binding to a peer.
+    pub(crate) bound_hotkeys: Gauge,
+    /// `iota_chain_reads_failed_total{reason}`: reads of the neurons that failed (the last
+    /// good snapshot stays in force).
+    reads_failed: Family<ReasonLabels, Counter>,
+    /// `iota_chain_weights_submitted_total`: `set_weights` extrinsics the chain accepted
+    /// into its pool.
+    pub(crate) weights_submitted: Counter,
+    /// `iota_chain_weights_failed_total{reason}`: weight submissions that failed.
+    weights_failed: Family<ReasonLabels, Counter>,
+}
+
+impl ChainMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub(crate) fn new(registry: &mut Registry) -> Self {
+        let m = ChainMetrics::default();
+        m.stake_age_seconds.set(-1.0);
+        registry.register(
+            "iota_chain_stake_age_seconds",
+            "Seconds since the stake snapshot in force was read from the chain (-1: none yet)",
+            m.stake_age_seconds.clone(),
+        );
+        registry.register(
+            "iota_chain_stake_block",
+            "Block the stake snapshot in force was read at",
+            m.stake_block.clone(),
+        );
+        registry.register(
+            "iota_chain_neurons",
+            "Neurons in the stake snapshot in force",
+            m.neurons.clone(),
+        );
+        registry.register(
+            "iota_chain_bound_hotkeys",
+            "Hotkeys of the snapshot with a verified binding to a peer id",
+            m.bound_hotkeys.clone(),
+        );
+        registry.register(
+            "iota_chain_reads_failed",
+            "Failed reads of the subnet's neurons, by reason",
+            m.reads_failed.clone(),
+        );
+        registry.register(
+            "iota_chain_weights_submitted",
+            "set_weights extrinsics accepted into the chain's pool",
+            m.weights_submitted.clone(),
+        );
+        registry.register(
+            "iota_chain_weights_failed",
+            "Weight submissions that failed, by reason",
+            m.weights_failed.clone(),
+        );
+        m
+    }
+
+    /// Counts a failed read of the neurons.
+    pub(crate) fn read_failed(&self, reason: &'static str) {
+        self.reads_failed
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Counts a failed weight submission.
+    pub(crate) fn weights_failed(&self, reason: &'static str) {
+        self.weights_failed
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+}

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use bootstrap::identity::HotkeyPair;
 use bootstrap::{Metagraph, PeerIdStr, RunConfig};
 use p2p::{identity::Keypair, Event, Heartbeat, LiveView, Multiaddr, PeerId, Role};
 use prometheus_client::registry::Registry;
@@ -53,6 +54,48 @@ fn load_metagraph(args: &NodeArgs) -> anyhow::Result<Option<Metagraph>> {
     )?))
 }
 
+/// How long a node's own hotkey binding lives; it is renewed at half its life.
+const BINDING_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Loads the hotkey of `--hotkey` or of the wallet flags, if any was given.
+fn load_hotkey(args: &crate::cli::WalletArgs) -> anyhow::Result<Option<HotkeyPair>> {
+    let path = match (&args.hotkey, &args.wallet, &args.wallet_path) {
+        (Some(path), _, _) => path.clone(),
+        (None, None, None) => return Ok(None),
+        (None, wallet, wallet_path) => {
+            let home = std::env::var_os("HOME")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_default();
+            bootstrap::identity::hotkey_file_path(
+                &home,
+                wallet_path.as_deref(),
+                wallet.as_deref(),
+                args.hotkey_name.as_deref(),
+            )
+            .context("--wallet-path/--wallet/--hotkey-name")?
+        }
+    };
+    let pair = bootstrap::identity::load_hotkey_file(&path)
+        .with_context(|| format!("hotkey {}", path.display()))?;
+    Ok(Some(pair))
+}
+
+/// A binding of this node's peer id to its hotkey on `netuid`, good for [`BINDING_LIFETIME`].
+fn own_binding(
+    hotkey: &HotkeyPair,
+    keypair: &Keypair,
+    netuid: u16,
+) -> anyhow::Result<(p2p::HotkeyBinding, std::time::SystemTime)> {
+    let expires = std::time::SystemTime::now() + BINDING_LIFETIME;
+    let expires_at = expires
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("the clock is before 1970")?
+        .as_secs();
+    let binding = p2p::HotkeyBinding::sign(hotkey, keypair, netuid, expires_at)
+        .context("signing the hotkey binding")?;
+    Ok((binding, expires))
+}
+
 /// Reads a text file, refusing one larger than `limit` before reading it.
 fn read_limited(path: &std::path::Path, limit: u64) -> anyhow::Result<String> {
     let len = std::fs::metadata(path)?.len();
@@ -71,9 +114,38 @@ fn peer_str(peer: &PeerId) -> Option<PeerIdStr> {
 pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let run_config = load_run_config(&args)?;
     let metagraph = load_metagraph(&args)?;
+    let hotkey = load_hotkey(&args.wallet)?;
     let keypair = match &args.data_dir {
         Some(dir) => crate::identity::load_or_create(dir)?,
         None => Keypair::generate_ed25519(),
+    };
+    let chain_source = match (&args.chain.subtensor, args.chain.netuid) {
+        (Some(url), Some(netuid)) => Some(crate::chain::stake::StakeSource {
+            url: url.clone(),
+            netuid,
+            refresh: Duration::from_secs_f64(args.chain.stake_refresh_secs),
+            limits: crate::chain::jsonrpc::RpcLimits {
+                call_timeout: Duration::from_secs_f64(args.chain.chain_timeout_secs),
+                ..Default::default()
+            },
+        }),
+        _ => None,
+    };
+    let mut binding = match (&hotkey, &chain_source) {
+        (Some(hotkey), Some(source)) => {
+            let (binding, expires) = own_binding(hotkey, &keypair, source.netuid)?;
+            tracing::info!(hotkey = %hotkey.hotkey(), netuid = source.netuid, "this node speaks for its hotkey");
+            Some((binding, expires))
+        }
+        (Some(_), None) => {
+            tracing::warn!("--hotkey has no effect without --subtensor: the stake comes from --metagraph, which names peer ids itself");
+            None
+        }
+        (None, Some(_)) => {
+            tracing::warn!("no --hotkey: with stake from the chain this node has none, so it cannot be elected, registered, or submit weights");
+            None
+        }
+        (None, None) => None,
     };
     let local_peer_id = keypair.public().to_peer_id();
     // The spot checks' schedule is drawn from the private key: unpredictable to others.
@@ -89,7 +161,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     } else {
         Role::Miner
     };
-    if role == Role::Validator {
+    if role == Role::Validator && chain_source.is_none() {
         match metagraph.as_ref().and_then(|m| m.by_peer_id(&me)) {
             Some(n) if n.validator_permit => {}
             Some(_) => tracing::warn!(
@@ -114,6 +186,10 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let p2p_metrics = p2p::Metrics::new(&mut registry);
     let node_metrics = NodeMetrics::new(&mut registry);
     let pipeline_metrics = crate::metrics::PipelineMetrics::new(&mut registry);
+    let chain_metrics = chain_source
+        .as_ref()
+        .map(|_| crate::metrics::ChainMetrics::new(&mut registry));
+    let binding_keypair = keypair.clone();
     let config = p2p::Config {
         listen: args.listen.clone(),
         bootstrap: args.bootstrap.clone(),
@@ -122,15 +198,20 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     };
     let (client, mut events, event_loop) =
         p2p::spawn(keypair, config, p2p_metrics.clone()).context("starting the network")?;
-    let metagraph_for_validator = metagraph.clone();
     let metagraph_for_hints = metagraph.clone();
-    let orchestration = Orchestration::new(
+    let mut orchestration = Orchestration::new(
         me.clone(),
         role,
         run_config.clone(),
         metagraph,
         args.data_dir.as_deref(),
     );
+    if let Some(source) = &chain_source {
+        orchestration = orchestration.stake_from_chain(source.netuid);
+        if let Some((binding, _)) = &binding {
+            orchestration.on_own_binding(binding, unix_ms(std::time::SystemTime::now()));
+        }
+    }
     tracing::info!(peer = %local_peer_id, ?role, run = %run_config.run_name, run_hash = %orchestration.run_hash(), "node started");
 
     // The services, each a task behind a bounded inbox; they reach each other only through
@@ -176,7 +257,6 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         Role::Validator => {
             let (handle, task) = crate::validator::spawn(crate::validator::ValidatorParts {
                 merge: merge.clone(),
-                metagraph: metagraph_for_validator,
                 data_dir: args.data_dir.clone(),
                 consensus: consensus.clone(),
                 client: client.clone(),
@@ -191,6 +271,40 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         }
         Role::Miner => (None, None),
     };
+
+    // The chain: the stake reader, and a validator's weight submitter.
+    let mut chain_tasks = Vec::new();
+    if let (Some(source), Some(metrics)) = (&chain_source, &chain_metrics) {
+        chain_tasks.push(tokio::spawn(crate::chain::stake::run(
+            source.clone(),
+            consensus.clone(),
+            metrics.clone(),
+        )));
+        match (&validator, &hotkey) {
+            (Some(validator), Some(hotkey)) => {
+                let submitter = crate::chain::weights::Submitter {
+                    url: source.url.clone(),
+                    netuid: source.netuid,
+                    version_key: args.chain.weights_version_key,
+                    policy: crate::chain::weights::Policy {
+                        every_epochs: args.chain.weights_every,
+                        min_blocks: args.chain.weights_min_blocks,
+                    },
+                    hotkey: hotkey.clone(),
+                    limits: source.limits,
+                };
+                chain_tasks.push(tokio::spawn(crate::chain::weights::run(
+                    submitter,
+                    validator.weights.clone(),
+                    metrics.clone(),
+                )));
+            }
+            (Some(_), None) => tracing::warn!(
+                "this validator has no --hotkey: its weights will not go to the chain"
+            ),
+            _ => {}
+        }
+    }
 
     let (view, view_rx) = watch::channel(NodeView::default());
     let status = StatusSource {
@@ -251,6 +365,25 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
             _ = heartbeat.tick() => {
                 counter += 1;
                 let agreed = consensus.view();
+                if let Some(metrics) = &chain_metrics {
+                    metrics.bound_hotkeys.set(agreed.bound_hotkeys as i64);
+                }
+                // Renew this node's binding at half its life.
+                if let (Some((_, expires)), Some(hotkey), Some(source)) = (&binding, &hotkey, &chain_source) {
+                    let left = expires.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+                    if left < BINDING_LIFETIME / 2 {
+                        match own_binding(hotkey, &binding_keypair, source.netuid) {
+                            Ok(renewed) => {
+                                if consensus.own_binding(renewed.0.clone(), unix_ms(std::time::SystemTime::now())).await.is_err() {
+                                    break Err(ServiceGone("consensus").into());
+                                }
+                                tracing::info!("hotkey binding renewed");
+                                binding = Some(renewed);
+                            }
+                            Err(error) => tracing::warn!(%error, "hotkey binding not renewed"),
+                        }
+                    }
+                }
                 let beat = Heartbeat {
                     peer_id: local_peer_id.to_string(),
                     role,
@@ -260,6 +393,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                     epoch: agreed.epoch(),
                     stage: agreed.stage,
                     dashboard: dashboard.clone(),
+                    binding: binding.as_ref().map(|(b, _)| b.clone()),
                 };
                 if let Err(error) = client.publish(&topics.heartbeat, beat.to_bytes()).await {
                     tracing::debug!(%error, "heartbeat not published");
@@ -336,6 +470,10 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     drop(miner);
     drop(consensus);
     drop(merge);
+    for task in chain_tasks {
+        task.abort();
+        let _ = task.await;
+    }
     for task in [
         Some(consensus_task),
         Some(merge_task),
@@ -435,6 +573,11 @@ async fn on_tick(
         v.stage_sizes = stage_sizes;
         v.stage_map = stage_map;
         v.epoch_samples = epoch_samples;
+        if agreed.metagraph_generation != v.metagraph_generation {
+            v.metagraph_generation = agreed.metagraph_generation;
+            v.bindings = agreed.bindings.clone();
+            v.uids = agreed.uids.clone();
+        }
     });
     Ok(())
 }
@@ -598,6 +741,7 @@ mod tests {
                 epoch: None,
                 stage: None,
                 dashboard: url.map(str::to_string),
+                binding: None,
             };
             live.observe(peer, beat, now);
         }

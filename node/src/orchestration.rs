@@ -22,6 +22,7 @@ use p2p::{Heartbeat, Role};
 
 use crate::handles::{EpochProgress, HeartbeatRejected, PlanOutcome};
 
+mod chain;
 mod service;
 mod weights;
 pub(crate) use service::spawn;
@@ -110,6 +111,10 @@ pub(crate) struct Orchestration {
     run_hash: RunHash,
     tracker: Option<OrchestratorTracker>,
     metagraph: Option<Metagraph>,
+    /// Grows by one each time [`Self::set_metagraph`] changes the metagraph.
+    metagraph_generation: u64,
+    /// With stake from the chain: its neurons and the verified hotkey bindings.
+    chain: Option<chain::ChainBook>,
     validators: View,
     miners: BTreeMap<PeerIdStr, Duration>,
     /// When a miner was last heard for the first time (the first plan waits for quiet).
@@ -158,6 +163,8 @@ impl Orchestration {
             run_hash,
             tracker,
             metagraph,
+            metagraph_generation: 0,
+            chain: None,
             validators: View::new(),
             miners: BTreeMap::new(),
             last_new_miner: None,
@@ -169,6 +176,69 @@ impl Orchestration {
             weights: weights::WeightBook::default(),
             consensus_weights: None,
         }
+    }
+
+    /// Takes stake from subnet `netuid` of the chain (see [`chain`]) instead of a fixed
+    /// metagraph: none is in force until the first read arrives.
+    pub(crate) fn stake_from_chain(mut self, netuid: u16) -> Self {
+        self.chain = Some(chain::ChainBook::new(netuid));
+        self.metagraph = None;
+        self.tracker = None;
+        self
+    }
+
+    /// A good read of the chain's neurons.
+    pub(crate) fn on_chain_stake(&mut self, stake: crate::handles::ChainStake) {
+        let Some(book) = &mut self.chain else {
+            tracing::warn!("chain stake ignored: this node's stake is not from the chain");
+            return;
+        };
+        if book.on_stake(stake) == chain::Changed::Yes {
+            self.rebuild_from_chain();
+        }
+    }
+
+    /// This node's own binding (its heartbeats do not come back to it).
+    pub(crate) fn on_own_binding(&mut self, binding: &p2p::HotkeyBinding, wall_ms: u64) {
+        let Some(book) = &mut self.chain else {
+            return;
+        };
+        let Ok(me) = self.me.as_str().parse::<p2p::PeerId>() else {
+            return;
+        };
+        match book.on_binding(&me, binding, wall_ms / 1000) {
+            Ok(chain::Changed::Yes) => self.rebuild_from_chain(),
+            Ok(chain::Changed::No) => {}
+            Err(rejected) => {
+                tracing::error!(
+                    reason = rejected.reason(),
+                    "this node's own hotkey binding does not verify"
+                )
+            }
+        }
+    }
+
+    /// Rebuilds the metagraph from the chain's neurons and the bindings.
+    fn rebuild_from_chain(&mut self) {
+        let Some(metagraph) = self.chain.as_ref().and_then(chain::ChainBook::metagraph) else {
+            return;
+        };
+        self.set_metagraph(metagraph);
+    }
+
+    /// The verified hotkey bindings (hotkey → peer id), with stake from the chain.
+    pub(crate) fn bindings(&self) -> BTreeMap<String, String> {
+        self.chain
+            .as_ref()
+            .map(chain::ChainBook::bindings)
+            .unwrap_or_default()
+    }
+
+    /// Hotkeys of the chain's snapshot with a verified binding.
+    pub(crate) fn bound_hotkeys(&self) -> usize {
+        self.chain
+            .as_ref()
+            .map_or(0, chain::ChainBook::bound_hotkeys)
     }
 
     /// The run configuration's hash, as carried in heartbeats.
@@ -192,6 +262,15 @@ impl Orchestration {
             return Err(HeartbeatRejected::WrongRun {
                 theirs: beat.run_hash.clone(),
             });
+        }
+        if let (Some(book), Some(binding)) = (&mut self.chain, &beat.binding) {
+            let sender: p2p::PeerId = author
+                .as_str()
+                .parse()
+                .map_err(|_| HeartbeatRejected::NotAuthor)?;
+            if book.on_binding(&sender, binding, wall_ms / 1000)? == chain::Changed::Yes {
+                self.rebuild_from_chain();
+            }
         }
         if beat.role == Role::Miner && !self.may_mine(author, now) {
             return Err(HeartbeatRejected::NotRegistered);
@@ -263,6 +342,51 @@ impl Orchestration {
         let keep = self.run.heartbeat_timeout() * 2;
         self.miners.retain(|_, at| now.saturating_sub(*at) < keep);
         self.heartbeats.prune(wall_ms);
+    }
+
+    /// Puts a new metagraph in force (a chain refresh, or a binding that changed who speaks
+    /// for a hotkey): the election re-ranks at once (see
+    /// [`OrchestratorTracker::set_metagraph`]), miners and plans are judged by it from now on.
+    /// An unchanged metagraph changes nothing.
+    pub(crate) fn set_metagraph(&mut self, metagraph: Metagraph) {
+        if self.metagraph.as_ref() == Some(&metagraph) {
+            return;
+        }
+        match &mut self.tracker {
+            Some(tracker) => tracker.set_metagraph(&metagraph),
+            None => {
+                self.tracker = Some(OrchestratorTracker::new(
+                    &metagraph,
+                    TrackerConfig::from_run(&self.run),
+                ));
+            }
+        }
+        tracing::info!(
+            block = metagraph.block(),
+            neurons = metagraph.len(),
+            validators = metagraph.validators().count(),
+            "metagraph in force"
+        );
+        self.metagraph = Some(metagraph);
+        self.metagraph_generation += 1;
+    }
+
+    /// Grows whenever the metagraph in force or the hotkey bindings change.
+    pub(crate) fn metagraph_generation(&self) -> u64 {
+        self.metagraph_generation + self.chain.as_ref().map_or(0, chain::ChainBook::generation)
+    }
+
+    /// Uid of each peer the metagraph in force holds.
+    pub(crate) fn uids(&self) -> BTreeMap<String, u16> {
+        self.metagraph
+            .as_ref()
+            .map(|m| {
+                m.neurons()
+                    .iter()
+                    .map(|n| (n.peer_id.to_string(), n.uid))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Peer ids of the metagraph's validators with a permit.
@@ -355,6 +479,11 @@ impl Orchestration {
             self.validators.heard(&me, now);
         }
         self.prune(now, unix_ms(wall));
+        if let Some(book) = &mut self.chain {
+            if book.expire(unix_ms(wall) / 1000) == chain::Changed::Yes {
+                self.rebuild_from_chain();
+            }
+        }
         let first_plan_wait = self.first_plan_wait(now);
         let tracker = self.tracker.as_mut()?;
         let decision = tracker.tick(now, &self.validators);
@@ -575,6 +704,7 @@ mod tests {
             epoch: None,
             stage: None,
             dashboard: None,
+            binding: None,
         }
     }
 

@@ -252,7 +252,11 @@ impl Router {
                 tracing::debug!(peer = %author, "heartbeat of another run ignored");
                 (Verdict::Ignore("wrong_run"), Next::Continue)
             }
-            Err(rejected @ (HeartbeatRejected::NotFresh(_) | HeartbeatRejected::NotRegistered)) => {
+            Err(
+                rejected @ (HeartbeatRejected::NotFresh(_)
+                | HeartbeatRejected::NotRegistered
+                | HeartbeatRejected::StaleBinding),
+            ) => {
                 // A late heartbeat can be honest (a slow mesh), and so can a miner waiting
                 // for its registration: never relay them, but do not punish their senders.
                 (Verdict::Ignore(rejected.reason()), Next::Continue)

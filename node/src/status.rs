@@ -51,6 +51,14 @@ pub(crate) struct NodeView {
     pub(crate) consensus_epoch: Option<u64>,
     /// What the run did, epoch by epoch, as heard over gossip.
     pub(crate) epochs: Vec<EpochStats>,
+    /// With stake from the chain: every hotkey binding this node verified, hotkey (SS58) →
+    /// peer id (`iota-p2p metagraph --node` shows them next to the chain's neurons).
+    pub(crate) bindings: std::collections::BTreeMap<String, String>,
+    /// Uid of each peer in the metagraph in force.
+    pub(crate) uids: std::collections::BTreeMap<String, u16>,
+    /// Changes whenever the metagraph or the bindings change.
+    #[serde(skip)]
+    pub(crate) metagraph_generation: u64,
 }
 
 /// JSON body of `GET /status`: identity and peer counts, then the node's view flattened in.

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use attribution::{clasp, EpochWork, Scores, Uid};
-use bootstrap::{EpochPlan, Metagraph, RunConfig};
+use bootstrap::{EpochPlan, RunConfig};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -51,8 +51,6 @@ const MAX_RECORDS: usize = 1 << 20;
 pub(crate) struct ValidatorParts {
     /// The merge service (audits).
     pub(crate) merge: MergeHandle,
-    /// The metagraph, for the miners' uids.
-    pub(crate) metagraph: Option<Metagraph>,
     /// Where `weights/<epoch>.json` goes.
     pub(crate) data_dir: Option<PathBuf>,
     /// Consensus, which combines the validators' weights (this one's too).
@@ -92,16 +90,6 @@ pub(crate) fn spawn(parts: ValidatorParts) -> anyhow::Result<(ValidatorHandle, J
         parts.device,
     )?);
     let (weights_tx, weights) = watch::channel(None);
-    let uids: BTreeMap<String, Uid> = parts
-        .metagraph
-        .as_ref()
-        .map(|m| {
-            m.neurons()
-                .iter()
-                .map(|n| (n.peer_id.to_string(), n.uid))
-                .collect()
-        })
-        .unwrap_or_default();
     let service = Service {
         merge: parts.merge,
         data_dir: parts.data_dir,
@@ -109,7 +97,6 @@ pub(crate) fn spawn(parts: ValidatorParts) -> anyhow::Result<(ValidatorHandle, J
         client: parts.client,
         topic: parts.topic,
         peer: parts.me,
-        uids,
         ledger: Ledger::default(),
         scores: Scores::default(),
         weights: weights_tx,
@@ -136,7 +123,6 @@ struct Service {
     client: p2p::Client,
     topic: String,
     peer: String,
-    uids: BTreeMap<String, Uid>,
     ledger: Ledger,
     scores: Scores,
     weights: watch::Sender<Option<EpochWeights>>,
@@ -363,14 +349,11 @@ impl Service {
             .map(|(peer, _)| peer.clone())
             .collect();
         apply_probation(&mut self.probation, &mut caught, plan.epoch);
-        let mut weights = weigh_distrusting(
-            plan,
-            &records,
-            &self.uids,
-            &caught,
-            &liars,
-            &mut self.scores,
-        );
+        // The miners' uids in the metagraph in force now (it follows the chain and the
+        // bindings when the stake comes from subtensor).
+        let uids = self.consensus.view.borrow().uids.clone();
+        let mut weights =
+            weigh_distrusting(plan, &records, &uids, &caught, &liars, &mut self.scores);
         weights.spot_checks = std::mem::take(&mut self.checks);
         let flagged: Vec<&str> = weights
             .miners

@@ -94,6 +94,7 @@ const LAYERS: &[(&str, usize, &str)] = &[
     ("schedule", 1, "schedule"),
     ("handles", 1, "handles"),
     ("rules", 2, "rules"),
+    ("chain", 3, "chain"),
     ("lifecycle", 2, "lifecycle"),
     ("confirmation", 2, "confirmation"),
     ("orchestration", 3, "consensus"),

@@ -19,8 +19,9 @@ use serde::{Deserialize, Serialize};
 /// How long a heartbeat keeps its peer live by default.
 pub const DEFAULT_EXPIRY: Duration = Duration::from_secs(5);
 
-/// Largest encoded heartbeat accepted by [`Heartbeat::from_bytes`].
-pub const MAX_HEARTBEAT_BYTES: usize = 1024;
+/// Largest encoded heartbeat accepted by [`Heartbeat::from_bytes`]: the fields, plus a
+/// [`crate::HotkeyBinding`] of at most [`crate::MAX_BINDING_BYTES`].
+pub const MAX_HEARTBEAT_BYTES: usize = 2048;
 
 /// What a node does in the run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -55,6 +56,10 @@ pub struct Heartbeat {
     /// (`--metrics`): dashboards read its `/status` from there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dashboard: Option<String>,
+    /// The sender's proof that it speaks for a Bittensor hotkey (`--hotkey`): without one, a
+    /// node that takes its stake from the chain gives the sender no stake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<crate::HotkeyBinding>,
 }
 
 /// Why [`Heartbeat::from_bytes`] failed.
@@ -191,6 +196,7 @@ mod tests {
             epoch: Some(3),
             stage: Some(1),
             dashboard: None,
+            binding: None,
         }
     }
 

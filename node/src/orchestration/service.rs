@@ -63,6 +63,14 @@ async fn run(
                 orchestration.on_weights(validator, epoch, weights);
                 publish(&view, &orchestration);
             }
+            ConsensusMsg::OwnBinding { binding, wall_ms } => {
+                orchestration.on_own_binding(&binding, wall_ms);
+                publish(&view, &orchestration);
+            }
+            ConsensusMsg::ChainStake(stake) => {
+                orchestration.on_chain_stake(*stake);
+                publish(&view, &orchestration);
+            }
             ConsensusMsg::Tick { progress } => {
                 let plan = orchestration.tick(started.elapsed(), SystemTime::now(), progress);
                 publish(&view, &orchestration);
@@ -91,6 +99,7 @@ fn publish(view: &watch::Sender<ConsensusView>, orchestration: &Orchestration) {
         if current.epoch() == epoch
             && current.orchestrator == orchestrator
             && current.weights.as_ref() == weights
+            && current.metagraph_generation == orchestration.metagraph_generation()
         {
             return false;
         }
@@ -108,5 +117,9 @@ fn view_of(orchestration: &Orchestration) -> ConsensusView {
         validators: orchestration.validators(),
         stage: orchestration.stage(),
         weights: orchestration.consensus_weights().cloned(),
+        uids: orchestration.uids(),
+        metagraph_generation: orchestration.metagraph_generation(),
+        bindings: orchestration.bindings(),
+        bound_hotkeys: orchestration.bound_hotkeys(),
     }
 }
