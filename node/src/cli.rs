@@ -70,8 +70,8 @@ pub(crate) enum Command {
 /// Options of `metagraph`.
 #[derive(Debug, Args)]
 pub(crate) struct MetagraphArgs {
-    /// Subtensor node (`ws://`, `wss://`, `http://` or `https://`).
-    #[arg(long, value_name = "URL")]
+    /// Subtensor node (`ws://` or `http://`).
+    #[arg(long, value_name = "URL", value_parser = parse_chain_url)]
     pub(crate) subtensor: String,
     /// The subnet.
     #[arg(long, value_name = "N")]
@@ -172,10 +172,10 @@ pub(crate) struct NodeArgs {
 /// Where a node reads stake from the chain, and how often it talks to it.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ChainArgs {
-    /// Subtensor node to read the subnet's stake from and to submit weights to
-    /// (`ws://`, `wss://`, `http://` or `https://`), instead of `--metagraph`. A peer's stake
+    /// Subtensor node to read the subnet's stake from and to submit weights to (`ws://` or
+    /// `http://`; this build has no TLS), instead of `--metagraph`. A peer's stake
     /// counts only once it proves its hotkey (see `--hotkey`).
-    #[arg(long, env = "IOTA_SUBTENSOR", value_name = "URL", requires = "netuid")]
+    #[arg(long, env = "IOTA_SUBTENSOR", value_name = "URL", requires = "netuid", value_parser = parse_chain_url)]
     pub(crate) subtensor: Option<String>,
 
     /// The subnet on the chain.
@@ -433,6 +433,13 @@ fn parse_device(s: &str) -> Result<training::Device, String> {
     training::parse_device(s).map_err(|e| e.to_string())
 }
 
+/// Checks a chain node's URL (`ws://` or `http://`, a host, a port) before the node starts.
+fn parse_chain_url(s: &str) -> Result<String, String> {
+    crate::chain::jsonrpc::check_url(s)
+        .map(|()| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
 /// Parses the seconds between stake refreshes: at least 1, at most a day.
 fn parse_refresh_secs(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -459,6 +466,16 @@ mod tests {
         assert!(parse_bootstrap("not an address").is_err());
         let ok = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN";
         assert!(parse_bootstrap(ok).is_ok());
+    }
+
+    #[test]
+    fn chain_urls_are_checked_before_the_node_starts() {
+        assert!(parse_chain_url("ws://127.0.0.1:9944").is_ok());
+        assert!(parse_chain_url("http://localhost:9933/").is_ok());
+        let tls = parse_chain_url("wss://entrypoint-finney.opentensor.ai:443").unwrap_err();
+        assert!(tls.contains("ws://127.0.0.1:9944"), "{tls}");
+        assert!(parse_chain_url("ftp://x").is_err());
+        assert!(parse_chain_url("ws://").is_err());
     }
 
     #[test]

@@ -52,6 +52,64 @@ fn head_window_out_of_range_exits_nonzero_naming_the_flag() {
     }
 }
 
+#[test]
+fn bad_chain_and_hotkey_flags_exit_nonzero_naming_what_to_fix() {
+    let dir = scratch_dir("bad-chain-flags");
+    let missing = dir.join("no-such-hotkey");
+    let not_a_hotkey = dir.join("not-a-hotkey");
+    std::fs::write(&not_a_hotkey, "{\"secretSeed\": \"0x00\"}").unwrap();
+    let chain = ["--subtensor", "ws://127.0.0.1:9", "--netuid", "1"];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--subtensor", "wss://example.invalid", "--netuid", "1"],
+            "TLS",
+        ),
+        (
+            vec!["--subtensor", "ftp://127.0.0.1", "--netuid", "1"],
+            "--subtensor",
+        ),
+        (vec!["--subtensor", "ws://127.0.0.1:9"], "--netuid"),
+        (vec!["--netuid", "1"], "--subtensor"),
+        (
+            [&["--metagraph", "m.json"][..], &chain[..]].concat(),
+            "--metagraph",
+        ),
+        (
+            [&["--hotkey", missing.to_str().unwrap()][..], &chain[..]].concat(),
+            "no-such-hotkey",
+        ),
+        (
+            [
+                &["--hotkey", not_a_hotkey.to_str().unwrap()][..],
+                &chain[..],
+            ]
+            .concat(),
+            "not-a-hotkey",
+        ),
+        (vec!["--hotkey-name", "x"], "--wallet"),
+        (
+            vec![
+                "metagraph",
+                "--subtensor",
+                "wss://example.invalid",
+                "--netuid",
+                "1",
+            ],
+            "TLS",
+        ),
+    ];
+    for (args, names) in cases {
+        let output = std::process::Command::new(binary())
+            .args(&args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(names), "{args:?}: {stderr}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_bootstrap_is_retried_and_the_node_keeps_running() {
     let dir = scratch_dir("unreachable");

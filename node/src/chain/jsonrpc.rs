@@ -206,6 +206,12 @@ fn cut(s: &str, max: usize) -> String {
     }
 }
 
+/// Checks that `url` is one [`ChainRpc::connect`] can use (scheme, host, port), without
+/// connecting: for command-line checks.
+pub fn check_url(url: &str) -> Result<(), RpcError> {
+    Endpoint::parse(url).map(|_| ())
+}
+
 impl Endpoint {
     fn parse(url: &str) -> Result<Self, RpcError> {
         let bad = |reason: &str| RpcError::BadUrl {
