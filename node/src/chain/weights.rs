@@ -117,12 +117,6 @@ pub(crate) struct Submitter {
     pub(crate) limits: RpcLimits,
 }
 
-/// What is read from the chain once and reused until the runtime changes.
-struct Cached {
-    spec_version: u64,
-    state: ChainState,
-}
-
 /// Submits the validator's weights as they come, until the validator service is gone.
 pub(crate) async fn run(
     submitter: Submitter,
@@ -130,7 +124,8 @@ pub(crate) async fn run(
     metrics: ChainMetrics,
 ) {
     let mut rpc: Option<ChainRpc> = None;
-    let mut cached: Option<Cached> = None;
+    // Read from the chain once, and again when the runtime changes.
+    let mut cached: Option<ChainState> = None;
     let mut pacing = Pacing::default();
     while weights.changed().await.is_ok() {
         let Some(epoch_weights) = weights.borrow_and_update().clone() else {
@@ -181,7 +176,7 @@ pub(crate) async fn run(
 async fn submit(
     rpc: &ChainRpc,
     submitter: &Submitter,
-    cached: &mut Option<Cached>,
+    cached: &mut Option<ChainState>,
     pacing: &mut Pacing,
     call: &SetWeights,
 ) -> Result<Option<(u64, String)>, SubmitError> {
@@ -193,40 +188,29 @@ async fn submit(
         return Ok(None);
     }
     let version = rpc.state_get_runtime_version(Some(&head_hash)).await?;
-    let spec_version = version["specVersion"]
-        .as_u64()
-        .ok_or_else(|| SubmitError::Chain("runtime version has no specVersion".into()))?;
-    let transaction_version = version["transactionVersion"]
-        .as_u64()
-        .ok_or_else(|| SubmitError::Chain("runtime version has no transactionVersion".into()))?;
-    if cached
-        .as_ref()
-        .is_none_or(|c| c.spec_version != spec_version)
-    {
-        let genesis = rpc.chain_get_block_hash(0).await?;
-        let genesis = hash_bytes(&genesis)?;
-        let metadata = rpc.state_get_metadata(Some(&head_hash)).await?;
-        let state = ChainState::from_metadata_bytes(
-            &metadata,
-            genesis,
-            u32::try_from(spec_version)
-                .map_err(|_| SubmitError::Chain("specVersion is not a u32".into()))?,
-            u32::try_from(transaction_version)
-                .map_err(|_| SubmitError::Chain("transactionVersion is not a u32".into()))?,
-        )?;
-        *cached = Some(Cached {
-            spec_version,
-            state,
-        });
-    }
-    let Some(chain) = cached.as_ref() else {
-        return Ok(None);
+    let version_field = |name: &str| {
+        version[name]
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+            .ok_or_else(|| SubmitError::Chain(format!("runtime version has no u32 {name}")))
     };
+    let spec_version = version_field("specVersion")?;
+    let transaction_version = version_field("transactionVersion")?;
+    // The metadata is read again only when the runtime changed.
+    let state = match cached.take() {
+        Some(state) if state.spec_version() == spec_version => state,
+        _ => {
+            let genesis = hash_bytes(&rpc.chain_get_block_hash(0).await?)?;
+            let metadata = rpc.state_get_metadata(Some(&head_hash)).await?;
+            ChainState::from_metadata_bytes(&metadata, genesis, spec_version, transaction_version)?
+        }
+    };
+    let state = cached.insert(state);
     let nonce = rpc
         .system_account_next_index(submitter.hotkey.hotkey().as_str())
         .await?;
     let extrinsic = super::extrinsic::signed_set_weights(
-        &chain.state,
+        state,
         &submitter.hotkey.seed(),
         call,
         nonce,
