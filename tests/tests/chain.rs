@@ -67,26 +67,22 @@ async fn chain(fixtures: &Path, neurons: &[NeuronSpec]) -> (ReplayChain, Value) 
         "state_call",
         json!([
             "NeuronInfoRuntimeApi_get_neurons_lite",
-            format!("0x{}", hex_of(&NETUID.to_le_bytes())),
+            format!("0x{}", hex::encode(NETUID.to_le_bytes())),
             head
         ]),
         json!(format!(
             "0x{}",
-            hex_of(&encode_neurons_lite(neurons, false))
+            hex::encode(encode_neurons_lite(neurons, false))
         )),
     );
     // Not recorded: the genesis hash (finney's), the one derived answer the node needs.
     replay.insert(
         "chain_getBlockHash",
         json!([0]),
-        json!(format!("0x{}", hex_of(&FINNEY_GENESIS_HASH))),
+        json!(format!("0x{}", hex::encode(FINNEY_GENESIS_HASH))),
     );
     replay.set_fallback(Fallback::ByMethod);
     (replay, recorded)
-}
-
-fn hex_of(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn neuron(uid: u16, keys: &Keys, tao: u64, permit: bool) -> NeuronSpec {
@@ -296,9 +292,7 @@ async fn bound_hotkeys_elect_and_register_and_the_validator_sets_weights_on_chai
     .unwrap();
     let mut head = [0u8; 32];
     let head_hex = recorded["block_hash"].as_str().unwrap();
-    for (i, byte) in head.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&head_hex[2 + 2 * i..4 + 2 * i], 16).unwrap();
-    }
+    hex::decode_to_slice(head_hex.trim_start_matches("0x"), &mut head).unwrap();
     let mut signers = Vec::new();
     for extrinsic in replay.submitted() {
         let decoded = decode_set_weights(&state, &extrinsic, head).unwrap();
