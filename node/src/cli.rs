@@ -375,9 +375,17 @@ pub(crate) struct TrainLocalArgs {
     /// Bottleneck width at every stage boundary (0: none).
     #[arg(long, default_value_t = 0)]
     pub(crate) bottleneck: usize,
-    /// Element encoding on the wire: f32, bf16 or int8.
+    /// How a boundary compresses: iota (linear encoder and decoder beside a truncated
+    /// identity), plain (no identity), resbm (two-layer encoder and decoder beside the
+    /// identity) or subspace (the residual stream confined to a fixed subspace).
+    #[arg(long, default_value = "iota", value_parser = parse_bottleneck_kind)]
+    pub(crate) bottleneck_kind: training::BottleneckKind,
+    /// Element encoding on the wire: f32, bf16, int8 or int4.
     #[arg(long, default_value = "f32", value_parser = parse_wire)]
     pub(crate) wire: training::WireDtype,
+    /// Element encoding of the gradients sent back (default: the same as `--wire`).
+    #[arg(long, value_parser = parse_wire)]
+    pub(crate) grad_wire: Option<training::WireDtype>,
     /// Seed of initialisation and data order.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
@@ -410,6 +418,12 @@ pub(crate) struct TrainLocalArgs {
 fn parse_preset(s: &str) -> Result<training::Preset, String> {
     s.parse()
         .map_err(|e: training::preset::ParseNameError| e.to_string())
+}
+
+/// Parses a bottleneck kind.
+fn parse_bottleneck_kind(s: &str) -> Result<training::BottleneckKind, String> {
+    s.parse::<training::BottleneckKind>()
+        .map_err(|e| e.to_string())
 }
 
 /// Parses a wire format.

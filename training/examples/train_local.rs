@@ -1,5 +1,6 @@
 //! Runs the local reference trainer: `cargo run -p training --release --example train_local --
-//! preset=tiny steps=600 stages=3 bottleneck=16 wire=int8 batch=16 seq=64 lr=0.003`.
+//! preset=tiny steps=600 stages=3 bottleneck=16 bottleneck_kind=iota wire=int8 grad_wire=bf16
+//! batch=16 seq=64 lr=0.003`.
 //! (The `iota-p2p train-local` command is the user-facing entry point; this example exists to
 //! measure the trainer without the node.)
 
@@ -13,8 +14,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "preset" => cfg.preset = v.parse()?,
             "steps" => cfg.steps = v.parse()?,
             "stages" => cfg.stages = v.parse()?,
-            "bottleneck" => cfg.bottleneck = v.parse()?,
+            "bottleneck" => cfg.bottleneck.width = v.parse()?,
+            "bottleneck_kind" => cfg.bottleneck.kind = v.parse()?,
             "wire" => cfg.wire = v.parse()?,
+            "grad_wire" => cfg.grad_wire = Some(v.parse()?),
             "seed" => cfg.seed = v.parse()?,
             "threads" => cfg.threads = v.parse()?,
             "batch" => cfg.batch = v.parse()?,

@@ -1,7 +1,8 @@
 //! Model, pipeline stages, activation compression and checkpoints for iota-p2p.
 //!
 //! - [`data`]: the embedded Shakespeare corpus and a deterministic sample loader.
-//! - [`model`]: the Llama-style decoder and how it is cut into stages (with IOTA bottlenecks).
+//! - [`model`]: the Llama-style decoder and how it is cut into stages (with IOTA, ResBM or
+//!   subspace bottlenecks).
 //! - [`stage`]: one stage with its optimizer: forward, backward, step, flat weights.
 //! - [`wire`]: the codec for activations and gradients between stages.
 //! - [`local`]: the single-process reference trainer.
@@ -28,7 +29,7 @@ pub mod worker;
 pub use checkpoint::CheckpointStore;
 pub use data::{Batch, Corpus};
 pub use local::{LocalConfig, LocalReport};
-pub use model::StageLayout;
+pub use model::{Bottleneck, BottleneckKind, StageLayout};
 pub use preset::{parse_device, DType, ModelConfig, Preset, VOCAB};
 pub use stage::{AdamW, LossOutput, Stage, StageConfig, StageState, StepReport};
 pub use tch::Device;

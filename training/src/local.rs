@@ -7,11 +7,13 @@
 //! [`Corpus::train_sample`]`(i, seed, ..)`, so a swarm that trains on the same sample ids sees
 //! the same tokens.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use tch::{Device, Tensor};
 
 use crate::data::{Corpus, CorpusError, SampleError};
+use crate::model::Bottleneck;
 use crate::preset::{DType, Preset};
 use crate::stage::{AdamW, BackwardError, BuildError, ForwardError, Stage, StageConfig, StepError};
 use crate::wire::{
@@ -27,10 +29,13 @@ pub struct LocalConfig {
     pub steps: usize,
     /// Stages the model is cut into (1 = no boundary).
     pub stages: usize,
-    /// Bottleneck width at every boundary, 0 for none.
-    pub bottleneck: usize,
-    /// Element encoding on the wire.
+    /// What crosses every boundary (a width and a kind; width 0 for none).
+    pub bottleneck: Bottleneck,
+    /// Element encoding on the wire: activations, and gradients unless `grad_wire` says
+    /// otherwise.
     pub wire: WireDtype,
+    /// Element encoding of the gradients sent back; `None`: the same as `wire`.
+    pub grad_wire: Option<WireDtype>,
     /// zstd level of the wire codec.
     pub zstd_level: i32,
     /// Seed of initialisation and data order.
@@ -70,8 +75,9 @@ impl Default for LocalConfig {
             preset: Preset::Tiny,
             steps: 600,
             stages: 1,
-            bottleneck: 0,
+            bottleneck: Bottleneck::default(),
             wire: WireDtype::F32,
+            grad_wire: None,
             zstd_level: 3,
             seed: 0,
             threads: 1,
@@ -191,6 +197,10 @@ pub struct Pipeline {
     /// The stages, head first.
     pub stages: Vec<Stage>,
     codec: Codec,
+    grad_codec: Codec,
+    /// Input tokens of the samples forwarded and not yet finished, for the stages that
+    /// rebuild the stream from them (a subspace model's).
+    tokens: HashMap<u64, Tensor>,
     limits: DecodeLimits,
     run: u64,
     /// Activation frame bytes sent so far.
@@ -226,11 +236,19 @@ impl Pipeline {
         Ok(Pipeline {
             stages,
             codec,
+            grad_codec: codec,
+            tokens: HashMap::new(),
             limits: DecodeLimits::default(),
             run,
             activation_bytes: 0,
             gradient_bytes: 0,
         })
+    }
+
+    /// Sends gradients with `codec` instead of the activations' codec.
+    pub fn with_gradient_codec(mut self, codec: Codec) -> Self {
+        self.grad_codec = codec;
+        self
     }
 
     fn hop(
@@ -246,7 +264,11 @@ impl Pipeline {
             stage: stage as u32,
             kind,
         };
-        let bytes = wire::encode_tensor(&self.codec, &meta, t)?;
+        let codec = match kind {
+            FrameKind::Activation => &self.codec,
+            FrameKind::Gradient => &self.grad_codec,
+        };
+        let bytes = wire::encode_tensor(codec, &meta, t)?;
         match kind {
             FrameKind::Activation => self.activation_bytes += bytes.len(),
             FrameKind::Gradient => self.gradient_bytes += bytes.len(),
@@ -271,8 +293,11 @@ impl Pipeline {
         let last = self.stages.len() - 1;
         let mut x = inputs.shallow_clone();
         for s in 0..last {
-            let out = self.stages[s].forward(sample, &x)?;
+            let out = self.stages[s].forward_with_tokens(sample, &x, Some(inputs))?;
             x = self.hop(&out, sample, s, FrameKind::Activation)?;
+        }
+        if self.stages.iter().any(Stage::needs_tokens) {
+            self.tokens.insert(sample, inputs.shallow_clone());
         }
         Ok(x)
     }
@@ -286,7 +311,8 @@ impl Pipeline {
         targets: &Tensor,
     ) -> Result<SampleLoss, LocalError> {
         let last = self.stages.len() - 1;
-        let out = self.stages[last].forward_loss(x, targets)?;
+        let tokens = self.tokens.remove(&sample);
+        let out = self.stages[last].forward_loss_with_tokens(x, tokens.as_ref(), targets)?;
         let mut grad = out.grad_input;
         for s in (0..last).rev() {
             let g = grad
@@ -312,12 +338,12 @@ impl Pipeline {
         let last = self.stages.len() - 1;
         let mut x = inputs.shallow_clone();
         for s in 0..last {
-            let out = self.stages[s].eval_forward(&x)?;
+            let out = self.stages[s].eval_forward_with_tokens(&x, Some(inputs))?;
             let before = self.activation_bytes;
             x = self.hop(&out, u64::MAX, s, FrameKind::Activation)?;
             self.activation_bytes = before;
         }
-        Ok(self.stages[last].eval_loss(&x, targets)?)
+        Ok(self.stages[last].eval_loss_with_tokens(&x, Some(inputs), targets)?)
     }
 }
 
@@ -354,7 +380,12 @@ pub fn run(
         dtype: cfg.wire,
         zstd_level: cfg.zstd_level,
     };
-    let mut pipe = Pipeline::new(&base, cfg.stages, codec, cfg.seed)?;
+    let grad_codec = Codec {
+        dtype: cfg.grad_wire.unwrap_or(cfg.wire),
+        ..codec
+    };
+    let mut pipe =
+        Pipeline::new(&base, cfg.stages, codec, cfg.seed)?.with_gradient_codec(grad_codec);
     let evaluate = |pipe: &mut Pipeline| -> Result<f32, LocalError> {
         let mut sum = 0.0;
         for (x, y) in &val {

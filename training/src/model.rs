@@ -5,10 +5,32 @@
 //! contiguous range of layers (the first `L mod S` stages get one extra); the first stage also
 //! holds the byte embedding, the last the final norm and the LM head.
 //!
-//! Bottleneck (IOTA): with `b > 0`, every stage but the last ends with a *down* projection,
-//! `y = h[.., :b] + W_down · rmsnorm(h)` (the residual keeps the first `b` channels), and every
-//! stage but the first starts with the matching *up* projection,
-//! `h = pad(y, d) + W_up · rmsnorm(y)`. So `[batch, seq, b]` is what crosses a boundary.
+//! What crosses a boundary is chosen by a [`Bottleneck`]: a width `b` (0: the whole
+//! `d`-wide hidden state) and a [`BottleneckKind`]:
+//!
+//! - `iota` (the default): every stage but the last ends with a *down* projection,
+//!   `y = h[.., :b] + W_down · rmsnorm(h)` (the residual keeps the first `b` channels), and
+//!   every stage but the first starts with the matching *up* projection,
+//!   `h = pad(y, d) + W_up · rmsnorm(y)`. A linear encoder and decoder beside a truncated
+//!   identity: ResBM's form (`z = Enc(h) + I_trunc·h`, `h' = Dec(z) + I_pad·z`) with linear
+//!   `Enc` and `Dec`.
+//! - `plain`: the same projections without the identity path, `y = W_down · rmsnorm(h)`,
+//!   `h = W_up · rmsnorm(y)` (a bottleneck that must learn to carry everything).
+//! - `resbm`: the identity path with a two-layer encoder and decoder (SiLU, hidden width
+//!   `d`): `y = h[.., :b] + W_down · silu(W_down_hidden · rmsnorm(h))`,
+//!   `h = pad(y, d) + W_up · silu(W_up_hidden · rmsnorm(y))`.
+//! - `subspace` (Protocol Models): no boundary modules at all. The residual stream is
+//!   `x = T[token] + U · z` with a fixed table `T` (`[256, d]`) and a fixed orthonormal basis
+//!   `U` (`[d, b]`), both pure functions of the seed; the embedding and every write into the
+//!   stream (`wo`, `w2`) are `b`-wide, so each block reads `x` and adds to `z`. A boundary
+//!   sends `z` and the next stage rebuilds `x` exactly from it and the token ids, which every
+//!   stage derives from the sample id; the cost is in what the model can express.
+//!
+//! So `[batch, seq, b]` is what crosses a boundary.
+//!
+//! A single stage can also hold the whole model with the boundary modules of an `S`-stage
+//! split run inline ([`StageLayout::unsplit`]): the one-process reference that an `S`-stage
+//! pipeline of a bottlenecked model must match exactly.
 //!
 //! Initialisation is a pure function of `(seed, parameter name)`, and names use global layer
 //! indices, so a stage gets exactly the weights the same layers have in the unsplit model.
@@ -52,6 +74,117 @@ pub enum LayoutError {
         /// Model width.
         d: usize,
     },
+    /// Inline boundaries were asked for a layout that is not a single stage.
+    #[error("inline boundaries of a {stages}-stage split need a single stage, not {num_stages}")]
+    InlineNeedsOneStage {
+        /// The split whose boundaries would run inline.
+        stages: usize,
+        /// Stages of the layout.
+        num_stages: usize,
+    },
+}
+
+/// How the stages around a boundary compress and rebuild the hidden state (see the module
+/// documentation for the maths of each).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BottleneckKind {
+    /// IOTA's bottleneck: linear encoder and decoder beside a truncated identity.
+    #[default]
+    Iota,
+    /// Linear encoder and decoder, no identity path.
+    Plain,
+    /// ResBM: two-layer encoder and decoder beside the identity path.
+    Resbm,
+    /// Protocol Models: the residual stream confined to a fixed subspace, rebuilt exactly.
+    Subspace,
+}
+
+impl BottleneckKind {
+    /// Every kind, the default first.
+    pub const ALL: [BottleneckKind; 4] = [
+        BottleneckKind::Iota,
+        BottleneckKind::Plain,
+        BottleneckKind::Resbm,
+        BottleneckKind::Subspace,
+    ];
+
+    /// Lower-case name, as parsed by [`std::str::FromStr`].
+    pub fn name(self) -> &'static str {
+        match self {
+            BottleneckKind::Iota => "iota",
+            BottleneckKind::Plain => "plain",
+            BottleneckKind::Resbm => "resbm",
+            BottleneckKind::Subspace => "subspace",
+        }
+    }
+}
+
+impl std::fmt::Display for BottleneckKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BottleneckKind {
+    type Err = crate::preset::ParseNameError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        BottleneckKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| crate::preset::ParseNameError {
+                what: "bottleneck kind",
+                given: s.to_owned(),
+                expected: "iota, plain, resbm, subspace",
+            })
+    }
+}
+
+/// What crosses every boundary: a width (0: the whole hidden state, no bottleneck) and how it
+/// is built.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Bottleneck {
+    /// How the boundary compresses and rebuilds.
+    pub kind: BottleneckKind,
+    /// Channels per token that cross a boundary; 0 for none.
+    pub width: usize,
+}
+
+impl Bottleneck {
+    /// A bottleneck of `kind` and `width`.
+    pub fn new(kind: BottleneckKind, width: usize) -> Self {
+        Bottleneck { kind, width }
+    }
+
+    /// Whether the residual stream lives in a fixed subspace.
+    pub fn is_subspace(&self) -> bool {
+        self.width > 0 && self.kind == BottleneckKind::Subspace
+    }
+
+    /// Whether boundaries carry encoder and decoder modules.
+    fn has_modules(&self) -> bool {
+        self.width > 0 && self.kind != BottleneckKind::Subspace
+    }
+}
+
+/// An IOTA bottleneck of this width (0: none).
+impl From<usize> for Bottleneck {
+    fn from(width: usize) -> Self {
+        Bottleneck {
+            kind: BottleneckKind::Iota,
+            width,
+        }
+    }
+}
+
+impl std::fmt::Display for Bottleneck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.width == 0 {
+            f.write_str("none")
+        } else {
+            write!(f, "{} {}", self.kind, self.width)
+        }
+    }
 }
 
 /// Which part of the model a stage holds and what crosses its boundaries.
@@ -67,18 +200,27 @@ pub struct StageLayout {
     pub in_width: Option<usize>,
     /// Width of the hidden state this stage sends on (`None` for the tail, which ends in a loss).
     pub out_width: Option<usize>,
-    /// Bottleneck width at every boundary, 0 for none.
-    pub bottleneck: usize,
+    /// What crosses every boundary.
+    pub bottleneck: Bottleneck,
+    /// Boundaries run inside this stage: `(k, layer)` runs boundary `k`'s down and up
+    /// projections before block `layer` (only in [`StageLayout::unsplit`] layouts).
+    pub inline: Vec<(usize, usize)>,
+}
+
+fn stage_start(layers: usize, num_stages: usize, i: usize) -> usize {
+    i * (layers / num_stages) + i.min(layers % num_stages)
 }
 
 impl StageLayout {
-    /// Computes stage `index` of `num_stages` of `cfg` with bottleneck width `bottleneck`.
+    /// Computes stage `index` of `num_stages` of `cfg` with `bottleneck` at every boundary
+    /// (a plain width is an IOTA bottleneck).
     pub fn new(
         cfg: &ModelConfig,
         num_stages: usize,
         index: usize,
-        bottleneck: usize,
+        bottleneck: impl Into<Bottleneck>,
     ) -> Result<StageLayout, LayoutError> {
+        let bottleneck = bottleneck.into();
         let layers = cfg.n_layers;
         if num_stages == 0 || num_stages > layers {
             return Err(LayoutError::BadStageCount {
@@ -92,15 +234,15 @@ impl StageLayout {
                 stages: num_stages,
             });
         }
-        if bottleneck > cfg.d_model {
+        if bottleneck.width > cfg.d_model {
             return Err(LayoutError::BadBottleneck {
-                b: bottleneck,
+                b: bottleneck.width,
                 d: cfg.d_model,
             });
         }
-        let start = |i: usize| i * (layers / num_stages) + i.min(layers % num_stages);
-        let width = if bottleneck > 0 {
-            bottleneck
+        let start = |i: usize| stage_start(layers, num_stages, i);
+        let width = if bottleneck.width > 0 {
+            bottleneck.width
         } else {
             cfg.d_model
         };
@@ -111,7 +253,27 @@ impl StageLayout {
             in_width: (index > 0).then_some(width),
             out_width: (index + 1 < num_stages).then_some(width),
             bottleneck,
+            inline: Vec::new(),
         })
+    }
+
+    /// The whole model as one stage, with the boundary modules of a `split`-stage cut run
+    /// inline where that cut puts them: parameters in the order of the `split` stages'
+    /// parameters one after the other, so the two compute the same function.
+    pub fn unsplit(
+        cfg: &ModelConfig,
+        split: usize,
+        bottleneck: impl Into<Bottleneck>,
+    ) -> Result<StageLayout, LayoutError> {
+        let mut layout = StageLayout::new(cfg, 1, 0, bottleneck)?;
+        // Validates the split itself.
+        StageLayout::new(cfg, split, 0, layout.bottleneck)?;
+        if layout.bottleneck.has_modules() {
+            layout.inline = (1..split)
+                .map(|k| (k - 1, stage_start(cfg.n_layers, split, k)))
+                .collect();
+        }
+        Ok(layout)
     }
 
     /// Number of scalar parameters the stage holds (the length of its flat weight vector).
@@ -130,11 +292,17 @@ impl StageLayout {
     }
 
     fn has_up(&self) -> bool {
-        self.bottleneck > 0 && !self.is_head()
+        self.bottleneck.has_modules() && !self.is_head()
     }
 
     fn has_down(&self) -> bool {
-        self.bottleneck > 0 && !self.is_tail()
+        self.bottleneck.has_modules() && !self.is_tail()
+    }
+
+    /// Whether the stage needs the sample's token ids beside its hidden input (a subspace
+    /// model's stages after the head rebuild `T[token]` from them).
+    pub fn needs_tokens(&self) -> bool {
+        self.bottleneck.is_subspace() && !self.is_head()
     }
 }
 
@@ -170,24 +338,56 @@ impl ParamSpec {
 pub(crate) fn param_specs(cfg: &ModelConfig, layout: &StageLayout) -> Vec<ParamSpec> {
     let d = cfg.d_model;
     let f = cfg.ffn_hidden;
-    let b = layout.bottleneck;
+    let bn = layout.bottleneck;
+    let b = bn.width;
+    let resbm = bn.kind == BottleneckKind::Resbm;
+    // In a subspace model, the embedding and every write into the stream are b-wide.
+    let w = if bn.is_subspace() { b } else { d };
     let out_std = INIT_STD / (2.0 * cfg.n_layers as f64).sqrt();
     let mut specs = Vec::new();
     let mut push =
         |name: String, shape: Vec<usize>, init| specs.push(ParamSpec { name, shape, init });
-    if layout.is_head() {
-        push("embed".into(), vec![VOCAB, d], Init::Normal(INIT_STD));
-    }
-    if layout.has_up() {
-        let k = layout.index - 1;
+    let up = |push: &mut dyn FnMut(String, Vec<usize>, Init), k: usize| {
         push(format!("boundary.{k}.up_norm"), vec![b], Init::Ones);
+        if resbm {
+            push(
+                format!("boundary.{k}.up_hidden"),
+                vec![d, b],
+                Init::Normal(INIT_STD),
+            );
+        }
         push(
             format!("boundary.{k}.up"),
-            vec![d, b],
+            vec![d, if resbm { d } else { b }],
             Init::Normal(INIT_STD),
         );
+    };
+    let down = |push: &mut dyn FnMut(String, Vec<usize>, Init), k: usize| {
+        push(format!("boundary.{k}.down_norm"), vec![d], Init::Ones);
+        if resbm {
+            push(
+                format!("boundary.{k}.down_hidden"),
+                vec![d, d],
+                Init::Normal(INIT_STD),
+            );
+        }
+        push(
+            format!("boundary.{k}.down"),
+            vec![b, d],
+            Init::Normal(INIT_STD),
+        );
+    };
+    if layout.is_head() {
+        push("embed".into(), vec![VOCAB, w], Init::Normal(INIT_STD));
+    }
+    if layout.has_up() {
+        up(&mut push, layout.index - 1);
     }
     for l in layout.layers.clone() {
+        if let Some(&(k, _)) = layout.inline.iter().find(|&&(_, at)| at == l) {
+            down(&mut push, k);
+            up(&mut push, k);
+        }
         push(format!("layers.{l}.attn_norm"), vec![d], Init::Ones);
         for w in ["wq", "wk", "wv"] {
             push(
@@ -196,26 +396,80 @@ pub(crate) fn param_specs(cfg: &ModelConfig, layout: &StageLayout) -> Vec<ParamS
                 Init::Normal(INIT_STD),
             );
         }
-        push(format!("layers.{l}.wo"), vec![d, d], Init::Normal(out_std));
+        push(format!("layers.{l}.wo"), vec![w, d], Init::Normal(out_std));
         push(format!("layers.{l}.mlp_norm"), vec![d], Init::Ones);
         push(format!("layers.{l}.w1"), vec![f, d], Init::Normal(INIT_STD));
         push(format!("layers.{l}.w3"), vec![f, d], Init::Normal(INIT_STD));
-        push(format!("layers.{l}.w2"), vec![d, f], Init::Normal(out_std));
+        push(format!("layers.{l}.w2"), vec![w, f], Init::Normal(out_std));
     }
     if layout.has_down() {
-        let k = layout.index;
-        push(format!("boundary.{k}.down_norm"), vec![d], Init::Ones);
-        push(
-            format!("boundary.{k}.down"),
-            vec![b, d],
-            Init::Normal(INIT_STD),
-        );
+        down(&mut push, layout.index);
     }
     if layout.is_tail() {
         push("final_norm".into(), vec![d], Init::Ones);
         push("lm_head".into(), vec![VOCAB, d], Init::Normal(INIT_STD));
     }
     specs
+}
+
+/// The fixed (untrained) tensors of a subspace model: the orthonormal basis `U` (`[d, b]`)
+/// and the token table `T` (`[256, d]`), pure functions of the seed, in f32.
+pub(crate) fn subspace_tensors(
+    cfg: &ModelConfig,
+    width: usize,
+    seed: u64,
+    device: tch::Device,
+) -> (Tensor, Tensor) {
+    let d = cfg.d_model;
+    let basis = orthonormal_basis(seed, d, width);
+    let table = ParamSpec {
+        name: "subspace.tokens".into(),
+        shape: vec![VOCAB, d],
+        init: Init::Normal(INIT_STD),
+    };
+    let tokens = Tensor::from_slice(&init_values(seed, &table)).reshape([VOCAB as i64, d as i64]);
+    let basis = Tensor::from_slice(&basis).reshape([d as i64, width as i64]);
+    (basis.to_device(device), tokens.to_device(device))
+}
+
+/// `width` orthonormal columns of length `d` (row-major `[d, width]`), spanning a random
+/// subspace: modified Gram–Schmidt in f64 on seeded Gaussian columns, in plain Rust so that
+/// every machine derives the same basis bit for bit, whatever its linear-algebra library.
+pub(crate) fn orthonormal_basis(seed: u64, d: usize, width: usize) -> Vec<f32> {
+    let spec = ParamSpec {
+        name: "subspace.basis".into(),
+        shape: vec![width, d],
+        init: Init::Normal(1.0),
+    };
+    let g = init_values(seed, &spec);
+    let mut cols: Vec<Vec<f64>> = g
+        .chunks(d)
+        .map(|c| c.iter().map(|&x| f64::from(x)).collect())
+        .collect();
+    for j in 0..cols.len() {
+        let (done, rest) = cols.split_at_mut(j);
+        let v = &mut rest[0];
+        // Twice, so that rounding leaves the columns orthogonal to working precision.
+        for _ in 0..2 {
+            for q in done.iter() {
+                let dot: f64 = q.iter().zip(v.iter()).map(|(a, b)| a * b).sum();
+                for (x, qi) in v.iter_mut().zip(q) {
+                    *x -= dot * qi;
+                }
+            }
+        }
+        let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        for x in v.iter_mut() {
+            *x /= norm;
+        }
+    }
+    let mut out = vec![0.0f32; d * width];
+    for (j, c) in cols.iter().enumerate() {
+        for (i, &x) in c.iter().enumerate() {
+            out[i * width + j] = x as f32;
+        }
+    }
+    out
 }
 
 /// Initial values of one parameter: a pure function of the seed and the parameter's name.
@@ -258,10 +512,71 @@ pub(crate) struct Block {
     pub(crate) w2: Tensor,
 }
 
-/// A norm followed by a projection (the bottleneck's up or down half).
+/// A norm followed by a projection (the bottleneck's up or down half), with a hidden SiLU
+/// layer between them for ResBM.
 pub(crate) struct Projection {
     pub(crate) norm: Tensor,
+    pub(crate) hidden: Option<Tensor>,
     pub(crate) weight: Tensor,
+}
+
+impl Projection {
+    fn apply(&self, x: &Tensor) -> Tensor {
+        let x = rms(x, &self.norm);
+        match &self.hidden {
+            Some(h) => linear(&linear(&x, h).silu(), &self.weight),
+            None => linear(&x, &self.weight),
+        }
+    }
+}
+
+/// A boundary's down half, then its up half, for boundaries run inside one stage.
+pub(crate) struct InlineBoundary {
+    /// Runs before this global block index.
+    pub(crate) before_layer: usize,
+    pub(crate) down: Projection,
+    pub(crate) up: Projection,
+}
+
+/// The fixed tensors every stage derives for itself: rotary tables and, in a subspace model,
+/// the basis and the token table.
+pub(crate) struct Fixed {
+    /// Rotary tables `[max_seq, head_dim / 2]`, f32 whatever the stage dtype (bf16 angles
+    /// would be too coarse at long positions).
+    pub(crate) cos: Tensor,
+    pub(crate) sin: Tensor,
+    /// `U` `[d, b]` and `T` `[256, d]` in the stage dtype.
+    pub(crate) subspace: Option<(Tensor, Tensor)>,
+}
+
+impl Fixed {
+    /// The tensors a stage of `layout` needs, in `kind` on `device`.
+    pub(crate) fn new(
+        cfg: &ModelConfig,
+        layout: &StageLayout,
+        seed: u64,
+        device: tch::Device,
+        kind: Kind,
+    ) -> Fixed {
+        let (cos, sin) = rope_tables(cfg, device);
+        let subspace = layout.bottleneck.is_subspace().then(|| {
+            let (u, t) = subspace_tensors(cfg, layout.bottleneck.width, seed, device);
+            (u.to_kind(kind), t.to_kind(kind))
+        });
+        Fixed { cos, sin, subspace }
+    }
+
+    /// Shallow clones of the same tensors.
+    pub(crate) fn share(&self) -> Fixed {
+        Fixed {
+            cos: self.cos.shallow_clone(),
+            sin: self.sin.shallow_clone(),
+            subspace: self
+                .subspace
+                .as_ref()
+                .map(|(u, t)| (u.shallow_clone(), t.shallow_clone())),
+        }
+    }
 }
 
 /// The weights of a stage, arranged for the forward pass.
@@ -269,15 +584,16 @@ pub(crate) struct Net {
     pub(crate) embed: Option<Tensor>,
     pub(crate) up: Option<Projection>,
     pub(crate) blocks: Vec<Block>,
+    pub(crate) inline: Vec<InlineBoundary>,
     pub(crate) down: Option<Projection>,
     pub(crate) final_norm: Option<Tensor>,
     pub(crate) lm_head: Option<Tensor>,
+    /// Whether the boundary keeps a truncated identity beside its projections.
+    pub(crate) identity: bool,
+    pub(crate) first_layer: usize,
     pub(crate) n_heads: i64,
     pub(crate) d_model: i64,
-    /// Rotary tables `[max_seq, head_dim / 2]`, f32 whatever the stage dtype (bf16 angles
-    /// would be too coarse at long positions).
-    pub(crate) cos: Tensor,
-    pub(crate) sin: Tensor,
+    pub(crate) fixed: Fixed,
 }
 
 /// f32 rotary tables for `cfg` on `device`.
@@ -318,11 +634,11 @@ fn linear(x: &Tensor, w: &Tensor) -> Tensor {
 
 impl Net {
     /// Arranges a stage's parameters for the forward pass; `lookup` returns the parameter of
-    /// a name from [`param_specs`], `tables` are [`rope_tables`] for the model.
+    /// a name from [`param_specs`], `fixed` are the stage's [`Fixed`] tensors.
     pub(crate) fn build(
         model: &ModelConfig,
         layout: &StageLayout,
-        tables: (Tensor, Tensor),
+        fixed: Fixed,
         lookup: impl Fn(&str) -> Option<Tensor>,
     ) -> Net {
         let get = |name: String| -> Tensor {
@@ -343,31 +659,43 @@ impl Net {
                 w2: get(format!("layers.{l}.w2")),
             })
             .collect();
-        let proj = |present: bool, k: usize, half: &str| {
-            present.then(|| Projection {
-                norm: get(format!("boundary.{k}.{half}_norm")),
-                weight: get(format!("boundary.{k}.{half}")),
-            })
+        let resbm = layout.bottleneck.kind == BottleneckKind::Resbm;
+        let projection = |k: usize, half: &str| Projection {
+            norm: get(format!("boundary.{k}.{half}_norm")),
+            hidden: resbm.then(|| get(format!("boundary.{k}.{half}_hidden"))),
+            weight: get(format!("boundary.{k}.{half}")),
         };
-        let (cos, sin) = tables;
+        let inline = layout
+            .inline
+            .iter()
+            .map(|&(k, before_layer)| InlineBoundary {
+                before_layer,
+                down: projection(k, "down"),
+                up: projection(k, "up"),
+            })
+            .collect();
         Net {
             embed: layout.is_head().then(|| get("embed".into())),
-            up: proj(layout.has_up(), layout.index.saturating_sub(1), "up"),
+            up: layout
+                .has_up()
+                .then(|| projection(layout.index.saturating_sub(1), "up")),
             blocks,
-            down: proj(layout.has_down(), layout.index, "down"),
+            inline,
+            down: layout.has_down().then(|| projection(layout.index, "down")),
             final_norm: layout.is_tail().then(|| get("final_norm".into())),
             lm_head: layout.is_tail().then(|| get("lm_head".into())),
+            identity: layout.bottleneck.kind != BottleneckKind::Plain,
+            first_layer: layout.layers.start,
             n_heads: model.n_heads as i64,
             d_model: model.d_model as i64,
-            cos,
-            sin,
+            fixed,
         }
     }
 
     fn rope(&self, x: &Tensor, seq: i64) -> Tensor {
         let half = x.size()[3] / 2;
-        let cos = self.cos.narrow(0, 0, seq).reshape([1, 1, seq, half]);
-        let sin = self.sin.narrow(0, 0, seq).reshape([1, 1, seq, half]);
+        let cos = self.fixed.cos.narrow(0, 0, seq).reshape([1, 1, seq, half]);
+        let sin = self.fixed.sin.narrow(0, 0, seq).reshape([1, 1, seq, half]);
         let kind = x.kind();
         let x = x.to_kind(Kind::Float);
         let x1 = x.narrow(-1, 0, half);
@@ -375,10 +703,14 @@ impl Net {
         Tensor::cat(&[&x1 * &cos - &x2 * &sin, &x1 * &sin + &x2 * &cos], -1).to_kind(kind)
     }
 
-    fn block(&self, h: &Tensor, blk: &Block) -> Tensor {
-        let (b, t, d) = h.size3().expect("hidden states are [batch, seq, d]");
+    /// One block on the stream state `h`; `read` maps the state to the `d`-wide stream the
+    /// block reads (the identity, or `T[token] + U·z` in a subspace model), and the block
+    /// adds its writes to the state.
+    fn block(&self, h: &Tensor, blk: &Block, read: &dyn Fn(&Tensor) -> Tensor) -> Tensor {
+        let (b, t, _) = h.size3().expect("hidden states are [batch, seq, width]");
+        let d = self.d_model;
         let hd = d / self.n_heads;
-        let x = rms(h, &blk.attn_norm);
+        let x = rms(&read(h), &blk.attn_norm);
         let split = |w: &Tensor| {
             linear(&x, w)
                 .reshape([b, t, self.n_heads, hd])
@@ -392,31 +724,67 @@ impl Net {
         );
         let a = a.transpose(1, 2).reshape([b, t, d]);
         let h = h + linear(&a, &blk.wo);
-        let x = rms(&h, &blk.mlp_norm);
+        let x = rms(&read(&h), &blk.mlp_norm);
         let gate = linear(&x, &blk.w1).silu() * linear(&x, &blk.w3);
         h + linear(&gate, &blk.w2)
     }
 
+    fn down(&self, p: &Projection, h: &Tensor) -> Tensor {
+        let b = p.weight.size()[0];
+        let z = p.apply(h);
+        if self.identity {
+            h.narrow(-1, 0, b) + z
+        } else {
+            z
+        }
+    }
+
+    fn up(&self, p: &Projection, y: &Tensor) -> Tensor {
+        let b = y.size()[2];
+        let h = p.apply(y);
+        if self.identity {
+            y.constant_pad_nd([0, self.d_model - b]) + h
+        } else {
+            h
+        }
+    }
+
     /// Runs the stage: tokens `[B, T]` (head) or hidden `[B, T, in_width]` in, hidden
-    /// `[B, T, out_width]` or, for the tail, logits `[B, T, 256]` out.
-    pub(crate) fn forward(&self, input: &Tensor) -> Tensor {
+    /// `[B, T, out_width]` or, for the tail, logits `[B, T, 256]` out. A subspace model's
+    /// stages after the head take the sample's `tokens` too (`[B, T]`; the caller checks that
+    /// they are given where [`StageLayout::needs_tokens`]).
+    pub(crate) fn forward(&self, input: &Tensor, tokens: Option<&Tensor>) -> Tensor {
         let mut h = match &self.embed {
             Some(e) => Tensor::embedding(e, input, -1, false, false),
             None => input.shallow_clone(),
         };
+        let subspace = self.fixed.subspace.as_ref().map(|(u, table)| {
+            let ids = if self.embed.is_some() {
+                input
+            } else {
+                tokens.expect("a subspace stage after the head is given its tokens")
+            };
+            (u, Tensor::embedding(table, ids, -1, false, false))
+        });
+        let read = |z: &Tensor| match &subspace {
+            Some((u, base)) => base + linear(z, u),
+            None => z.shallow_clone(),
+        };
         if let Some(up) = &self.up {
-            let b = h.size()[2];
-            h = h.constant_pad_nd([0, self.d_model - b]) + linear(&rms(&h, &up.norm), &up.weight);
+            h = self.up(up, &h);
         }
-        for blk in &self.blocks {
-            h = self.block(&h, blk);
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let layer = self.first_layer + i;
+            for ib in self.inline.iter().filter(|ib| ib.before_layer == layer) {
+                h = self.up(&ib.up, &self.down(&ib.down, &h));
+            }
+            h = self.block(&h, blk, &read);
         }
         if let Some(down) = &self.down {
-            let b = down.weight.size()[0];
-            h = h.narrow(-1, 0, b) + linear(&rms(&h, &down.norm), &down.weight);
+            h = self.down(down, &h);
         }
         if let (Some(norm), Some(head)) = (&self.final_norm, &self.lm_head) {
-            h = linear(&rms(&h, norm), head);
+            h = linear(&rms(&read(&h), norm), head);
         }
         h
     }
@@ -472,6 +840,75 @@ mod tests {
         assert_eq!(
             with_b,
             n + 2 * (cfg.d_model + b * cfg.d_model + b + cfg.d_model * b)
+        );
+    }
+
+    #[test]
+    fn unsplit_layouts_hold_the_split_parameters_in_their_order() {
+        let cfg = Preset::Tiny.config();
+        for kind in BottleneckKind::ALL {
+            let bn = Bottleneck::new(kind, 16);
+            let whole = param_specs(&cfg, &StageLayout::unsplit(&cfg, 3, bn).unwrap());
+            let parts: Vec<ParamSpec> = (0..3)
+                .flat_map(|i| param_specs(&cfg, &StageLayout::new(&cfg, 3, i, bn).unwrap()))
+                .collect();
+            assert_eq!(whole, parts, "{kind}");
+        }
+        let d = cfg.d_model;
+        let count = |kind| -> usize {
+            (0..3)
+                .flat_map(|i| {
+                    param_specs(
+                        &cfg,
+                        &StageLayout::new(&cfg, 3, i, Bottleneck::new(kind, 16)).unwrap(),
+                    )
+                })
+                .map(|s| s.numel())
+                .sum()
+        };
+        // ResBM's hidden layers add a d×d and a d×b matrix and widen the up projection to
+        // d×d, at each of the two boundaries.
+        assert_eq!(
+            count(BottleneckKind::Resbm) - count(BottleneckKind::Iota),
+            2 * (d * d + d * 16 + d * d - d * 16)
+        );
+        assert_eq!(count(BottleneckKind::Plain), count(BottleneckKind::Iota));
+        // A subspace model writes 16 of d channels: its embedding, wo and w2 are 16 rows.
+        let plain = cfg.num_params();
+        let per_layer = (d - 16) * (d + cfg.ffn_hidden);
+        assert_eq!(
+            count(BottleneckKind::Subspace),
+            plain - VOCAB * (d - 16) - cfg.n_layers * per_layer
+        );
+        assert!(StageLayout::unsplit(&cfg, cfg.n_layers + 1, 16).is_err());
+    }
+
+    #[test]
+    fn the_subspace_basis_is_orthonormal_and_a_function_of_the_seed() {
+        let (d, k) = (128, 16);
+        let u = orthonormal_basis(5, d, k);
+        assert_eq!(u, orthonormal_basis(5, d, k));
+        assert_ne!(u, orthonormal_basis(6, d, k));
+        for a in 0..k {
+            for b in 0..k {
+                let dot: f64 = (0..d)
+                    .map(|i| f64::from(u[i * k + a]) * f64::from(u[i * k + b]))
+                    .sum();
+                let want = if a == b { 1.0 } else { 0.0 };
+                assert!((dot - want).abs() < 1e-6, "column {a}·{b} = {dot}");
+            }
+        }
+    }
+
+    #[test]
+    fn bottleneck_kinds_parse_by_name() {
+        for kind in BottleneckKind::ALL {
+            assert_eq!(kind.name().parse::<BottleneckKind>().unwrap(), kind);
+        }
+        assert!("ResBM".parse::<BottleneckKind>().is_err());
+        assert_eq!(
+            Bottleneck::from(8),
+            Bottleneck::new(BottleneckKind::Iota, 8)
         );
     }
 

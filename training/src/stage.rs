@@ -4,7 +4,10 @@
 //! Guarantees:
 //! - Built from `(preset, num_stages, index, bottleneck, seed)`, a stage holds exactly the
 //!   weights the same layers have in the unsplit model built from the same seed (see
-//!   [`crate::model`]), so `S` stages compute what one stage computes.
+//!   [`crate::model`]), so `S` stages compute what one stage computes (with a bottleneck: what
+//!   one stage with the same boundaries inline computes, [`StageConfig::inline_of`]).
+//! - A subspace model's stages after the head take the sample's tokens beside their hidden
+//!   input ([`Stage::needs_tokens`], the `*_with_tokens` methods).
 //! - [`Stage::forward`] keeps the autograd graph of a sample, keyed by its id, until
 //!   [`Stage::backward`] consumes it or [`Stage::drop_sample`] frees it; at most
 //!   [`StageConfig::max_in_flight`] samples are kept.
@@ -39,7 +42,7 @@ pub use error::{BackwardError, BuildError, ForwardError, ParamsError, StepError}
 use optim::Param;
 pub use optim::{AdamW, StepReport};
 
-use crate::model::{self, Net, ParamSpec, StageLayout};
+use crate::model::{self, Bottleneck, Fixed, Net, ParamSpec, StageLayout};
 use crate::preset::{DType, ModelConfig, Preset, VOCAB};
 
 /// Everything that determines a stage.
@@ -51,8 +54,12 @@ pub struct StageConfig {
     pub num_stages: usize,
     /// This stage's index.
     pub index: usize,
-    /// Bottleneck width at every boundary; 0 for none.
-    pub bottleneck: usize,
+    /// What crosses every boundary.
+    pub bottleneck: Bottleneck,
+    /// With `num_stages == 1` and a value above 1: the stage holds the whole model with the
+    /// boundary modules of an `inline_of`-stage split run inline (see
+    /// [`StageLayout::unsplit`]); 0 otherwise.
+    pub inline_of: usize,
     /// Initialisation seed.
     pub seed: u64,
     /// Where tensors live.
@@ -71,14 +78,15 @@ impl StageConfig {
         preset: Preset,
         num_stages: usize,
         index: usize,
-        bottleneck: usize,
+        bottleneck: impl Into<Bottleneck>,
         seed: u64,
     ) -> Self {
         StageConfig {
             preset,
             num_stages,
             index,
-            bottleneck,
+            bottleneck: bottleneck.into(),
+            inline_of: 0,
             seed,
             device: Device::Cpu,
             dtype: DType::F32,
@@ -154,7 +162,18 @@ impl Stage {
     /// Builds and initialises the stage.
     pub fn new(config: &StageConfig) -> Result<Stage, BuildError> {
         let model = config.preset.config();
-        let layout = StageLayout::new(&model, config.num_stages, config.index, config.bottleneck)?;
+        let layout = if config.inline_of > 1 {
+            if config.num_stages != 1 {
+                return Err(model::LayoutError::InlineNeedsOneStage {
+                    stages: config.inline_of,
+                    num_stages: config.num_stages,
+                }
+                .into());
+            }
+            StageLayout::unsplit(&model, config.inline_of, config.bottleneck)?
+        } else {
+            StageLayout::new(&model, config.num_stages, config.index, config.bottleneck)?
+        };
         let specs = model::param_specs(&model, &layout);
         let kind = config.dtype.kind();
         let mut params = Vec::with_capacity(specs.len());
@@ -175,8 +194,8 @@ impl Stage {
                 stashed: None,
             });
         }
-        let tables = model::rope_tables(&model, config.device);
-        let net = build_net(&model, &layout, &specs, &params, tables);
+        let fixed = Fixed::new(&model, &layout, config.seed, config.device, kind);
+        let net = build_net(&model, &layout, &specs, &params, fixed);
         Ok(Stage {
             config: config.clone(),
             model,
@@ -304,6 +323,17 @@ impl Stage {
     /// Runs a non-tail stage on one sample and keeps its graph for [`Stage::backward`].
     /// Returns the (detached) output `[batch, seq, out_width]` in the stage dtype.
     pub fn forward(&mut self, sample_id: u64, input: &Tensor) -> Result<Tensor, ForwardError> {
+        self.forward_with_tokens(sample_id, input, None)
+    }
+
+    /// [`Stage::forward`] with the sample's tokens `[batch, seq]`, which a subspace model's
+    /// stages after the head need ([`Stage::needs_tokens`]); other stages ignore them.
+    pub fn forward_with_tokens(
+        &mut self,
+        sample_id: u64,
+        input: &Tensor,
+        tokens: Option<&Tensor>,
+    ) -> Result<Tensor, ForwardError> {
         if self.layout.is_tail() {
             return Err(ForwardError::WrongRole {
                 index: self.layout.index,
@@ -317,8 +347,11 @@ impl Stage {
             return Err(ForwardError::TooManyInFlight(self.in_flight.len()));
         }
         let x = self.prepare_input(input)?;
+        let tokens = self.side_tokens(input, tokens)?;
         let leaf = (!self.layout.is_head()).then(|| x.set_requires_grad(true));
-        let output = self.net.forward(leaf.as_ref().unwrap_or(&x));
+        let output = self
+            .net
+            .forward(leaf.as_ref().unwrap_or(&x), tokens.as_ref());
         let out = output.f_detach()?;
         self.in_flight.insert(
             sample_id,
@@ -374,6 +407,17 @@ impl Stage {
         input: &Tensor,
         targets: &Tensor,
     ) -> Result<LossOutput, ForwardError> {
+        self.forward_loss_with_tokens(input, None, targets)
+    }
+
+    /// [`Stage::forward_loss`] with the sample's input tokens (see
+    /// [`Stage::forward_with_tokens`]).
+    pub fn forward_loss_with_tokens(
+        &mut self,
+        input: &Tensor,
+        tokens: Option<&Tensor>,
+        targets: &Tensor,
+    ) -> Result<LossOutput, ForwardError> {
         if !self.layout.is_tail() {
             return Err(ForwardError::WrongRole {
                 index: self.layout.index,
@@ -382,8 +426,11 @@ impl Stage {
         }
         let x = self.prepare_input(input)?;
         self.check_targets(input, targets)?;
+        let tokens = self.side_tokens(input, tokens)?;
         let leaf = (!self.layout.is_head()).then(|| x.set_requires_grad(true));
-        let logits = self.net.forward(leaf.as_ref().unwrap_or(&x));
+        let logits = self
+            .net
+            .forward(leaf.as_ref().unwrap_or(&x), tokens.as_ref());
         let loss = model::loss(&logits, &targets.f_to_device(self.config.device)?);
         loss.f_backward()?;
         self.accumulated += 1;
@@ -391,6 +438,33 @@ impl Stage {
             loss: loss.f_double_value(&[])? as f32,
             grad_input: leaf.map(|l| l.grad().detach()),
         })
+    }
+
+    /// Whether the stage takes the sample's tokens beside its hidden input.
+    pub fn needs_tokens(&self) -> bool {
+        self.layout.needs_tokens()
+    }
+
+    /// Checks the tokens a subspace stage after the head needs (shape `[batch, seq]` of
+    /// `input`, range) and moves them to the device; `None` for stages that need none.
+    fn side_tokens(
+        &self,
+        input: &Tensor,
+        tokens: Option<&Tensor>,
+    ) -> Result<Option<Tensor>, ForwardError> {
+        if !self.layout.needs_tokens() {
+            return Ok(None);
+        }
+        let tokens = tokens.ok_or(ForwardError::TokensRequired)?;
+        self.check_tokens(tokens, "tokens")?;
+        if tokens.size()[..] != input.size()[..2] {
+            return Err(ForwardError::BadInput {
+                expected: format!("tokens of shape {:?}", &input.size()[..2]),
+                got: tokens.size(),
+                kind: Some(tokens.kind()),
+            });
+        }
+        Ok(Some(tokens.f_to_device(self.config.device)?))
     }
 
     fn check_targets(&self, input: &Tensor, targets: &Tensor) -> Result<(), ForwardError> {
@@ -407,12 +481,30 @@ impl Stage {
 
     /// Forward pass of a non-tail stage without autograd (evaluation).
     pub fn eval_forward(&self, input: &Tensor) -> Result<Tensor, ForwardError> {
-        self.eval_forward_on(&self.net, input)
+        self.eval_forward_on(&self.net, input, None)
+    }
+
+    /// [`Stage::eval_forward`] with the sample's tokens (see [`Stage::forward_with_tokens`]).
+    pub fn eval_forward_with_tokens(
+        &self,
+        input: &Tensor,
+        tokens: Option<&Tensor>,
+    ) -> Result<Tensor, ForwardError> {
+        self.eval_forward_on(&self.net, input, tokens)
     }
 
     /// The tail's logits `[B, T, 256]` for its input, without autograd (sampling, and
     /// comparing an exported model with the stages).
     pub fn eval_logits(&self, input: &Tensor) -> Result<Tensor, ForwardError> {
+        self.eval_logits_with_tokens(input, None)
+    }
+
+    /// [`Stage::eval_logits`] with the sample's tokens (see [`Stage::forward_with_tokens`]).
+    pub fn eval_logits_with_tokens(
+        &self,
+        input: &Tensor,
+        tokens: Option<&Tensor>,
+    ) -> Result<Tensor, ForwardError> {
         if !self.layout.is_tail() {
             return Err(ForwardError::WrongRole {
                 index: self.layout.index,
@@ -420,12 +512,24 @@ impl Stage {
             });
         }
         let x = self.prepare_input(input)?;
-        Ok(tch::no_grad(|| self.net.forward(&x)))
+        let tokens = self.side_tokens(input, tokens)?;
+        Ok(tch::no_grad(|| self.net.forward(&x, tokens.as_ref())))
     }
 
     /// Mean cross-entropy of the tail without autograd (evaluation).
     pub fn eval_loss(&self, input: &Tensor, targets: &Tensor) -> Result<f32, ForwardError> {
-        self.eval_loss_on(&self.net, input, targets)
+        self.eval_loss_on(&self.net, input, None, targets)
+    }
+
+    /// [`Stage::eval_loss`] with the sample's input tokens (see
+    /// [`Stage::forward_with_tokens`]).
+    pub fn eval_loss_with_tokens(
+        &self,
+        input: &Tensor,
+        tokens: Option<&Tensor>,
+        targets: &Tensor,
+    ) -> Result<f32, ForwardError> {
+        self.eval_loss_on(&self.net, input, tokens, targets)
     }
 
     /// [`Stage::eval_forward`] with `weights` instead of the live weights.
@@ -434,9 +538,20 @@ impl Stage {
         weights: &GivenWeights,
         input: &Tensor,
     ) -> Result<Tensor, ForwardError> {
+        self.eval_forward_given_with_tokens(weights, input, None)
+    }
+
+    /// [`Stage::eval_forward_given`] with the sample's tokens (see
+    /// [`Stage::forward_with_tokens`]).
+    pub fn eval_forward_given_with_tokens(
+        &mut self,
+        weights: &GivenWeights,
+        input: &Tensor,
+        tokens: Option<&Tensor>,
+    ) -> Result<Tensor, ForwardError> {
         self.load_given(weights)?;
         let net = self.given_net();
-        self.eval_forward_on(net, input)
+        self.eval_forward_on(net, input, tokens)
     }
 
     /// [`Stage::eval_loss`] with `weights` instead of the live weights.
@@ -446,9 +561,21 @@ impl Stage {
         input: &Tensor,
         targets: &Tensor,
     ) -> Result<f32, ForwardError> {
+        self.eval_loss_given_with_tokens(weights, input, None, targets)
+    }
+
+    /// [`Stage::eval_loss_given`] with the sample's input tokens (see
+    /// [`Stage::forward_with_tokens`]).
+    pub fn eval_loss_given_with_tokens(
+        &mut self,
+        weights: &GivenWeights,
+        input: &Tensor,
+        tokens: Option<&Tensor>,
+        targets: &Tensor,
+    ) -> Result<f32, ForwardError> {
         self.load_given(weights)?;
         let net = self.given_net();
-        self.eval_loss_on(net, input, targets)
+        self.eval_loss_on(net, input, tokens, targets)
     }
 
     fn given_net(&self) -> &Net {
@@ -475,15 +602,19 @@ impl Stage {
         for (spec, t) in self.specs.iter().zip(self.unflatten(&weights.values)) {
             tensors.insert(spec.name.as_str(), t.f_to_kind(kind)?);
         }
-        let tables = (self.net.cos.shallow_clone(), self.net.sin.shallow_clone());
-        let net = Net::build(&self.model, &self.layout, tables, |name| {
+        let net = Net::build(&self.model, &self.layout, self.net.fixed.share(), |name| {
             tensors.get(name).map(Tensor::shallow_clone)
         });
         self.given = Some((weights.key.clone(), net));
         Ok(())
     }
 
-    fn eval_forward_on(&self, net: &Net, input: &Tensor) -> Result<Tensor, ForwardError> {
+    fn eval_forward_on(
+        &self,
+        net: &Net,
+        input: &Tensor,
+        tokens: Option<&Tensor>,
+    ) -> Result<Tensor, ForwardError> {
         if self.layout.is_tail() {
             return Err(ForwardError::WrongRole {
                 index: self.layout.index,
@@ -491,13 +622,15 @@ impl Stage {
             });
         }
         let x = self.prepare_input(input)?;
-        Ok(tch::no_grad(|| net.forward(&x)))
+        let tokens = self.side_tokens(input, tokens)?;
+        Ok(tch::no_grad(|| net.forward(&x, tokens.as_ref())))
     }
 
     fn eval_loss_on(
         &self,
         net: &Net,
         input: &Tensor,
+        tokens: Option<&Tensor>,
         targets: &Tensor,
     ) -> Result<f32, ForwardError> {
         if !self.layout.is_tail() {
@@ -508,8 +641,9 @@ impl Stage {
         }
         let x = self.prepare_input(input)?;
         self.check_targets(input, targets)?;
+        let tokens = self.side_tokens(input, tokens)?;
         let targets = targets.f_to_device(self.config.device)?;
-        let loss = tch::no_grad(|| model::loss(&net.forward(&x), &targets));
+        let loss = tch::no_grad(|| model::loss(&net.forward(&x, tokens.as_ref()), &targets));
         Ok(loss.f_double_value(&[])? as f32)
     }
 
@@ -570,8 +704,8 @@ impl Stage {
         for (p, copy) in self.params.iter_mut().zip(copies) {
             p.tensor = copy;
         }
-        let tables = (self.net.cos.shallow_clone(), self.net.sin.shallow_clone());
-        self.net = build_net(&self.model, &self.layout, &self.specs, &self.params, tables);
+        let fixed = self.net.fixed.share();
+        self.net = build_net(&self.model, &self.layout, &self.specs, &self.params, fixed);
         Ok(())
     }
 
@@ -725,20 +859,20 @@ impl Stage {
     }
 }
 
-/// The forward pass's view of `params`, with the given rotary tables.
+/// The forward pass's view of `params`, with the given fixed tensors.
 fn build_net(
     model: &ModelConfig,
     layout: &StageLayout,
     specs: &[ParamSpec],
     params: &[Param],
-    tables: (Tensor, Tensor),
+    fixed: Fixed,
 ) -> Net {
     let by_name: HashMap<&str, &Param> = specs
         .iter()
         .zip(params)
         .map(|(s, p)| (s.name.as_str(), p))
         .collect();
-    Net::build(model, layout, tables, |name| {
+    Net::build(model, layout, fixed, |name| {
         by_name.get(name).map(|p| p.tensor.shallow_clone())
     })
 }

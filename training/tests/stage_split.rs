@@ -5,15 +5,55 @@
 #![allow(clippy::unwrap_used)]
 
 use training::local::Pipeline;
+use training::stage::ForwardError;
 use training::wire::{Codec, WireDtype};
-use training::{Corpus, Preset, StageConfig};
+use training::{Bottleneck, BottleneckKind, Corpus, Preset, Stage, StageConfig};
 
 const SEED: u64 = 11;
 
-fn pipeline(stages: usize, bottleneck: usize, wire: WireDtype) -> Pipeline {
+fn pipeline(stages: usize, bottleneck: impl Into<Bottleneck>, wire: WireDtype) -> Pipeline {
     tch::set_num_threads(1);
     let base = StageConfig::new(Preset::Tiny, stages, 0, bottleneck, SEED);
     Pipeline::new(&base, stages, Codec::new(wire), 7).unwrap()
+}
+
+/// The whole model as one stage, with the boundaries of a `split`-stage cut run inline.
+fn unsplit(split: usize, bottleneck: Bottleneck) -> Pipeline {
+    tch::set_num_threads(1);
+    let base = StageConfig {
+        inline_of: split,
+        ..StageConfig::new(Preset::Tiny, 1, 0, bottleneck, SEED)
+    };
+    Pipeline::new(&base, 1, Codec::new(WireDtype::F32), 7).unwrap()
+}
+
+/// Asserts that `split` (its stages' parameters and one sample's loss and gradients) equals
+/// `whole`, to f32 rounding.
+fn assert_same_function(what: &str, whole: &mut Pipeline, split: &mut Pipeline) -> f32 {
+    let split_params: Vec<f32> = split.stages.iter().flat_map(|s| s.flat_params()).collect();
+    assert_eq!(
+        split_params,
+        whole.stages[0].flat_params(),
+        "{what}: parameters"
+    );
+    let (loss_whole, grads_whole) = one_sample(whole, 3);
+    let (loss_split, grads_split) = one_sample(split, 3);
+    let loss_err = (f64::from(loss_whole) - f64::from(loss_split)).abs() / f64::from(loss_whole);
+    let flat_split: Vec<f32> = grads_split.concat();
+    let err = rel_err(&flat_split, &grads_whole[0]);
+    eprintln!("{what}: loss {loss_split}, relative error {loss_err:.2e}, gradient relative error {err:.2e}");
+    assert!(
+        loss_err <= 1e-5,
+        "{what}: loss {loss_whole} vs {loss_split}"
+    );
+    assert!(err <= 1e-5, "{what}: gradient relative error {err}");
+    for (i, g) in grads_split.iter().enumerate() {
+        assert!(
+            g.iter().any(|&g| g != 0.0),
+            "{what}: stage {i} got no gradient"
+        );
+    }
+    loss_split
 }
 
 /// Runs one sample forward and backward; returns the loss and each stage's gradients.
@@ -109,4 +149,93 @@ fn bottleneck_narrows_what_crosses_the_boundary() {
     // 16 of 128 channels: about an eighth of the bytes (plus the frame header).
     let ratio = wide.activation_bytes as f64 / narrow.activation_bytes as f64;
     assert!(ratio > 6.0, "ratio {ratio}");
+}
+
+#[test]
+fn every_bottleneck_kind_in_three_stages_computes_what_its_unsplit_model_computes() {
+    let mut losses = Vec::new();
+    for kind in [
+        BottleneckKind::Iota,
+        BottleneckKind::Plain,
+        BottleneckKind::Resbm,
+    ] {
+        let b = Bottleneck::new(kind, 16);
+        let mut whole = unsplit(3, b);
+        let mut split = pipeline(3, b, WireDtype::F32);
+        assert_eq!(split.stages[0].layout().out_width, Some(16));
+        losses.push(assert_same_function(
+            &kind.to_string(),
+            &mut whole,
+            &mut split,
+        ));
+    }
+    // A subspace model has no boundary modules: its unsplit model is the plain single stage,
+    // and the boundary's rebuild from z and the tokens is exact.
+    let b = Bottleneck::new(BottleneckKind::Subspace, 16);
+    let mut whole = pipeline(1, b, WireDtype::F32);
+    let mut split = pipeline(3, b, WireDtype::F32);
+    assert_eq!(split.stages[0].layout().out_width, Some(16));
+    assert_eq!(split.stages[2].layout().in_width, Some(16));
+    losses.push(assert_same_function("subspace", &mut whole, &mut split));
+    // The kinds are different functions of the same seed, not one under four names.
+    for (i, a) in losses.iter().enumerate() {
+        for b in &losses[i + 1..] {
+            assert_ne!(a, b, "two kinds computed the same loss");
+        }
+    }
+}
+
+#[test]
+fn a_subspace_stage_after_the_head_refuses_to_run_without_the_tokens() {
+    tch::set_num_threads(1);
+    let b = Bottleneck::new(BottleneckKind::Subspace, 16);
+    let mut head = Stage::new(&StageConfig::new(Preset::Tiny, 2, 0, b, SEED)).unwrap();
+    let mut tail = Stage::new(&StageConfig::new(Preset::Tiny, 2, 1, b, SEED)).unwrap();
+    assert!(!head.needs_tokens() && tail.needs_tokens());
+    let corpus = Corpus::shakespeare().unwrap();
+    let batch = corpus.train_sample(0, SEED, 2, 16).unwrap();
+    let (x, y) = (batch.inputs_tensor(), batch.targets_tensor());
+    let z = head.forward(0, &x).unwrap();
+    assert_eq!(z.size(), vec![2, 16, 16]);
+    assert!(matches!(
+        tail.forward_loss(&z, &y),
+        Err(ForwardError::TokensRequired)
+    ));
+    assert!(matches!(
+        tail.eval_loss(&z, &y),
+        Err(ForwardError::TokensRequired)
+    ));
+    // Tokens of another shape are refused too, before any tensor maths.
+    let short = x.narrow(1, 0, 8);
+    assert!(matches!(
+        tail.forward_loss_with_tokens(&z, Some(&short), &y),
+        Err(ForwardError::BadInput { .. })
+    ));
+    let out = tail.forward_loss_with_tokens(&z, Some(&x), &y).unwrap();
+    assert!(out.loss.is_finite());
+    // With the tokens of another sample the stream is rebuilt differently: the tokens are
+    // really part of what the stage computes.
+    let other = corpus.train_sample(1, SEED, 2, 16).unwrap().inputs_tensor();
+    let a = tail.eval_loss_with_tokens(&z, Some(&x), &y).unwrap();
+    let b = tail.eval_loss_with_tokens(&z, Some(&other), &y).unwrap();
+    assert_ne!(a, b);
+}
+
+#[test]
+fn gradients_may_cross_the_wire_in_another_format_than_activations() {
+    let mut same = pipeline(3, 16, WireDtype::Int4);
+    let base = StageConfig::new(Preset::Tiny, 3, 0, 16, SEED);
+    let mut mixed = Pipeline::new(&base, 3, Codec::new(WireDtype::Int4), 7)
+        .unwrap()
+        .with_gradient_codec(Codec::new(WireDtype::F32));
+    one_sample(&mut same, 2);
+    one_sample(&mut mixed, 2);
+    assert_eq!(same.activation_bytes, mixed.activation_bytes);
+    // f32 gradients are about 8 times the bytes of int4 ones.
+    assert!(
+        mixed.gradient_bytes > 4 * same.gradient_bytes,
+        "{} vs {}",
+        mixed.gradient_bytes,
+        same.gradient_bytes
+    );
 }

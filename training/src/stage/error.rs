@@ -47,6 +47,9 @@ pub enum ForwardError {
     /// A token or target is outside `0..256`.
     #[error("token outside 0..256")]
     TokenOutOfRange,
+    /// A subspace model's stage after the head was not given the sample's tokens.
+    #[error("this stage rebuilds the residual stream from the sample's tokens; none were given")]
+    TokensRequired,
     /// The sample id already has a forward pass waiting for its backward.
     #[error("sample {0} is already in flight")]
     DuplicateSample(u64),
