@@ -50,6 +50,6 @@ pub use plan::{
     MAX_PLAN_BYTES, MAX_PLAN_MINERS,
 };
 pub use run_config::{
-    ModelPreset, RunConfig, RunConfigError, RunHash, RunHashError, WireFormat,
+    BottleneckKind, ModelPreset, RunConfig, RunConfigError, RunHash, RunHashError, WireFormat,
     MAX_OPEN_REGISTRATION, MAX_RUN_CONFIG_BYTES, MAX_RUN_NAME_LEN, MAX_STAGES,
 };

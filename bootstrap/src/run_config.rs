@@ -83,6 +83,34 @@ impl WireFormat {
     }
 }
 
+/// How the stages around a boundary compress and rebuild the hidden state (the training
+/// crate's `BottleneckKind`; its module `model` has the maths).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BottleneckKind {
+    /// IOTA's: linear encoder and decoder beside a truncated identity.
+    #[default]
+    Iota,
+    /// Linear encoder and decoder without the identity path.
+    Plain,
+    /// ResBM: two-layer encoder and decoder beside the identity path.
+    Resbm,
+    /// Protocol Models: the residual stream confined to a fixed subspace.
+    Subspace,
+}
+
+impl BottleneckKind {
+    /// The lower-case name (`"iota"`, …), as written in TOML.
+    pub fn name(self) -> &'static str {
+        match self {
+            BottleneckKind::Iota => "iota",
+            BottleneckKind::Plain => "plain",
+            BottleneckKind::Resbm => "resbm",
+            BottleneckKind::Subspace => "subspace",
+        }
+    }
+}
+
 /// The settings every node of a run shares.
 ///
 /// Serialises to the TOML that [`RunConfig::from_toml_str`] reads (see
@@ -97,8 +125,14 @@ pub struct RunConfig {
     pub stages: u32,
     /// Channels at each stage boundary's bottleneck; 0 sends the full hidden state.
     pub bottleneck: u32,
-    /// Quantisation of activations and gradients on the wire.
+    /// How the boundaries compress (default `iota`).
+    pub bottleneck_kind: BottleneckKind,
+    /// Quantisation of activations (and of gradients, unless `gradient_format` is set) on
+    /// the wire.
     pub wire_format: WireFormat,
+    /// Quantisation of the gradients sent back; left out: `wire_format`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gradient_format: Option<WireFormat>,
     /// Samples each head-stage miner draws per epoch (at least 1).
     pub epoch_samples: u64,
     /// Longest an epoch may run, in seconds (at least 1).
@@ -205,7 +239,9 @@ impl Default for RunConfig {
             preset: ModelPreset::Tiny,
             stages: 3,
             bottleneck: 32,
+            bottleneck_kind: BottleneckKind::Iota,
             wire_format: WireFormat::Bf16,
+            gradient_format: None,
             epoch_samples: 100,
             epoch_timeout_secs: 120,
             inner_steps: 1,
@@ -261,7 +297,9 @@ impl RunConfig {
             "preset" => self.preset = field("preset", value)?,
             "stages" => self.stages = field("stages", value)?,
             "bottleneck" => self.bottleneck = field("bottleneck", value)?,
+            "bottleneck_kind" => self.bottleneck_kind = field("bottleneck_kind", value)?,
             "wire_format" => self.wire_format = field("wire_format", value)?,
+            "gradient_format" => self.gradient_format = Some(field("gradient_format", value)?),
             "epoch_samples" => self.epoch_samples = field("epoch_samples", value)?,
             "epoch_timeout_secs" => self.epoch_timeout_secs = field("epoch_timeout_secs", value)?,
             "inner_steps" => self.inner_steps = field("inner_steps", value)?,
@@ -406,6 +444,11 @@ impl RunConfig {
     /// Whether every merge is the plain average: outer learning rate 1 and no momentum ever.
     pub fn outer_is_plain(&self) -> bool {
         self.outer_lr == 1.0 && self.outer_momentum == 0.0 && self.outer_momentum_start == 0.0
+    }
+
+    /// The format gradients travel in: `gradient_format`, else `wire_format`.
+    pub fn gradient_wire(&self) -> WireFormat {
+        self.gradient_format.unwrap_or(self.wire_format)
     }
 
     /// [`RunConfig::heartbeat_timeout_ms`] as a duration.

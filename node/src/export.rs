@@ -77,6 +77,13 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("stage {stage} at epoch {epoch}"))?,
         );
     }
+    if run.bottleneck > 0 && run.bottleneck_kind != bootstrap::BottleneckKind::Iota {
+        anyhow::bail!(
+            "this run's boundaries are `{}`: export writes models without a bottleneck or with \
+             IOTA's (the layout `generate` and the Hugging Face loaders read), not this kind yet",
+            run.bottleneck_kind.name()
+        );
+    }
     let flats: Vec<&[f32]> = weights.iter().map(|w| w.params.as_slice()).collect();
     let tensors = training::export::assemble(&model, run.bottleneck as usize, &flats)?;
     let mut config =

@@ -602,19 +602,19 @@ async fn build_stage(
 ) -> anyhow::Result<StageHandle> {
     let run = &shared.cfg.run;
     let preset: training::Preset = run.preset.name().parse()?;
-    let wire: training::WireDtype = run.wire_format.name().parse()?;
     let mut stage_cfg = StageConfig::new(
         preset,
         run.stages as usize,
         stage as usize,
-        run.bottleneck as usize,
+        crate::rules::bottleneck(run),
         run.seed,
     );
     stage_cfg.device = shared.cfg.device;
     stage_cfg.optimizer.lr = plan.lr;
     stage_cfg.max_in_flight = MAX_IN_FLIGHT * 2;
-    let codec = training::wire::Codec::new(wire);
+    let (codec, grad_codec) = crate::rules::codecs(run)?;
     let mut worker_cfg = WorkerConfig::new(stage_cfg, codec, shared.run_id);
+    worker_cfg.grad_codec = grad_codec;
     // Nothing larger than the run's own frames is ever decompressed.
     worker_cfg.limits = shared.frames.limits();
     let (handle, thread) = StageHandle::spawn(worker_cfg).await?;

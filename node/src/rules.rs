@@ -217,6 +217,28 @@ impl PlanBook {
     }
 }
 
+/// The training crate's bottleneck for `run`: its width and kind.
+pub(crate) fn bottleneck(run: &RunConfig) -> training::Bottleneck {
+    let kind = match run.bottleneck_kind {
+        bootstrap::BottleneckKind::Iota => training::BottleneckKind::Iota,
+        bootstrap::BottleneckKind::Plain => training::BottleneckKind::Plain,
+        bootstrap::BottleneckKind::Resbm => training::BottleneckKind::Resbm,
+        bootstrap::BottleneckKind::Subspace => training::BottleneckKind::Subspace,
+    };
+    training::Bottleneck::new(kind, run.bottleneck as usize)
+}
+
+/// The codecs of `run`'s frames: activations, and gradients when they travel in another
+/// format.
+pub(crate) fn codecs(run: &RunConfig) -> anyhow::Result<(wire::Codec, Option<wire::Codec>)> {
+    let activations: training::WireDtype = run.wire_format.name().parse()?;
+    let gradients = match run.gradient_format {
+        Some(g) => Some(wire::Codec::new(g.name().parse()?)),
+        None => None,
+    };
+    Ok((wire::Codec::new(activations), gradients))
+}
+
 /// The id every frame of `run` carries: the first 8 bytes of its configuration hash.
 pub(crate) fn run_id(run: &RunConfig) -> u64 {
     let mut id = [0u8; 8];
@@ -613,7 +635,7 @@ impl FrameRules {
                 &model,
                 run.stages as usize,
                 stage as usize,
-                run.bottleneck as usize,
+                bottleneck(run),
             )?;
             widths.push(layout.out_width.unwrap_or(model.d_model));
         }

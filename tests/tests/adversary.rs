@@ -3,7 +3,8 @@
 //! from what it observes, weigh it at (almost) nothing, and keep paying the honest miners
 //! alike; every node must hold the same consensus.
 //!
-//! Each test runs `iota-p2p local-swarm --adversary MODE` (4 epochs of 60 samples per head),
+//! Each test runs `iota-p2p local-swarm --adversary MODE` (4 epochs of 60 samples per head;
+//! the noise miner's swarm runs with subspace boundaries),
 //! which starts the adversary once the honest miners are in a plan (so it joins at epoch 1)
 //! and writes what the first validator concluded into `weights.json`. The swarms run one at
 //! a time: two cores cannot hold two swarms' timing.
@@ -108,9 +109,19 @@ fn assert_caught(weights: &Value, mode: &str) {
 
 #[test]
 fn a_noise_miner_is_caught_and_paid_nothing() {
-    let out = scratch_dir("adversary-noise");
-    let weights = swarm(&out, &["--adversary", "noise"]);
+    // In a subspace run: its stages after the head rebuild the stream from the sample's
+    // tokens, in the miners' hops, their evaluations and the validator's recomputations,
+    // so this swarm also shows that the subspace boundary works end to end.
+    let dir = scratch_dir("adversary-noise");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("swarm");
+    let run = dir.join("subspace.toml");
+    std::fs::write(&run, "bottleneck_kind = \"subspace\"\n").unwrap();
+    let run = run.to_str().unwrap();
+    let weights = swarm(&out, &["--adversary", "noise", "--run", run]);
     assert_caught(&weights, "noise");
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap_or_default();
+    assert!(report.contains("bottleneck 32 (subspace)"), "{report}");
 }
 
 #[test]

@@ -39,7 +39,9 @@ fn stages(run: &RunConfig) -> Vec<Stage> {
     let preset: training::Preset = run.preset.name().parse().unwrap();
     (0..STAGES)
         .map(|i| {
-            let cfg = StageConfig::new(preset, STAGES, i, run.bottleneck as usize, run.seed);
+            let kind: training::BottleneckKind = run.bottleneck_kind.name().parse().unwrap();
+            let b = training::Bottleneck::new(kind, run.bottleneck as usize);
+            let cfg = StageConfig::new(preset, STAGES, i, b, run.seed);
             let mut stage = Stage::new(&cfg).unwrap();
             let perturbed: Vec<f32> = stage
                 .flat_params()
@@ -307,6 +309,35 @@ fn replicas_that_disagree_or_a_missing_stage_make_the_export_fail_saying_why() {
     let stderr = String::from_utf8_lossy(&failed.stderr);
     assert!(!failed.status.success());
     assert!(stderr.contains("replicas disagree"), "{stderr}");
+    assert!(!dir.join("model/model.safetensors").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_model_whose_boundaries_export_cannot_write_is_refused_saying_so() {
+    tch::set_num_threads(1);
+    let dir = scratch_dir("export-resbm");
+    let run = RunConfig {
+        bottleneck_kind: bootstrap::BottleneckKind::Resbm,
+        ..run_config(16)
+    };
+    let stages = stages(&run);
+    let swarm = dir.join("swarm");
+    std::fs::create_dir_all(&swarm).unwrap();
+    std::fs::write(swarm.join("run.toml"), run.to_toml_string().unwrap()).unwrap();
+    for (index, stage) in stages.iter().enumerate() {
+        save(
+            &swarm.join(format!("miner-{index}")),
+            &run,
+            stage,
+            index as u32,
+            stage.flat_params(),
+        );
+    }
+    let failed = export(&swarm, &dir.join("model"));
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(!failed.status.success(), "{stderr}");
+    assert!(stderr.contains("boundaries are `resbm`"), "{stderr}");
     assert!(!dir.join("model/model.safetensors").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

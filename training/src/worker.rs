@@ -33,8 +33,11 @@ use crate::wire::{self, Codec, DecodeError, DecodeLimits, EncodeError, FrameKind
 pub struct WorkerConfig {
     /// The stage to build on the thread.
     pub stage: StageConfig,
-    /// Codec for the frames this stage sends.
+    /// Codec for the frames this stage sends (activations, and gradients unless
+    /// `grad_codec` is set).
     pub codec: Codec,
+    /// Codec for the gradient frames this stage sends; `None`: `codec`.
+    pub grad_codec: Option<Codec>,
     /// What this stage accepts from peers.
     pub limits: DecodeLimits,
     /// Run id written into, and required of, every frame.
@@ -51,6 +54,7 @@ impl WorkerConfig {
         WorkerConfig {
             stage,
             codec,
+            grad_codec: None,
             limits: DecodeLimits::default(),
             run,
             threads: 1,
@@ -73,6 +77,25 @@ pub enum StageInput {
     },
     /// An encoded activation frame from the previous stage.
     Frame(Vec<u8>),
+    /// An activation frame and the sample's input tokens (`batch × seq` of the frame's
+    /// shape), for the stages that rebuild the stream from them (a subspace model's stages
+    /// after the head, see [`Stage::needs_tokens`]).
+    FrameWithTokens {
+        /// The encoded activation frame.
+        frame: Vec<u8>,
+        /// The sample's input tokens, row-major.
+        tokens: Vec<i64>,
+    },
+}
+
+impl StageInput {
+    /// `frame`, with `tokens` when the receiving stage needs them.
+    pub fn frame(frame: Vec<u8>, tokens: Option<Vec<i64>>) -> StageInput {
+        match tokens {
+            Some(tokens) => StageInput::FrameWithTokens { frame, tokens },
+            None => StageInput::Frame(frame),
+        }
+    }
 }
 
 /// What the tail returns for one sample.
@@ -578,7 +601,17 @@ impl Worker {
         Ok((f.header.meta, f.to_tensor()))
     }
 
-    fn input(&self, input: StageInput) -> Result<Tensor, WorkerError> {
+    /// The stage's input tensor, and the side tokens of a frame that came with them.
+    fn input(&self, input: StageInput) -> Result<(Tensor, Option<Tensor>), WorkerError> {
+        if let StageInput::FrameWithTokens { frame, tokens } = input {
+            let x = self.decode(&frame, FrameKind::Activation)?.1;
+            let t = self.targets(&x, tokens)?;
+            return Ok((x, Some(t)));
+        }
+        Ok((self.input_tensor(input)?, None))
+    }
+
+    fn input_tensor(&self, input: StageInput) -> Result<Tensor, WorkerError> {
         match input {
             StageInput::Tokens { batch, seq, tokens } => {
                 if batch.checked_mul(seq) != Some(tokens.len()) || tokens.is_empty() {
@@ -590,7 +623,9 @@ impl Worker {
                 }
                 Ok(Tensor::from_slice(&tokens).reshape([batch as i64, seq as i64]))
             }
-            StageInput::Frame(bytes) => Ok(self.decode(&bytes, FrameKind::Activation)?.1),
+            StageInput::Frame(bytes) | StageInput::FrameWithTokens { frame: bytes, .. } => {
+                Ok(self.decode(&bytes, FrameKind::Activation)?.1)
+            }
         }
     }
 
@@ -601,7 +636,11 @@ impl Worker {
             stage: self.stage.layout().index as u32,
             kind,
         };
-        Ok(wire::encode_tensor(&self.cfg.codec, &meta, t)?)
+        let codec = match (kind, &self.cfg.grad_codec) {
+            (FrameKind::Gradient, Some(g)) => g,
+            _ => &self.cfg.codec,
+        };
+        Ok(wire::encode_tensor(codec, &meta, t)?)
     }
 
     fn targets(&self, x: &Tensor, targets: Vec<i64>) -> Result<Tensor, WorkerError> {
@@ -617,8 +656,8 @@ impl Worker {
     }
 
     fn forward(&mut self, id: u64, input: StageInput) -> Result<Vec<u8>, WorkerError> {
-        let x = self.input(input)?;
-        let out = self.stage.forward(id, &x)?;
+        let (x, tokens) = self.input(input)?;
+        let out = self.stage.forward_with_tokens(id, &x, tokens.as_ref())?;
         self.encode(&out, id, FrameKind::Activation)
             .inspect_err(|_| {
                 self.stage.drop_sample(id);
@@ -631,12 +670,16 @@ impl Worker {
         targets: Vec<i64>,
     ) -> Result<TailOutput, WorkerError> {
         let sample = match &input {
-            StageInput::Frame(bytes) => wire::decode_header(bytes, &self.cfg.limits)?.meta.sample,
+            StageInput::Frame(bytes) | StageInput::FrameWithTokens { frame: bytes, .. } => {
+                wire::decode_header(bytes, &self.cfg.limits)?.meta.sample
+            }
             StageInput::Tokens { .. } => 0,
         };
-        let x = self.input(input)?;
+        let (x, tokens) = self.input(input)?;
         let y = self.targets(&x, targets)?;
-        let out = self.stage.forward_loss(&x, &y)?;
+        let out = self
+            .stage
+            .forward_loss_with_tokens(&x, tokens.as_ref(), &y)?;
         let grad_frame = match out.grad_input {
             Some(g) => Some(self.encode(&g, sample, FrameKind::Gradient)?),
             None => None,
@@ -661,20 +704,21 @@ impl Worker {
         targets: Option<Vec<i64>>,
         weights: Option<&GivenWeights>,
     ) -> Result<EvalOutput, WorkerError> {
-        let x = self.input(input)?;
+        let (x, tokens) = self.input(input)?;
+        let tokens = tokens.as_ref();
         match targets {
             Some(t) => {
                 let y = self.targets(&x, t)?;
                 let loss = match weights {
-                    Some(w) => self.stage.eval_loss_given(w, &x, &y)?,
-                    None => self.stage.eval_loss(&x, &y)?,
+                    Some(w) => self.stage.eval_loss_given_with_tokens(w, &x, tokens, &y)?,
+                    None => self.stage.eval_loss_with_tokens(&x, tokens, &y)?,
                 };
                 Ok(EvalOutput::Loss(loss))
             }
             None => {
                 let out = match weights {
-                    Some(w) => self.stage.eval_forward_given(w, &x)?,
-                    None => self.stage.eval_forward(&x)?,
+                    Some(w) => self.stage.eval_forward_given_with_tokens(w, &x, tokens)?,
+                    None => self.stage.eval_forward_with_tokens(&x, tokens)?,
                 };
                 Ok(EvalOutput::Activation(self.encode(
                     &out,

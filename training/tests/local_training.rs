@@ -12,7 +12,7 @@ fn tiny_preset_trained_200_steps_lowers_held_out_loss_by_a_quarter() {
     let cfg = LocalConfig {
         steps: 200,
         stages: 2,
-        bottleneck: 32,
+        bottleneck: 32.into(),
         wire: WireDtype::Int8,
         batch: 8,
         seq_len: 64,

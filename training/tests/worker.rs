@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use training::local::Pipeline;
+use training::stage::ForwardError;
 use training::wire::{self, Codec, DecodeLimits, WireDtype};
 use training::worker::{EvalOutput, StageHandle, StageInput, WorkerConfig, WorkerError};
-use training::{Batch, Corpus, Preset, StageConfig};
+use training::{Batch, Bottleneck, BottleneckKind, Corpus, Preset, StageConfig};
 
 const RUN: u64 = 77;
 const SEED: u64 = 5;
@@ -333,4 +334,66 @@ async fn a_merge_drops_the_gradients_and_samples_of_the_old_weights() {
     );
     let status = head.status().await.unwrap();
     assert_eq!((status.accumulated, status.in_flight), (0, 0));
+}
+
+#[tokio::test]
+async fn a_subspace_tail_worker_trains_from_the_frame_and_the_tokens_like_the_direct_stages() {
+    tch::set_num_threads(1);
+    let b = Bottleneck::new(BottleneckKind::Subspace, 16);
+    let spawn = |index| {
+        let stage = StageConfig::new(Preset::Tiny, 2, index, b, SEED);
+        let mut cfg = WorkerConfig::new(stage, Codec::new(WireDtype::Int4), RUN);
+        cfg.grad_codec = Some(Codec::new(WireDtype::Bf16));
+        StageHandle::spawn(cfg)
+    };
+    let (head, _h) = spawn(0).await.unwrap();
+    let (tail, _t) = spawn(1).await.unwrap();
+    assert!(tail.layout().needs_tokens() && !head.layout().needs_tokens());
+    let sample = Corpus::shakespeare()
+        .unwrap()
+        .train_sample(0, SEED, 2, 16)
+        .unwrap();
+    let act = head.forward(0, tokens(&sample)).await.unwrap();
+    // Without the tokens the tail refuses, and keeps serving.
+    let refused = tail
+        .forward_loss(StageInput::Frame(act.clone()), sample.targets.clone())
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(WorkerError::Forward(ForwardError::TokensRequired))
+        ),
+        "{refused:?}"
+    );
+    // Tokens of the wrong count are refused before any tensor work.
+    let short = StageInput::frame(act.clone(), Some(sample.inputs[1..].to_vec()));
+    assert!(matches!(
+        tail.forward_loss(short, sample.targets.clone()).await,
+        Err(WorkerError::BadTokens { .. })
+    ));
+    let input = StageInput::frame(act, Some(sample.inputs.clone()));
+    let out = tail
+        .forward_loss(input, sample.targets.clone())
+        .await
+        .unwrap();
+    let grad = out.grad_frame.expect("a gradient for the head");
+    // Gradients go back in their own format: bf16, not the activations' int4.
+    let header = wire::decode_header(&grad, &DecodeLimits::default()).unwrap();
+    assert_eq!(header.dtype, WireDtype::Bf16);
+    head.backward(grad).await.unwrap();
+
+    let base = StageConfig::new(Preset::Tiny, 2, 0, b, SEED);
+    let mut reference = Pipeline::new(&base, 2, Codec::new(WireDtype::Int4), RUN)
+        .unwrap()
+        .with_gradient_codec(Codec::new(WireDtype::Bf16));
+    let l = reference
+        .train_sample(0, &sample.inputs_tensor(), &sample.targets_tensor())
+        .unwrap();
+    assert_eq!(l.loss, out.loss);
+    head.step(Some(1e-3)).await.unwrap();
+    tail.step(Some(1e-3)).await.unwrap();
+    reference.step(1e-3).unwrap();
+    for (worker, stage) in [&head, &tail].into_iter().zip(&reference.stages) {
+        assert_eq!(worker.weights_hash().await.unwrap(), stage.weights_hash());
+    }
 }

@@ -8,7 +8,7 @@
 use super::RunConfig;
 
 /// Changes whenever the layout below changes, so old and new hashes never collide.
-const DOMAIN: &[u8] = b"iota-p2p/run-config/v2";
+const DOMAIN: &[u8] = b"iota-p2p/run-config/v3";
 
 pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
     // Destructured without `..`: a new field does not compile until it is encoded here.
@@ -17,7 +17,9 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
         preset,
         stages,
         bottleneck,
+        bottleneck_kind,
         wire_format,
+        gradient_format,
         epoch_samples,
         epoch_timeout_secs,
         inner_steps,
@@ -42,7 +44,12 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
     out.str("preset", preset.name());
     out.uint("stages", (*stages).into());
     out.uint("bottleneck", (*bottleneck).into());
+    out.str("bottleneck_kind", bottleneck_kind.name());
     out.str("wire_format", wire_format.name());
+    out.str(
+        "gradient_format",
+        gradient_format.map_or("same", |g| g.name()),
+    );
     out.uint("epoch_samples", *epoch_samples);
     out.uint("epoch_timeout_secs", *epoch_timeout_secs);
     out.uint("inner_steps", (*inner_steps).into());

@@ -7,7 +7,9 @@ run_name = "sn9-pretrain.v2"
 preset = "base"
 stages = 5
 bottleneck = 0
+bottleneck_kind = "resbm"
 wire_format = "int8"
+gradient_format = "bf16"
 epoch_samples = 1000
 epoch_timeout_secs = 600
 inner_steps = 16
@@ -33,7 +35,9 @@ fn every_field() -> RunConfig {
         preset: ModelPreset::Base,
         stages: 5,
         bottleneck: 0,
+        bottleneck_kind: BottleneckKind::Resbm,
         wire_format: WireFormat::Int8,
+        gradient_format: Some(WireFormat::Bf16),
         epoch_samples: 1000,
         epoch_timeout_secs: 600,
         inner_steps: 16,
@@ -78,8 +82,10 @@ fn every_field_is_read_from_toml() {
             "{key} equals its default"
         );
     }
+    // A default config leaves `gradient_format` out: gradients then follow `wire_format`.
+    assert!(!toml_default.contains_key("gradient_format"));
     assert_eq!(
-        toml_default.len(),
+        toml_default.len() + 1,
         toml_every.len(),
         "the sample sets every field"
     );
@@ -126,6 +132,8 @@ fn wrong_types_name_the_field() {
         ("stages = 5000000000", "stages"),
         ("preset = \"huge\"", "preset"),
         ("wire_format = \"fp8\"", "wire_format"),
+        ("bottleneck_kind = \"resnet\"", "bottleneck_kind"),
+        ("gradient_format = \"fp8\"", "gradient_format"),
         ("lr = \"fast\"", "lr"),
         ("run_name = 7", "run_name"),
         ("seed = -3", "seed"),
@@ -220,7 +228,9 @@ fn hash_does_not_depend_on_toml_layout() {
         inner_steps = 16
         epoch_timeout_secs = 600
         epoch_samples = 1000
+        gradient_format = "bf16"
         wire_format = "int8"
+        bottleneck_kind = "resbm"
         bottleneck = 0
         stages = 5
         preset = "base"
@@ -233,12 +243,14 @@ fn hash_does_not_depend_on_toml_layout() {
 
 #[test]
 fn hash_changes_with_every_field() {
-    let changes: [fn(&mut RunConfig); 22] = [
+    let changes: [fn(&mut RunConfig); 24] = [
         |c| c.run_name.push('x'),
         |c| c.preset = ModelPreset::Small,
         |c| c.stages += 1,
         |c| c.bottleneck += 1,
+        |c| c.bottleneck_kind = BottleneckKind::Subspace,
         |c| c.wire_format = WireFormat::F32,
+        |c| c.gradient_format = Some(WireFormat::Int4),
         |c| c.epoch_samples += 1,
         |c| c.epoch_timeout_secs += 1,
         |c| c.inner_steps += 1,

@@ -247,7 +247,7 @@ impl NetMerger {
             &preset.config(),
             self.run.stages as usize,
             stage as usize,
-            self.run.bottleneck as usize,
+            crate::rules::bottleneck(&self.run),
         )
         .ok()?;
         Some(layout.num_params(&preset.config()))

@@ -295,7 +295,23 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
     shared.metrics.samples_forward.inc();
     let mut pathway = header.pathway.clone();
     pathway.push(shared.me.clone());
-    let input = StageInput::Frame(frame.to_vec());
+    // A subspace model's stages rebuild the stream from the sample's tokens, which every
+    // miner derives from the sample id as the tail derives its targets.
+    let tokens = if worker.layout().needs_tokens() {
+        let run = &shared.cfg.run;
+        match shared.corpus.train_sample(
+            header.sample,
+            run.seed,
+            run.batch_size as usize,
+            run.seq_len as usize,
+        ) {
+            Ok(batch) => Some(batch.inputs),
+            Err(error) => return failed(error.to_string()),
+        }
+    } else {
+        None
+    };
+    let input = StageInput::frame(frame.to_vec(), tokens);
     let reply = if stage + 1 == plan.stages {
         // The tail: loss, gradient, and a loss record for the validators.
         let run = &shared.cfg.run;
@@ -459,11 +475,13 @@ pub(crate) async fn serve_eval(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
         Ok(weights) => weights,
         Err(reason) => return failed(reason),
     };
-    let input = StageInput::Frame(frame.to_vec());
+    let Some(batch) = val_batch(shared, header.batch) else {
+        return failed("no such validation batch".into());
+    };
+    let tokens = worker.layout().needs_tokens().then(|| batch.inputs.clone());
+    let input = StageInput::frame(frame.to_vec(), tokens);
     if stage + 1 == plan.stages {
-        let Some(targets) = val_batch(shared, header.batch).map(|b| b.targets) else {
-            return failed("no such validation batch".into());
-        };
+        let targets = batch.targets;
         match worker.eval_given(weights, input, Some(targets)).await {
             Ok(EvalOutput::Loss(loss)) => eval_reply(&EvalReply::Loss(loss)),
             Ok(EvalOutput::Activation(_)) => failed("tail gave no loss".into()),

@@ -162,12 +162,14 @@ pub(crate) fn write(
     let _ = writeln!(md, "# local-swarm report\n");
     let _ = writeln!(
         md,
-        "Run `{}`: preset {}, {} stages, bottleneck {}, wire {}, {} samples of {}×{} tokens per head per epoch, lr {}.\n",
+        "Run `{}`: preset {}, {} stages, bottleneck {} ({}), wire {} (gradients {}), {} samples of {}×{} tokens per head per epoch, lr {}.\n",
         run.run_name,
         run.preset.name(),
         run.stages,
         run.bottleneck,
+        run.bottleneck_kind.name(),
         run.wire_format.name(),
+        run.gradient_wire().name(),
         run.epoch_samples,
         run.batch_size,
         run.seq_len,

@@ -453,7 +453,9 @@ impl Checker {
                 tokens: batch.inputs.clone(),
             }
         } else {
-            StageInput::Frame(input.to_vec())
+            // A subspace model's stages rebuild the stream from the sample's tokens.
+            let tokens = worker.layout().needs_tokens().then(|| batch.inputs.clone());
+            StageInput::frame(input.to_vec(), tokens)
         };
         let recomputed = if target.tail {
             let out = worker
@@ -486,17 +488,17 @@ impl Checker {
     async fn scratch(&self, stage: u32) -> anyhow::Result<Scratch> {
         let run = &self.run;
         let preset: training::Preset = run.preset.name().parse()?;
-        let wire: training::WireDtype = run.wire_format.name().parse()?;
         let mut stage_cfg = StageConfig::new(
             preset,
             run.stages as usize,
             stage as usize,
-            run.bottleneck as usize,
+            crate::rules::bottleneck(run),
             run.seed,
         );
         stage_cfg.device = self.device;
-        let codec = training::wire::Codec::new(wire);
+        let (codec, grad_codec) = crate::rules::codecs(run)?;
         let mut worker_cfg = WorkerConfig::new(stage_cfg, codec, self.run_id);
+        worker_cfg.grad_codec = grad_codec;
         worker_cfg.limits = self.frames.limits();
         // The thread ends when the handle is dropped with the checker.
         let (handle, _thread) = StageHandle::spawn(worker_cfg).await?;
