@@ -77,17 +77,10 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("stage {stage} at epoch {epoch}"))?,
         );
     }
-    if run.bottleneck > 0 && run.bottleneck_kind != bootstrap::BottleneckKind::Iota {
-        anyhow::bail!(
-            "this run's boundaries are `{}`: export writes models without a bottleneck or with \
-             IOTA's (the layout `generate` and the Hugging Face loaders read), not this kind yet",
-            run.bottleneck_kind.name()
-        );
-    }
     let flats: Vec<&[f32]> = weights.iter().map(|w| w.params.as_slice()).collect();
-    let tensors = training::export::assemble(&model, run.bottleneck as usize, &flats)?;
-    let mut config =
-        training::export::config_json(&model, stages as usize, run.bottleneck as usize);
+    let bottleneck = crate::rules::bottleneck(&run);
+    let tensors = training::export::assemble_with(&model, bottleneck, run.seed, &flats)?;
+    let mut config = training::export::config_json_with(&model, stages as usize, bottleneck);
     config["iota_epoch"] = epoch.into();
     config["iota_run_hash"] = run.hash().to_string().into();
     config["iota_stage_hashes"] = weights

@@ -103,11 +103,14 @@ fn tokens() -> Vec<Vec<i64>> {
 /// The stages' own logits on `tokens`, flattened.
 fn stage_logits(stages: &[Stage], tokens: &[Vec<i64>]) -> Vec<f32> {
     let flat: Vec<i64> = tokens.iter().flatten().copied().collect();
-    let mut h = tch::Tensor::from_slice(&flat).reshape([tokens.len() as i64, -1]);
+    let ids = tch::Tensor::from_slice(&flat).reshape([tokens.len() as i64, -1]);
+    let mut h = ids.shallow_clone();
     for stage in &stages[..stages.len() - 1] {
-        h = stage.eval_forward(&h).unwrap();
+        h = stage.eval_forward_with_tokens(&h, Some(&ids)).unwrap();
     }
-    let h = stages[stages.len() - 1].eval_logits(&h).unwrap();
+    let h = stages[stages.len() - 1]
+        .eval_logits_with_tokens(&h, Some(&ids))
+        .unwrap();
     Vec::<f32>::try_from(h.flatten(0, -1)).unwrap()
 }
 
@@ -262,6 +265,34 @@ fn an_export_loads_in_transformers_with_the_logits_of_the_stages() {
 }
 
 #[test]
+fn a_subspace_export_is_a_plain_llama_with_the_logits_of_the_stages() {
+    tch::set_num_threads(1);
+    let dir = scratch_dir("export-subspace");
+    let run = RunConfig {
+        bottleneck_kind: bootstrap::BottleneckKind::Subspace,
+        ..run_config(16)
+    };
+    let stages = stages(&run);
+    assert!(stages[1].needs_tokens());
+    let out = dir.join("model");
+    checkpoint_and_export(&dir.join("swarm"), &out, &run, &stages);
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["model_type"], "llama");
+    assert_eq!(config["iota_subspace"], 16);
+    let tokens = tokens();
+    let ours = stage_logits(&stages, &tokens);
+    let theirs = python_logits("hf_logits.py", &out, &tokens, &dir);
+    let diff = max_diff(&ours, &theirs);
+    println!("subspace export: max |logit difference| {diff:e}");
+    assert!(
+        diff <= 1e-4,
+        "transformers' logits differ from the stages' by {diff}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn replicas_that_disagree_or_a_missing_stage_make_the_export_fail_saying_why() {
     tch::set_num_threads(1);
     let dir = scratch_dir("export-refused");
@@ -337,7 +368,10 @@ fn a_model_whose_boundaries_export_cannot_write_is_refused_saying_so() {
     let failed = export(&swarm, &dir.join("model"));
     let stderr = String::from_utf8_lossy(&failed.stderr);
     assert!(!failed.status.success(), "{stderr}");
-    assert!(stderr.contains("boundaries are `resbm`"), "{stderr}");
+    assert!(
+        stderr.contains("resbm bottlenecks have no exported layout"),
+        "{stderr}"
+    );
     assert!(!dir.join("model/model.safetensors").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

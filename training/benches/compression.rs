@@ -10,7 +10,10 @@
 //! `IOTA_BENCH_ROWS` (comma-separated row ids, e.g. `iota48/int4,subspace96/bf16`, to run only
 //! those; the reference `none/f32` always runs; default: the whole grid) and
 //! `IOTA_BENCH_SVG` (where the picture goes; default `docs/compression-<tokens>.svg` under
-//! the workspace root).
+//! the workspace root). With `IOTA_BENCH_PLOT=<file>[,<file>…]` nothing is trained: the
+//! picture is drawn from the markdown tables earlier runs printed (each file's loss ratios as
+//! that run computed them), so that rows of two runs of one budget share one picture;
+//! `IOTA_BENCH_TITLE` then names the run.
 //!
 //! A row id is `<kind><width>/<wire>[/<gradient wire>][/seed<N>]`, or `none/<wire>` without a
 //! bottleneck. Rows are independent runs from the same seed and data order, so running two at
@@ -74,6 +77,32 @@ impl Spec {
         id
     }
 
+    /// The spec of a row id (see the module documentation).
+    fn parse(id: &str) -> Option<Spec> {
+        let mut parts = id.split('/');
+        let head = parts.next()?;
+        let bottleneck = if head == "none" {
+            Bottleneck::default()
+        } else {
+            let digits = head.find(|c: char| c.is_ascii_digit())?;
+            Bottleneck::new(head[..digits].parse().ok()?, head[digits..].parse().ok()?)
+        };
+        let wire = parts.next()?.parse().ok()?;
+        let mut spec = Spec {
+            bottleneck,
+            wire,
+            grad_wire: None,
+            seed: 0,
+        };
+        for part in parts {
+            match part.strip_prefix("seed") {
+                Some(n) => spec.seed = n.parse().ok()?,
+                None => spec.grad_wire = Some(part.parse().ok()?),
+            }
+        }
+        Some(spec)
+    }
+
     /// The curve of the picture this row belongs to.
     fn method(&self) -> String {
         let grads = self
@@ -127,6 +156,18 @@ fn grid(d: usize) -> Vec<Spec> {
     for b in [d / 4, d / 8, d / 16, d / 32] {
         g.push(Spec::new(Subspace, b, Bf16));
     }
+    for b in [d / 8, d / 16] {
+        g.push(Spec::new(Subspace, b, Int8));
+    }
+    for b in [d / 4, d / 8, d / 16, d / 32] {
+        g.push(Spec::new(Subspace, b, Int4));
+    }
+    for b in [d / 8, d / 16] {
+        g.push(Spec {
+            grad_wire: Some(Bf16),
+            ..Spec::new(Subspace, b, Int4)
+        });
+    }
     g.push(Spec {
         seed: 1,
         ..Spec::new(Iota, 0, F32)
@@ -135,6 +176,9 @@ fn grid(d: usize) -> Vec<Spec> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if let Ok(files) = std::env::var("IOTA_BENCH_PLOT") {
+        return plot_recorded(&files);
+    }
     let tokens: usize = env("IOTA_BENCH_TOKENS", 100_000);
     let jobs: usize = env("IOTA_BENCH_JOBS", 2);
     let threads: usize = env("IOTA_BENCH_THREADS", 1);
@@ -296,6 +340,53 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Draws the picture from recorded markdown tables (rows `| `id` | … |` as printed above):
+/// each row's loss ratio is the one its run printed, against that run's own reference.
+fn plot_recorded(files: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let mut rows = Vec::new();
+    for file in files.split(',') {
+        for line in std::fs::read_to_string(file)?.lines() {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let Some(id) = cells
+                .get(1)
+                .and_then(|c| c.strip_prefix('`'))
+                .and_then(|c| c.strip_suffix('`'))
+            else {
+                continue;
+            };
+            let spec = Spec::parse(id).ok_or_else(|| format!("{file}: row id {id:?}"))?;
+            // The reference of a second run repeats the first's.
+            if rows.iter().any(|r: &Row| r.spec == spec) {
+                continue;
+            }
+            let number = |i: usize| -> Result<f64, String> {
+                cells
+                    .get(i)
+                    .map(|c| c.trim_end_matches(['×', 's', ' ']))
+                    .and_then(|c| c.parse().ok())
+                    .ok_or_else(|| format!("{file}: row {id}, column {i}"))
+            };
+            rows.push(Row {
+                spec,
+                act_bytes: number(5)?,
+                grad_bytes: number(6)?,
+                ratio: number(7)?,
+                // The run's own ratio, against a reference of 1.
+                val_loss: number(9)? as f32,
+                secs: number(10)?,
+            });
+        }
+    }
+    if rows.is_empty() {
+        return Err(format!("no table rows in {files}").into());
+    }
+    let title = std::env::var("IOTA_BENCH_TITLE").unwrap_or_else(|_| "recorded runs".into());
+    let path = std::env::var("IOTA_BENCH_SVG").unwrap_or_else(|_| "compression.svg".into());
+    std::fs::write(&path, svg(&rows, 1.0, &title))?;
+    println!("{} rows drawn into {path}", rows.len());
+    Ok(())
+}
+
 /// Loss ratio against compression ratio (log scale), one polyline per method, the 2 % band
 /// and the noise row marked.
 fn svg(rows: &[Row], reference: f32, title: &str) -> String {
@@ -344,7 +435,8 @@ fn svg(rows: &[Row], reference: f32, title: &str) -> String {
         );
         tick *= 2.0;
     }
-    let mut ty = (y_min * 50.0).ceil() / 50.0;
+    let step = if y_max - y_min > 0.3 { 0.05 } else { 0.02 };
+    let mut ty = (y_min / step).ceil() * step;
     while ty <= y_max {
         let py = y(ty);
         let _ = writeln!(
@@ -353,7 +445,7 @@ fn svg(rows: &[Row], reference: f32, title: &str) -> String {
             x0 - 6.0,
             py + 4.0
         );
-        ty += 0.02;
+        ty += step;
     }
     let band = y(1.02);
     let _ = writeln!(

@@ -8,14 +8,19 @@
 //! under `iota.boundary.<k>.{down,down_norm,up,up_norm}.weight` (boundary `k` sits after
 //! stage `k`: `down` at the end of stage `k`, `up` at the start of stage `k + 1`), and the
 //! config's `model_type` is `iota_bottleneck_llama`, so that Llama loaders refuse it rather
-//! than silently drop the projections. Everything but [`write`] is pure.
+//! than silently drop the projections. A subspace model (the stream `T[token] + U·z`, see
+//! [`crate::model`]) is a plain Llama once its fixed tensors are multiplied in: the embedding
+//! becomes `T + E·Uᵀ`, every `wo` and `w2` becomes `U·W`, and it is written as a
+//! `LlamaForCausalLM` ([`assemble_with`]). ResBM and plain bottlenecks have no exported
+//! layout yet and are refused. Everything but [`write`] is pure.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
 use safetensors::tensor::{Dtype, TensorView};
 
-use crate::model::{self, LayoutError, StageLayout};
+use crate::model::{self, Bottleneck, BottleneckKind, LayoutError, StageLayout};
 use crate::preset::{ModelConfig, VOCAB};
 
 /// Why a model cannot be assembled or written.
@@ -35,6 +40,12 @@ pub enum ExportError {
         /// Values given.
         got: usize,
     },
+    /// The boundaries are of a kind this layout cannot express.
+    #[error("{0} bottlenecks have no exported layout (export knows none, IOTA's and subspace)")]
+    Unsupported(BottleneckKind),
+    /// Multiplying a subspace model's fixed tensors in failed.
+    #[error("materialising the subspace model: {0}")]
+    Materialise(#[from] tch::TchError),
     /// Writing the files failed.
     #[error("writing {path}: {message}")]
     Write {
@@ -52,8 +63,8 @@ pub struct NamedTensor<'a> {
     pub name: String,
     /// Its shape.
     pub shape: Vec<usize>,
-    /// Its values, row-major.
-    pub values: &'a [f32],
+    /// Its values, row-major (borrowed from a stage's weights, or computed).
+    pub values: Cow<'a, [f32]>,
 }
 
 /// The exported name of an internal parameter name (see the module documentation).
@@ -84,12 +95,35 @@ pub fn hf_name(name: &str) -> String {
 }
 
 /// Splits each stage's flat weight vector (`stages[i]`: stage `i`'s, in
-/// [`crate::Stage::flat_params`] order) into the model's named tensors, in model order.
+/// [`crate::Stage::flat_params`] order) into the model's named tensors, in model order, for
+/// an IOTA bottleneck of width `bottleneck` (0: none).
 pub fn assemble<'a>(
     model: &ModelConfig,
     bottleneck: usize,
     stages: &[&'a [f32]],
 ) -> Result<Vec<NamedTensor<'a>>, ExportError> {
+    assemble_with(model, bottleneck.into(), 0, stages)
+}
+
+/// [`assemble`] for any bottleneck: a subspace model (run `seed`, which its fixed tensors
+/// derive from) comes out as a plain Llama; ResBM and plain bottlenecks are refused.
+pub fn assemble_with<'a>(
+    model: &ModelConfig,
+    bottleneck: Bottleneck,
+    seed: u64,
+    stages: &[&'a [f32]],
+) -> Result<Vec<NamedTensor<'a>>, ExportError> {
+    if bottleneck.width > 0
+        && matches!(
+            bottleneck.kind,
+            BottleneckKind::Plain | BottleneckKind::Resbm
+        )
+    {
+        return Err(ExportError::Unsupported(bottleneck.kind));
+    }
+    let fixed = bottleneck
+        .is_subspace()
+        .then(|| model::subspace_tensors(model, bottleneck.width, seed, tch::Device::Cpu));
     let mut out = Vec::new();
     for (index, flat) in stages.iter().enumerate() {
         let layout = StageLayout::new(model, stages.len(), index, bottleneck)?;
@@ -105,19 +139,79 @@ pub fn assemble<'a>(
         let mut at = 0;
         for spec in specs {
             let n = spec.numel();
-            out.push(NamedTensor {
+            let values = &flat[at..at + n];
+            at += n;
+            let mut tensor = NamedTensor {
                 name: hf_name(&spec.name),
                 shape: spec.shape.clone(),
-                values: &flat[at..at + n],
-            });
-            at += n;
+                values: Cow::Borrowed(values),
+            };
+            if let Some((basis, table)) = &fixed {
+                materialise(&spec.name, &mut tensor, basis, table, model.d_model)?;
+            }
+            out.push(tensor);
         }
     }
     Ok(out)
 }
 
-/// The `config.json` of the model split into `stages` stages with `bottleneck`.
+/// Multiplies a subspace model's fixed tensors into the tensors that live in the subspace:
+/// the embedding (`T + E·Uᵀ`), and the stream writes `wo` and `w2` (`U·W`).
+fn materialise(
+    name: &str,
+    tensor: &mut NamedTensor<'_>,
+    basis: &tch::Tensor,
+    table: &tch::Tensor,
+    d: usize,
+) -> Result<(), ExportError> {
+    let writes = name.ends_with(".wo") || name.ends_with(".w2");
+    if name != "embed" && !writes {
+        return Ok(());
+    }
+    let (rows, cols) = (tensor.shape[0] as i64, tensor.shape[1] as i64);
+    let w = tch::Tensor::f_from_slice(&tensor.values)?.f_reshape([rows, cols])?;
+    let full = if writes {
+        tensor.shape = vec![d, tensor.shape[1]];
+        basis.f_matmul(&w)?
+    } else {
+        tensor.shape = vec![tensor.shape[0], d];
+        w.f_matmul(&basis.f_transpose(0, 1)?)?.f_add(table)?
+    };
+    tensor.values = Cow::Owned(Vec::<f32>::try_from(full.f_flatten(0, -1)?)?);
+    Ok(())
+}
+
+/// The `config.json` of the model split into `stages` stages with an IOTA bottleneck of width
+/// `bottleneck` (0: none).
 pub fn config_json(model: &ModelConfig, stages: usize, bottleneck: usize) -> serde_json::Value {
+    config_json_with(model, stages, bottleneck.into())
+}
+
+/// [`config_json`] for any bottleneck [`assemble_with`] writes: a subspace model is a plain
+/// Llama, with its width recorded as `iota_subspace`.
+pub fn config_json_with(
+    model: &ModelConfig,
+    stages: usize,
+    boundary: Bottleneck,
+) -> serde_json::Value {
+    let bottleneck = if boundary.is_subspace() {
+        0
+    } else {
+        boundary.width
+    };
+    let mut config = iota_config(model, stages, bottleneck);
+    config["iota_stage_layers"] = (0..stages)
+        .filter_map(|i| StageLayout::new(model, stages, i, boundary).ok())
+        .map(|l| [l.layers.start, l.layers.end])
+        .collect::<Vec<_>>()
+        .into();
+    if boundary.is_subspace() {
+        config["iota_subspace"] = boundary.width.into();
+    }
+    config
+}
+
+fn iota_config(model: &ModelConfig, stages: usize, bottleneck: usize) -> serde_json::Value {
     let model_type = if bottleneck == 0 {
         "llama"
     } else {
