@@ -404,7 +404,7 @@ fn svg(rows: &[Row], reference: f32, title: &str) -> String {
     let y = |v: f64| top + (y_max - v.min(y_max)) / (y_max - y_min) * (h - top - bottom);
     let colours = [
         "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-        "#bcbd22", "#17becf", "#000000",
+        "#bcbd22", "#17becf", "#000000", "#6b6ecf", "#e7969c", "#637939", "#fdae6b",
     ];
     let mut s = String::new();
     let _ = writeln!(
