@@ -225,6 +225,37 @@ fn a_bad_preset_is_refused_before_anything_is_touched() {
 }
 
 #[test]
+fn a_bad_bottleneck_kind_or_gradient_format_exits_naming_the_flag_and_the_choices() {
+    for (flag, value, choices) in [
+        (
+            "--bottleneck-kind",
+            "resnet",
+            "iota, plain, resbm, subspace",
+        ),
+        ("--grad-wire", "fp8", "int4"),
+    ] {
+        let output = std::process::Command::new(binary())
+            .args([
+                "train-local",
+                "--steps",
+                "1",
+                "--bottleneck",
+                "8",
+                flag,
+                value,
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{flag} {value} ran");
+        assert!(
+            stderr.contains(flag) && stderr.contains(choices),
+            "{flag}: {stderr}"
+        );
+    }
+}
+
+#[test]
 fn node_flags_with_a_subcommand_are_refused_and_node_settings_do_not_break_it() {
     let dir = scratch_dir("keygen-flags");
     // `--validator keygen` used to run keygen and drop `--validator` without a word.
