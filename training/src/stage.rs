@@ -456,24 +456,23 @@ impl Stage {
             return Ok(None);
         }
         let tokens = tokens.ok_or(ForwardError::TokensRequired)?;
-        self.check_tokens(tokens, "tokens")?;
-        if tokens.size()[..] != input.size()[..2] {
-            return Err(ForwardError::BadInput {
-                expected: format!("tokens of shape {:?}", &input.size()[..2]),
-                got: tokens.size(),
-                kind: Some(tokens.kind()),
-            });
-        }
+        self.check_ids_of(input, tokens, "tokens")?;
         Ok(Some(tokens.f_to_device(self.config.device)?))
     }
 
     fn check_targets(&self, input: &Tensor, targets: &Tensor) -> Result<(), ForwardError> {
-        self.check_tokens(targets, "targets")?;
-        if targets.size()[..] != input.size()[..2] {
+        self.check_ids_of(input, targets, "targets")
+    }
+
+    /// Checks token ids (`what`: targets or tokens) that go with `input`: their range, and
+    /// the `[batch, seq]` of `input`.
+    fn check_ids_of(&self, input: &Tensor, ids: &Tensor, what: &str) -> Result<(), ForwardError> {
+        self.check_tokens(ids, what)?;
+        if ids.size()[..] != input.size()[..2] {
             return Err(ForwardError::BadInput {
-                expected: format!("targets of shape {:?}", &input.size()[..2]),
-                got: targets.size(),
-                kind: Some(targets.kind()),
+                expected: format!("{what} of shape {:?}", &input.size()[..2]),
+                got: ids.size(),
+                kind: Some(ids.kind()),
             });
         }
         Ok(())

@@ -295,9 +295,11 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
     shared.metrics.samples_forward.inc();
     let mut pathway = header.pathway.clone();
     pathway.push(shared.me.clone());
-    // A subspace model's stages rebuild the stream from the sample's tokens, which every
-    // miner derives from the sample id as the tail derives its targets.
-    let tokens = if worker.layout().needs_tokens() {
+    // The tail needs the sample's targets, and a subspace model's stages its tokens (they
+    // rebuild the stream from them): every miner draws the batch from the sample id.
+    let is_tail = stage + 1 == plan.stages;
+    let needs_tokens = worker.layout().needs_tokens();
+    let batch = if is_tail || needs_tokens {
         let run = &shared.cfg.run;
         match shared.corpus.train_sample(
             header.sample,
@@ -305,25 +307,19 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
             run.batch_size as usize,
             run.seq_len as usize,
         ) {
-            Ok(batch) => Some(batch.inputs),
+            Ok(batch) => Some(batch),
             Err(error) => return failed(error.to_string()),
         }
     } else {
         None
     };
+    let tokens = batch
+        .as_ref()
+        .filter(|_| needs_tokens)
+        .map(|b| b.inputs.clone());
     let input = StageInput::frame(frame.to_vec(), tokens);
-    let reply = if stage + 1 == plan.stages {
+    let reply = if let (true, Some(batch)) = (is_tail, batch) {
         // The tail: loss, gradient, and a loss record for the validators.
-        let run = &shared.cfg.run;
-        let batch = match shared.corpus.train_sample(
-            header.sample,
-            run.seed,
-            run.batch_size as usize,
-            run.seq_len as usize,
-        ) {
-            Ok(batch) => batch,
-            Err(error) => return failed(error.to_string()),
-        };
         let step_lr = step_due(shared, &plan);
         match worker
             .forward_loss_and_step(input, batch.targets, step_lr)
