@@ -449,7 +449,7 @@ fn parse_device(s: &str) -> Result<training::Device, String> {
 
 /// Checks a chain node's URL (`ws://` or `http://`, a host, a port) before the node starts.
 fn parse_chain_url(s: &str) -> Result<String, String> {
-    crate::chain::jsonrpc::check_url(s)
+    crate::services::chain::api::check_url(s)
         .map(|()| s.to_string())
         .map_err(|e| e.to_string())
 }

@@ -6,67 +6,52 @@
 //! from it. The binary's `main` calls [`main_entry`]; the
 //! [`launcher`] is public so that multi-node tests start nodes the way `local-swarm` does.
 //!
-//! # Layers
+//! # Layout
 //!
-//! Each module uses only modules of its own layer or the layers below it, and the services
-//! never use one another (`tests/layers.rs` checks both, and fails on any import cycle):
+//! Each unit uses only units of its own layer or the layers below it, and reaches a service
+//! only through that service's `api` (`tests/layers.rs` checks both, and fails on any import
+//! cycle):
 //!
-//! 1. **Formats and handles** — `messages` (request bodies and pipeline gossip), `topics`,
-//!    `metrics`, [`rpc`] (the service tags of the shared request-response protocol),
-//!    `schedule` (when a plan's merge starts and how long it may take), and `handles`: the
-//!    inbox messages, watch views and handles through which the services reach each other.
-//! 2. **Rules and state machines** — `rules`: who may say what and when, pure and
-//!    unit-tested, applied by the router before any service sees a message; `lifecycle`: a
-//!    miner's epoch (planned → merging → training → draining) with time as an argument;
-//!    `confirmation`: what a validator says of a merge it audited, and what a joiner makes
-//!    of the validators' answers.
-//! 3. **Services**, each a task that owns its state behind a bounded inbox and publishes
-//!    what others may read as a watch value:
-//!    * consensus — `orchestration`: heartbeats, the stake election, epoch plans;
-//!    * miner — `pipeline`: the stage, the forward/backward traffic, the head's epoch;
-//!    * merge — [`merge`]: the butterfly all-reduce over libp2p, and the service
-//!      (`merge::service`) that runs the miner's merges and the validator's audits;
-//!    * validator — `validator`: audits the merges closing each epoch (the home of scoring
-//!      and weights);
-//!    * observe — `status` and `http`: `/status` (from the watch values), `/metrics` and
-//!      the dashboard at `/`.
-//!    * chain — [`chain`]: with `--subtensor`, the reader of the subnet's stake (handed to
-//!      consensus, which binds it to peers by their verified hotkey bindings), a
-//!      validator's `set_weights` submitter, and the `metagraph` command.
-//!
-//!    The miner merges and the validator audits through the merge service's handle.
-//! 4. **Router** — `router`: the only consumer of the p2p layer's events. It authorises
-//!    every message, reports every gossip verdict to gossipsub, and hands each message to
-//!    its service's inbox; it also keeps the plan book the rules read, from consensus.
-//! 5. **Node and tools** — `node` (starts the services, the router and the timers), `cli`,
-//!    `identity`, and the tooling: `launcher`, `swarm` (`local-swarm`), `fuzzing`, `export`
-//!    (a run's checkpoints to one safetensors model).
+//! 1. **Formats and bridges** — `wire` (request bodies, pipeline gossip, topics, the service
+//!    tags of the shared request-response protocol), `run_spec` (the one bridge from the run
+//!    configuration to the training crate), `schedule` (when a plan's merge starts and how
+//!    long it may take), `metrics`, `fsio` (files written whole), and `services::inbox` (the
+//!    bounded inbox every service's handle uses).
+//! 2. **Rules** — `rules`: who may say what and when, pure and unit-tested.
+//! 3. **Services** (`services/<name>/`), each a task that owns its state behind a bounded
+//!    inbox and publishes what others may read as a watch value; its `api` holds its
+//!    messages, handle, views and typed reasons, the rest is its own:
+//!    * consensus: heartbeats, the stake election, epoch plans;
+//!    * miner: the stage, the forward/backward traffic, the head's epoch;
+//!    * merge: the butterfly all-reduce over libp2p, the miner's merges and the validator's
+//!      audits;
+//!    * validator: spot checks, merge audits, scoring and weights;
+//!    * chain: with `--subtensor`, the reader of the subnet's stake, a validator's
+//!      `set_weights` submitter, and the `metagraph` command;
+//!    * observe: `/status`, `/metrics` and the dashboard at `/`.
+//! 4. **Router** — `router`: the only consumer of the p2p layer's events. It decodes every
+//!    message, has the owning service's rules judge it, reports every gossip verdict to
+//!    gossipsub, and hands the message to its service's inbox.
+//! 5. **Application and tools** — `app` (settings, the services started and stopped, the
+//!    heartbeat), `cli`, and `tools`: `launcher`, `local-swarm`, `export`, fuzzing inputs.
 
-pub mod chain;
+mod app;
 mod cli;
-mod confirmation;
-mod export;
-#[doc(hidden)]
-pub mod fuzzing;
-mod handles;
-mod http;
-mod identity;
-pub mod launcher;
-mod lifecycle;
-pub mod merge;
-mod messages;
+mod fsio;
 mod metrics;
-mod node;
-mod orchestration;
-mod pipeline;
 mod router;
-pub mod rpc;
 mod rules;
+mod run_spec;
 mod schedule;
-mod status;
-mod swarm;
-mod topics;
-mod validator;
+mod services;
+mod tools;
+mod wire;
+
+pub use services::{chain, merge};
+#[doc(hidden)]
+pub use tools::fuzzing;
+pub use tools::launcher;
+pub use wire::rpc;
 
 use anyhow::Context;
 
@@ -87,10 +72,10 @@ pub fn main_entry() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            None => node::run(cli.node).await,
+            None => app::run(cli.node).await,
             Some(cli::Command::Keygen(args)) => keygen(&args),
             Some(cli::Command::Metagraph(args)) => {
-                chain::show::metagraph_command(&chain::show::Query {
+                services::chain::show::metagraph_command(&services::chain::show::Query {
                     subtensor: args.subtensor,
                     netuid: args.netuid,
                     json: args.json,
@@ -98,9 +83,9 @@ pub fn main_entry() -> std::process::ExitCode {
                 })
                 .await
             }
-            Some(cli::Command::LocalSwarm(args)) => swarm::run(args).await,
+            Some(cli::Command::LocalSwarm(args)) => tools::swarm::run(args).await,
             Some(cli::Command::Export(args)) => {
-                tokio::task::spawn_blocking(move || export::run(&args)).await?
+                tokio::task::spawn_blocking(move || tools::export::run(&args)).await?
             }
             Some(cli::Command::Generate(args)) => {
                 tokio::task::spawn_blocking(move || generate(&args)).await?
@@ -122,7 +107,7 @@ pub fn main_entry() -> std::process::ExitCode {
 /// Creates the identity in `--data-dir` if absent and prints the peer id as the last line.
 fn keygen(args: &cli::KeygenArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.data_dir {
-        let keypair = identity::load_or_create(dir)?;
+        let keypair = app::identity::load_or_create(dir)?;
         println!("{}", keypair.public().to_peer_id());
     }
     if let Some(path) = &args.hotkey {

@@ -80,7 +80,7 @@ impl NodeMetrics {
     }
 
     /// Shows the consensus of the latest epoch weighed (peers no longer in it are dropped).
-    pub(crate) fn set_weights(&self, weights: &crate::handles::ConsensusWeights) {
+    pub(crate) fn set_weights(&self, weights: &crate::services::consensus::api::ConsensusWeights) {
         self.miner_weight.clear();
         for m in &weights.miners {
             self.miner_weight

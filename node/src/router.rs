@@ -16,18 +16,19 @@ use p2p::{Event, Heartbeat, LiveView, PeerId};
 use tokio::time::Instant;
 use training::wire::FrameKind;
 
-use crate::handles::{
-    ConsensusHandle, HeartbeatRejected, MergeAnswer, MergeGossip, MergeHandle, MinerHandle,
-    PlanOutcome, Readers, ServiceGone, ValidatorHandle,
-};
-use crate::messages::{self, EvalHeader, ForwardHeader, PipelineGossip, Service};
 use crate::metrics::{NodeMetrics, PipelineMetrics};
-use crate::rpc;
 use crate::rules::{
     self, Expect, FrameRules, PipelineRules, PlanBook, Refusal, RequestBudget, Verdict,
 };
-use crate::status::RunStats;
-use crate::topics::Topics;
+use crate::services::consensus::api::{ConsensusHandle, HeartbeatRejected, PlanOutcome};
+use crate::services::inbox::ServiceGone;
+use crate::services::merge::api::{MergeAnswer, MergeGossip, MergeHandle, Readers};
+use crate::services::miner::api::MinerHandle;
+use crate::services::observe::api::RunStats;
+use crate::services::validator::api::ValidatorHandle;
+use crate::wire::messages::{self, EvalHeader, ForwardHeader, PipelineGossip, Service};
+use crate::wire::rpc;
+use crate::wire::topics::Topics;
 
 /// Gossip of the next epoch kept until its plan arrives (then checked again).
 const MAX_PENDING: usize = 256;
@@ -110,7 +111,7 @@ impl Router {
             me_str,
             client: parts.client,
             topics: Topics::of(&parts.run.run_name),
-            frames: FrameRules::new(&parts.run, rules::run_id(&parts.run))?,
+            frames: FrameRules::new(&parts.run, crate::run_spec::run_id(&parts.run))?,
             pipeline_rules,
             live: LiveView::new(parts.run.heartbeat_timeout()),
             consensus: parts.consensus,

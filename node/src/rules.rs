@@ -40,8 +40,9 @@ use std::sync::{Arc, Mutex};
 use bootstrap::{EpochPlan, PeerIdStr, RunConfig};
 use training::wire::{self, DecodeLimits, FrameKind};
 
-use crate::handles::Readers;
-use crate::messages::{ForwardHeader, LossRecord, PipelineGossip};
+use crate::run_spec::sample_id;
+use crate::services::merge::api::Readers;
+use crate::wire::messages::{ForwardHeader, LossRecord, PipelineGossip};
 
 /// Plans kept for checking messages of recent epochs.
 const KEEP_PLANS: usize = 4;
@@ -215,47 +216,6 @@ impl PlanBook {
             .then(|| self.plans.get(&epoch))
             .flatten()
     }
-}
-
-/// The training crate's bottleneck for `run`: its width and kind.
-pub(crate) fn bottleneck(run: &RunConfig) -> training::Bottleneck {
-    let kind = match run.bottleneck_kind {
-        bootstrap::BottleneckKind::Iota => training::BottleneckKind::Iota,
-        bootstrap::BottleneckKind::Plain => training::BottleneckKind::Plain,
-        bootstrap::BottleneckKind::Resbm => training::BottleneckKind::Resbm,
-        bootstrap::BottleneckKind::Subspace => training::BottleneckKind::Subspace,
-    };
-    training::Bottleneck::new(kind, run.bottleneck as usize)
-}
-
-/// The codecs of `run`'s frames: activations, and gradients when they travel in another
-/// format.
-pub(crate) fn codecs(run: &RunConfig) -> anyhow::Result<(wire::Codec, Option<wire::Codec>)> {
-    let activations: training::WireDtype = run.wire_format.name().parse()?;
-    let gradients = match run.gradient_format {
-        Some(g) => Some(wire::Codec::new(g.name().parse()?)),
-        None => None,
-    };
-    Ok((wire::Codec::new(activations), gradients))
-}
-
-/// The id every frame of `run` carries: the first 8 bytes of its configuration hash.
-pub(crate) fn run_id(run: &RunConfig) -> u64 {
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&run.hash().as_bytes()[..8]);
-    u64::from_le_bytes(id)
-}
-
-/// The id of the `counter`-th sample head `index` draws in the epoch seeded `seed`.
-pub(crate) fn sample_id(seed: u64, index: u64, counter: u64) -> u64 {
-    let mut h = blake3::Hasher::new();
-    h.update(b"iota/sample/v1");
-    h.update(&seed.to_le_bytes());
-    h.update(&index.to_le_bytes());
-    h.update(&counter.to_le_bytes());
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&h.finalize().as_bytes()[..8]);
-    u64::from_le_bytes(id)
 }
 
 /// What was already accepted in one epoch.
@@ -627,7 +587,7 @@ pub(crate) struct Expect {
 impl FrameRules {
     /// The frame shapes of `run`, whose frames carry `run_id`.
     pub(crate) fn new(run: &RunConfig, run_id: u64) -> anyhow::Result<Self> {
-        let preset: training::Preset = run.preset.name().parse()?;
+        let preset = crate::run_spec::preset(run.preset);
         let model = preset.config();
         let mut widths = Vec::new();
         for stage in 0..run.stages.saturating_sub(1) {
@@ -635,7 +595,7 @@ impl FrameRules {
                 &model,
                 run.stages as usize,
                 stage as usize,
-                bottleneck(run),
+                crate::run_spec::bottleneck(run),
             )?;
             widths.push(layout.out_width.unwrap_or(model.d_model));
         }

@@ -1,0 +1,286 @@
+//! What other parts of the node may use of the consensus service: its inbox messages, handle
+//! and view (heartbeats, the stake election, epoch plans).
+
+#![allow(unused_imports)]
+use std::collections::{BTreeMap, BTreeSet};
+
+use bootstrap::{EpochPlan, PeerIdStr};
+use p2p::{Heartbeat, PeerId};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::services::inbox::{ask, send, ServiceGone};
+use crate::wire::messages::{PipelineGossip, Service};
+// Consensus: heartbeats, the stake election, epoch plans.
+
+/// Why a heartbeat was not taken into account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HeartbeatRejected {
+    /// The heartbeat names another run configuration.
+    WrongRun { theirs: String },
+    /// The heartbeat's own peer id field does not match its signed author.
+    NotAuthor,
+    /// Too old, from the future, or not newer than the last one of its sender.
+    NotFresh(&'static str),
+    /// A miner outside the metagraph while the run's open places are taken.
+    NotRegistered,
+    /// The hotkey binding it carries does not verify (forged, replayed by another peer, for
+    /// another subnet, of the wrong shape): the metric label says which.
+    BadBinding(&'static str),
+    /// The hotkey binding it carries has expired, or expires too far ahead (a clock off).
+    StaleBinding,
+}
+
+impl HeartbeatRejected {
+    /// The metric label.
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            HeartbeatRejected::WrongRun { .. } => "wrong_run",
+            HeartbeatRejected::NotAuthor => "heartbeat_not_author",
+            HeartbeatRejected::NotFresh(reason) => reason,
+            HeartbeatRejected::NotRegistered => "miner_not_registered",
+            HeartbeatRejected::BadBinding(reason) => reason,
+            HeartbeatRejected::StaleBinding => "binding_stale",
+        }
+    }
+}
+
+/// What happened to a plan received over gossip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PlanOutcome {
+    /// Accepted: it is now the current plan.
+    Accepted,
+    /// Dropped, with the metric label saying why.
+    Rejected(&'static str),
+}
+
+/// What consensus publishes: the state of the election and the plan in force.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConsensusView {
+    /// The run configuration's hash, as heartbeats carry it.
+    pub(crate) run_hash: String,
+    /// The plan in force.
+    pub(crate) current: Option<EpochPlan>,
+    /// The elected orchestrator.
+    pub(crate) orchestrator: Option<String>,
+    /// Whether this node is the orchestrator.
+    pub(crate) is_orchestrator: bool,
+    /// Peer ids of the metagraph's validators with a permit.
+    pub(crate) validators: BTreeSet<String>,
+    /// This node's stage in the plan in force.
+    pub(crate) stage: Option<u32>,
+    /// The consensus of the validators' weights for the latest epoch any were heard for.
+    pub(crate) weights: Option<ConsensusWeights>,
+    /// Uid of each peer the metagraph in force binds to one (validators weigh by uid).
+    pub(crate) uids: BTreeMap<String, u16>,
+    /// Grows each time the metagraph in force or the hotkey bindings change.
+    pub(crate) metagraph_generation: u64,
+    /// With stake from the chain: every verified hotkey binding, hotkey (SS58) → peer id.
+    pub(crate) bindings: BTreeMap<String, String>,
+    /// With stake from the chain: hotkeys of its snapshot that have a verified binding.
+    pub(crate) bound_hotkeys: usize,
+}
+
+/// The subnet's neurons at one block, as the chain answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ChainStake {
+    /// The subnet.
+    pub(crate) netuid: u16,
+    /// The block read at.
+    pub(crate) block: u64,
+    /// Its hash.
+    pub(crate) block_hash: String,
+    /// The neurons, in uid order.
+    pub(crate) neurons: Vec<bootstrap::chain::ChainNeuron>,
+    /// Whether the runtime wrapped the answer in a `Vec<u8>` (older runtimes).
+    pub(crate) wrapped: bool,
+}
+
+/// The validators' weights for one epoch, combined by Yuma consensus.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub(crate) struct ConsensusWeights {
+    /// The epoch scored.
+    pub(crate) epoch: u64,
+    /// Per miner any validator weighed, by uid.
+    pub(crate) miners: Vec<MinerConsensus>,
+    /// Per validator whose weights were heard.
+    pub(crate) validators: Vec<ValidatorTrust>,
+}
+
+/// One miner's consensus weight.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub(crate) struct MinerConsensus {
+    /// Its uid.
+    pub(crate) uid: u16,
+    /// Its hotkey (SS58).
+    pub(crate) hotkey: String,
+    /// Its peer id.
+    pub(crate) peer_id: String,
+    /// The stake-weighted median of the validators' normalised weights.
+    pub(crate) weight: f64,
+    /// Its share of the emission: normalised Σ stake × clipped weight.
+    pub(crate) incentive: f64,
+    /// Weighed 0 by consensus (or flagged by this node, when it is a validator).
+    pub(crate) flagged: bool,
+    /// Why: this validator's own reason when it has one (`clasp`, `spot_check: …`, …), else
+    /// that the consensus weighs it 0.
+    pub(crate) reason: Option<String>,
+}
+
+/// One validator's standing in the consensus.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub(crate) struct ValidatorTrust {
+    /// Its peer id.
+    pub(crate) peer_id: String,
+    /// Its share of the validators' stake.
+    pub(crate) stake: f64,
+    /// The share of its weight that survived clipping to consensus.
+    pub(crate) trust: f64,
+}
+
+impl ConsensusView {
+    /// The epoch in force.
+    pub(crate) fn epoch(&self) -> Option<u64> {
+        self.current.as_ref().map(|p| p.epoch)
+    }
+}
+
+/// Where the epoch in force stands, as the caller judges it from the gossip it accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EpochProgress {
+    /// Every live head reported its samples done.
+    pub(crate) heads_done: bool,
+    /// The merges that opened the epoch (closing the one before) are done, or none is
+    /// pending.
+    pub(crate) merged: bool,
+}
+
+/// The consensus service's inbox.
+pub(crate) enum ConsensusMsg {
+    /// A heartbeat signed by `author`, received when this node's clock read `wall_ms`.
+    Heartbeat {
+        author: PeerIdStr,
+        beat: Box<Heartbeat>,
+        wall_ms: u64,
+        reply: oneshot::Sender<Result<(), HeartbeatRejected>>,
+    },
+    /// A plan received over gossip from `author`.
+    Plan {
+        author: PeerIdStr,
+        data: Vec<u8>,
+        reply: oneshot::Sender<PlanOutcome>,
+    },
+    /// The clock: advance the election, and plan the next epoch when this node is the
+    /// orchestrator and one is due (`progress`: the epoch's heads and merges, as heard).
+    Tick { progress: EpochProgress },
+    /// A validator's weights for `epoch` (checked by the router, or this node's own).
+    Weights {
+        validator: String,
+        epoch: u64,
+        weights: Vec<(u16, u16)>,
+    },
+    /// A good read of the subnet's neurons from the chain.
+    ChainStake(Box<ChainStake>),
+    /// This node's own hotkey binding, new or renewed.
+    OwnBinding {
+        binding: Box<p2p::HotkeyBinding>,
+        wall_ms: u64,
+    },
+}
+
+/// The consensus service, as the router and the node's loop see it.
+#[derive(Clone)]
+pub(crate) struct ConsensusHandle {
+    pub(crate) tx: mpsc::Sender<ConsensusMsg>,
+    pub(crate) view: watch::Receiver<ConsensusView>,
+}
+
+impl ConsensusHandle {
+    /// Asks consensus to take a heartbeat into account.
+    pub(crate) async fn heartbeat(
+        &self,
+        author: PeerIdStr,
+        beat: Heartbeat,
+        wall_ms: u64,
+    ) -> Result<Result<(), HeartbeatRejected>, ServiceGone> {
+        ask(&self.tx, "consensus", |reply| ConsensusMsg::Heartbeat {
+            author,
+            beat: Box::new(beat),
+            wall_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// Asks consensus to judge (and, when it holds, adopt) a plan.
+    pub(crate) async fn plan(
+        &self,
+        author: PeerIdStr,
+        data: Vec<u8>,
+    ) -> Result<PlanOutcome, ServiceGone> {
+        ask(&self.tx, "consensus", |reply| ConsensusMsg::Plan {
+            author,
+            data,
+            reply,
+        })
+        .await
+    }
+
+    /// Advances the election.
+    pub(crate) async fn tick(&self, progress: EpochProgress) -> Result<(), ServiceGone> {
+        send(&self.tx, "consensus", ConsensusMsg::Tick { progress }).await
+    }
+
+    /// Hands consensus this node's own hotkey binding.
+    pub(crate) async fn own_binding(
+        &self,
+        binding: p2p::HotkeyBinding,
+        wall_ms: u64,
+    ) -> Result<(), ServiceGone> {
+        send(
+            &self.tx,
+            "consensus",
+            ConsensusMsg::OwnBinding {
+                binding: Box::new(binding),
+                wall_ms,
+            },
+        )
+        .await
+    }
+
+    /// Hands consensus a new read of the subnet's neurons from the chain.
+    pub(crate) async fn chain_stake(&self, stake: ChainStake) -> Result<(), ServiceGone> {
+        send(
+            &self.tx,
+            "consensus",
+            ConsensusMsg::ChainStake(Box::new(stake)),
+        )
+        .await
+    }
+
+    /// Hands consensus a validator's weights for `epoch`.
+    pub(crate) async fn weights(
+        &self,
+        validator: String,
+        epoch: u64,
+        weights: Vec<(u16, u16)>,
+    ) -> Result<(), ServiceGone> {
+        send(
+            &self.tx,
+            "consensus",
+            ConsensusMsg::Weights {
+                validator,
+                epoch,
+                weights,
+            },
+        )
+        .await
+    }
+
+    /// The latest view.
+    pub(crate) fn view(&self) -> ConsensusView {
+        self.view.borrow().clone()
+    }
+}
+
+/// Starting the service: its pure core, and the task around it.
+pub(crate) use super::{spawn, Orchestration};

@@ -1,0 +1,329 @@
+//! Stake from the chain, bound to peers: the metagraph in force when `--subtensor` is given.
+//!
+//! Two inputs, one output. The chain's neurons come in from the chain reader (a good read
+//! replaces the last; a failed one never reaches here, so the last good read stays). Hotkey
+//! bindings come in with heartbeats; each is verified (both signatures, the sender, the
+//! subnet, the time) before it enters the [`BindingBook`], and a peer's binding is verified
+//! again only when it changes. The metagraph is the chain's neurons whose hotkeys have a
+//! verified binding, each under its bound peer id: a neuron whose hotkey nobody has proved
+//! has no peer, so its stake elects nobody and it is no registered miner. It is rebuilt
+//! whenever either input changes or a binding expires.
+
+use std::collections::HashMap;
+
+use bootstrap::{Metagraph, PeerIdStr};
+use p2p::{BindingBook, BindingError, BookUpdate, HotkeyBinding, PeerId};
+
+use crate::services::consensus::api::{ChainStake, HeartbeatRejected};
+
+/// The chain's side of the orchestration state.
+#[derive(Debug)]
+pub(crate) struct ChainBook {
+    netuid: u16,
+    stake: Option<ChainStake>,
+    book: BindingBook,
+    /// The last binding verified for each peer, to skip verifying the same one again.
+    verified: HashMap<PeerId, HotkeyBinding>,
+    /// Grows by one whenever the book changes.
+    generation: u64,
+}
+
+/// Whether the metagraph must be rebuilt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Changed {
+    /// It must.
+    Yes,
+    /// Nothing that counts changed.
+    No,
+}
+
+impl ChainBook {
+    /// Stake of subnet `netuid`, none read yet, nobody bound.
+    pub(crate) fn new(netuid: u16) -> Self {
+        Self {
+            netuid,
+            stake: None,
+            book: BindingBook::new(),
+            verified: HashMap::new(),
+            generation: 0,
+        }
+    }
+
+    /// How many times the bindings changed.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Takes a good read of the chain.
+    pub(crate) fn on_stake(&mut self, stake: ChainStake) -> Changed {
+        if stake.netuid != self.netuid {
+            tracing::warn!(
+                netuid = stake.netuid,
+                ours = self.netuid,
+                "stake of another subnet ignored"
+            );
+            return Changed::No;
+        }
+        if self.stake.as_ref() == Some(&stake) {
+            return Changed::No;
+        }
+        self.stake = Some(stake);
+        Changed::Yes
+    }
+
+    /// Checks and takes the binding `sender` carried at `now_secs` (Unix seconds).
+    pub(crate) fn on_binding(
+        &mut self,
+        sender: &PeerId,
+        binding: &HotkeyBinding,
+        now_secs: u64,
+    ) -> Result<Changed, HeartbeatRejected> {
+        if self.verified.get(sender) == Some(binding) && binding.expires_at > now_secs {
+            return Ok(Changed::No);
+        }
+        let verified = binding
+            .verify(sender, self.netuid, now_secs)
+            .map_err(rejection)?;
+        let hotkey = verified.hotkey().clone();
+        let update = self.book.insert(verified, now_secs);
+        if matches!(update, BookUpdate::Accepted { .. } | BookUpdate::NotNewer) {
+            // A binding turned away (its peer holds another hotkey) is looked at again
+            // when it comes back: the other one may have lapsed by then.
+            self.verified.insert(*sender, binding.clone());
+        }
+        match update {
+            BookUpdate::Accepted {
+                replaced_peer,
+                evicted_hotkey,
+            } => {
+                tracing::info!(
+                    peer = %sender,
+                    %hotkey,
+                    expires_at = binding.expires_at,
+                    replaced_peer = ?replaced_peer,
+                    evicted_hotkey = ?evicted_hotkey,
+                    "hotkey binding verified"
+                );
+                self.generation += 1;
+                Ok(Changed::Yes)
+            }
+            BookUpdate::PeerTaken { holder } => {
+                tracing::warn!(peer = %sender, %hotkey, %holder, "peer already speaks for another hotkey; binding not taken");
+                Ok(Changed::No)
+            }
+            BookUpdate::Expired => Err(HeartbeatRejected::StaleBinding),
+            BookUpdate::NotNewer => Ok(Changed::No),
+        }
+    }
+
+    /// Drops bindings expired at `now_secs`.
+    pub(crate) fn expire(&mut self, now_secs: u64) -> Changed {
+        let gone = self.book.expire(now_secs);
+        if gone.is_empty() {
+            return Changed::No;
+        }
+        for hotkey in &gone {
+            tracing::info!(%hotkey, "hotkey binding expired; its stake no longer counts");
+        }
+        self.verified.retain(|_, b| b.expires_at > now_secs);
+        self.generation += 1;
+        Changed::Yes
+    }
+
+    /// Hotkeys of the snapshot in force with a verified binding.
+    pub(crate) fn bound_hotkeys(&self) -> usize {
+        self.stake.as_ref().map_or(0, |s| {
+            s.neurons
+                .iter()
+                .filter(|n| self.book.peer_of(&n.hotkey).is_some())
+                .count()
+        })
+    }
+
+    /// Every verified binding: hotkey (SS58) → peer id.
+    pub(crate) fn bindings(&self) -> std::collections::BTreeMap<String, String> {
+        self.book
+            .iter()
+            .map(|(hotkey, peer, _)| (hotkey.to_string(), peer.to_base58()))
+            .collect()
+    }
+
+    /// The metagraph: the chain's neurons under their bound peers (`None` before any read).
+    pub(crate) fn metagraph(&self) -> Option<Metagraph> {
+        let stake = self.stake.as_ref()?;
+        let built = Metagraph::from_chain(stake.netuid, stake.block, &stake.neurons, |hotkey| {
+            self.book
+                .peer_of(hotkey)
+                .and_then(|peer| PeerIdStr::parse(&peer.to_base58()).ok())
+        });
+        match built {
+            Ok(metagraph) => Some(metagraph),
+            Err(error) => {
+                tracing::warn!(%error, block = stake.block, "chain stake not usable");
+                None
+            }
+        }
+    }
+}
+
+/// The heartbeat verdict for a binding that does not verify.
+fn rejection(error: BindingError) -> HeartbeatRejected {
+    match error {
+        BindingError::Time(_) => HeartbeatRejected::StaleBinding,
+        BindingError::Malformed { .. } => HeartbeatRejected::BadBinding("binding_malformed"),
+        BindingError::WrongNetuid { .. } => HeartbeatRejected::BadBinding("binding_wrong_netuid"),
+        BindingError::NotSender { .. } => HeartbeatRejected::BadBinding("binding_not_sender"),
+        BindingError::MissingHotkeySignature | BindingError::BadHotkeySignature => {
+            HeartbeatRejected::BadBinding("binding_bad_hotkey_signature")
+        }
+        BindingError::PeerKey(_) | BindingError::BadPeerSignature => {
+            HeartbeatRejected::BadBinding("binding_bad_peer_signature")
+        }
+        _ => HeartbeatRejected::BadBinding("binding_invalid"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bootstrap::chain::{decode_neurons_lite, encode_neurons_lite, NeuronSpec};
+    use bootstrap::identity::HotkeyPair;
+    use p2p::identity::Keypair;
+
+    const NETUID: u16 = 9;
+    const NOW: u64 = 1_800_000_000;
+
+    fn hotkey(i: u8) -> HotkeyPair {
+        HotkeyPair::from_seed(&[i; 32])
+    }
+
+    fn peer(i: u8) -> Keypair {
+        Keypair::ed25519_from_bytes([i; 32]).unwrap()
+    }
+
+    /// Chain stake: hotkey 1 a validator with 100 TAO (uid 0), hotkey 2 a miner (uid 1).
+    fn stake() -> ChainStake {
+        let spec = |uid: u16, key: &HotkeyPair, stake: u64, permit: bool| NeuronSpec {
+            uid,
+            netuid: NETUID,
+            hotkey: key.public_key(),
+            coldkey: [0; 32],
+            active: true,
+            stake,
+            validator_permit: permit,
+            last_update: 0,
+        };
+        let bytes = encode_neurons_lite(
+            &[
+                spec(0, &hotkey(1), 100 * bootstrap::RAO_PER_TAO, true),
+                spec(1, &hotkey(2), 0, false),
+            ],
+            false,
+        );
+        ChainStake {
+            netuid: NETUID,
+            block: 42,
+            block_hash: "0x00".into(),
+            neurons: decode_neurons_lite(&bytes).unwrap().neurons,
+            wrapped: false,
+        }
+    }
+
+    fn bind(key: &HotkeyPair, peer: &Keypair, expires_at: u64) -> HotkeyBinding {
+        HotkeyBinding::sign(key, peer, NETUID, expires_at).unwrap()
+    }
+
+    fn id(peer: &Keypair) -> PeerId {
+        peer.public().to_peer_id()
+    }
+
+    #[test]
+    fn only_hotkeys_with_a_verified_binding_get_a_peer_and_their_stake() {
+        let mut book = ChainBook::new(NETUID);
+        assert!(book.metagraph().is_none(), "nothing before the first read");
+        assert_eq!(book.on_stake(stake()), Changed::Yes);
+        assert_eq!(book.on_stake(stake()), Changed::No, "the same read again");
+        assert!(
+            book.metagraph().unwrap().is_empty(),
+            "nobody proved a hotkey yet"
+        );
+
+        let (validator, miner) = (peer(10), peer(11));
+        let good = bind(&hotkey(1), &validator, NOW + 3600);
+        assert_eq!(
+            book.on_binding(&id(&validator), &good, NOW),
+            Ok(Changed::Yes)
+        );
+        assert_eq!(
+            book.on_binding(&id(&validator), &good, NOW + 1),
+            Ok(Changed::No),
+            "the same binding is not taken twice"
+        );
+        let m = book.metagraph().unwrap();
+        assert_eq!(m.len(), 1);
+        let n = m
+            .by_peer_id(&PeerIdStr::parse(&id(&validator).to_base58()).unwrap())
+            .unwrap();
+        assert_eq!(
+            (n.uid, n.stake, n.validator_permit),
+            (0, 100 * bootstrap::RAO_PER_TAO, true)
+        );
+
+        // Replayed by another peer, forged by a key that is not the hotkey, for another
+        // subnet, or expired: refused, and nothing changes.
+        let thief = peer(12);
+        assert_eq!(
+            book.on_binding(&id(&thief), &good, NOW),
+            Err(HeartbeatRejected::BadBinding("binding_not_sender"))
+        );
+        let mut forged = bind(&hotkey(3), &thief, NOW + 3600);
+        forged.hotkey = hotkey(2).hotkey().to_string();
+        assert_eq!(
+            book.on_binding(&id(&thief), &forged, NOW),
+            Err(HeartbeatRejected::BadBinding(
+                "binding_bad_hotkey_signature"
+            ))
+        );
+        let other_subnet = HotkeyBinding::sign(&hotkey(2), &thief, NETUID + 1, NOW + 3600).unwrap();
+        assert_eq!(
+            book.on_binding(&id(&thief), &other_subnet, NOW),
+            Err(HeartbeatRejected::BadBinding("binding_wrong_netuid"))
+        );
+        let expired = bind(&hotkey(2), &miner, NOW - 1);
+        assert_eq!(
+            book.on_binding(&id(&miner), &expired, NOW),
+            Err(HeartbeatRejected::StaleBinding)
+        );
+        assert_eq!(book.metagraph().unwrap().len(), 1);
+
+        // A hotkey the subnet does not hold binds, but has nothing to count.
+        let stranger = peer(13);
+        let unregistered = bind(&hotkey(4), &stranger, NOW + 3600);
+        assert_eq!(
+            book.on_binding(&id(&stranger), &unregistered, NOW),
+            Ok(Changed::Yes)
+        );
+        assert_eq!(book.metagraph().unwrap().len(), 1);
+        assert_eq!(book.bound_hotkeys(), 1);
+
+        // The miner binds; later the validator's binding lapses and its stake goes with it.
+        let miner_binding = bind(&hotkey(2), &miner, NOW + 7200);
+        assert_eq!(
+            book.on_binding(&id(&miner), &miner_binding, NOW),
+            Ok(Changed::Yes)
+        );
+        assert_eq!(book.metagraph().unwrap().len(), 2);
+        assert_eq!(book.expire(NOW + 3600), Changed::Yes);
+        let m = book.metagraph().unwrap();
+        assert_eq!(m.len(), 1);
+        assert_eq!(m.neurons()[0].uid, 1);
+        assert_eq!(book.bindings().len(), 1, "only the miner's binding is left");
+    }
+
+    #[test]
+    fn stake_of_another_subnet_is_ignored() {
+        let mut book = ChainBook::new(NETUID + 1);
+        assert_eq!(book.on_stake(stake()), Changed::No);
+        assert!(book.metagraph().is_none());
+    }
+}

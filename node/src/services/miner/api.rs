@@ -1,0 +1,130 @@
+//! What other parts of the node may use of the miner service: its inbox messages, handle and
+//! status (one pipeline stage).
+
+#![allow(unused_imports)]
+use std::collections::{BTreeMap, BTreeSet};
+
+use bootstrap::{EpochPlan, PeerIdStr};
+use p2p::{Heartbeat, PeerId};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::services::inbox::{ask, send, ServiceGone};
+use crate::wire::messages::{PipelineGossip, Service};
+// Miner: one pipeline stage.
+
+/// Where a miner is in its epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "phase", rename_all = "snake_case")]
+pub(crate) enum Phase {
+    /// No plan yet.
+    Idle,
+    /// The plan of `epoch` is accepted; its transition has not started.
+    Planned { epoch: u64 },
+    /// Merging the stage that closed, before `epoch` starts; due by `deadline`.
+    Merging {
+        epoch: u64,
+        deadline: std::time::Duration,
+    },
+    /// Training `epoch`.
+    Training { epoch: u64 },
+    /// This miner's part of `epoch` is done; waiting for the next plan.
+    Draining { epoch: u64 },
+}
+
+impl Phase {
+    /// The epoch the phase belongs to.
+    pub(crate) fn epoch(self) -> Option<u64> {
+        match self {
+            Phase::Idle => None,
+            Phase::Planned { epoch }
+            | Phase::Merging { epoch, .. }
+            | Phase::Training { epoch }
+            | Phase::Draining { epoch } => Some(epoch),
+        }
+    }
+}
+
+/// A miner's snapshot for `/status`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub(crate) struct MinerStatus {
+    /// Where the miner is in its epoch (`{"phase": "training", "epoch": 3}`).
+    pub(crate) epoch_phase: Option<Phase>,
+    /// Seconds since the node started at which that phase began.
+    pub(crate) epoch_phase_since_s: f64,
+    pub(crate) samples_processed: u64,
+    pub(crate) train_loss: Option<f32>,
+    pub(crate) weights_hash: Option<String>,
+    pub(crate) merged_epoch: Option<u64>,
+}
+
+/// The miner service's inbox.
+pub(crate) enum MinerMsg {
+    /// A plan consensus adopted.
+    Plan(Box<EpochPlan>),
+    /// Pipeline gossip the router accepted.
+    Gossip(Box<PipelineGossip>),
+    /// A pipeline request the router authorised; the answer goes to `reply`.
+    Request {
+        service: Service,
+        body: Vec<u8>,
+        reply: oneshot::Sender<Vec<u8>>,
+    },
+    /// The clock: the peers live now; check deadlines, publish buffered loss records.
+    Tick { live: Vec<String> },
+    /// Stop training and wait up to `grace` for the compute thread.
+    Shutdown {
+        grace: std::time::Duration,
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// The miner service, as the router and the node's loop see it.
+#[derive(Clone)]
+pub(crate) struct MinerHandle {
+    pub(crate) tx: mpsc::Sender<MinerMsg>,
+    pub(crate) status: watch::Receiver<MinerStatus>,
+}
+
+impl MinerHandle {
+    /// Hands the miner an adopted plan.
+    pub(crate) async fn plan(&self, plan: EpochPlan) -> Result<(), ServiceGone> {
+        send(&self.tx, "miner", MinerMsg::Plan(Box::new(plan))).await
+    }
+
+    /// Hands the miner accepted pipeline gossip.
+    pub(crate) async fn gossip(&self, message: PipelineGossip) -> Result<(), ServiceGone> {
+        send(&self.tx, "miner", MinerMsg::Gossip(Box::new(message))).await
+    }
+
+    /// Has the miner answer an authorised request.
+    pub(crate) async fn request(
+        &self,
+        service: Service,
+        body: Vec<u8>,
+    ) -> Result<Vec<u8>, ServiceGone> {
+        ask(&self.tx, "miner", |reply| MinerMsg::Request {
+            service,
+            body,
+            reply,
+        })
+        .await
+    }
+
+    /// The clock tick.
+    pub(crate) async fn tick(&self, live: Vec<String>) -> Result<(), ServiceGone> {
+        send(&self.tx, "miner", MinerMsg::Tick { live }).await
+    }
+
+    /// Stops the miner; returns once it has stopped (or its grace ran out).
+    pub(crate) async fn shutdown(&self, grace: std::time::Duration) {
+        let _ = ask(&self.tx, "miner", |done| MinerMsg::Shutdown { grace, done }).await;
+    }
+
+    /// Whether the miner still runs (it stops when its compute thread dies).
+    pub(crate) fn alive(&self) -> bool {
+        !self.tx.is_closed()
+    }
+}
+
+/// Starting the service.
+pub(crate) use super::{spawn, Miner, MinerConfig, MinerFaults};

@@ -1,0 +1,257 @@
+//! The head's epoch: held-out evaluation of the merged weights it starts from, then its share
+//! of the epoch's samples, a bounded window of them in flight at a time.
+
+use std::sync::Arc;
+
+use bootstrap::EpochPlan;
+use tokio::task::JoinSet;
+use training::worker::EvalOutput;
+use training::StageHandle;
+
+use super::evidence::Evidence;
+use super::hop::{after_backward, now_ms, send_eval, send_forward, step_due, val_batch};
+use super::{lock, tokens_input, Shared, VAL_BATCHES};
+use crate::run_spec::sample_id;
+use crate::wire::messages::{ForwardHeader, PipelineGossip};
+
+/// Runs this head's part of `plan`'s epoch.
+pub(crate) async fn run_epoch(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle) {
+    let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
+    let Some(index) = heads.iter().position(|h| *h == shared.me) else {
+        return;
+    };
+    let topic = crate::wire::topics::Topics::of(&shared.cfg.run.run_name).pipeline;
+    if index == 0 {
+        match evaluate_patiently(&shared, &plan, &worker).await {
+            Ok(loss) => {
+                tracing::info!(epoch = plan.epoch, val_loss = loss, "held-out loss");
+                shared.metrics.val_loss.set(f64::from(loss));
+                publish(
+                    &shared,
+                    &topic,
+                    &PipelineGossip::ValLoss {
+                        epoch: plan.epoch,
+                        loss,
+                    },
+                )
+                .await;
+            }
+            Err(reason) => tracing::warn!(%reason, "held-out evaluation failed"),
+        }
+    }
+
+    let window = shared.cfg.head_window.max(1);
+    let mut in_flight = InFlight::default();
+    let (mut done, mut dropped) = (0u64, 0u64);
+    for counter in 0..plan.epoch_samples {
+        while in_flight.0.len() >= window {
+            if let Some(Ok(ok)) = in_flight.0.join_next().await {
+                if ok {
+                    done += 1
+                } else {
+                    dropped += 1
+                }
+            }
+        }
+        let id = sample_id(plan.seed, index as u64, counter);
+        in_flight
+            .0
+            .spawn(one_sample(shared.clone(), plan.clone(), worker.clone(), id));
+    }
+    while let Some(result) = in_flight.0.join_next().await {
+        match result {
+            Ok(true) => done += 1,
+            _ => dropped += 1,
+        }
+    }
+    tracing::info!(
+        epoch = plan.epoch,
+        samples = done,
+        dropped,
+        "head finished its samples"
+    );
+    publish(
+        &shared,
+        &topic,
+        &PipelineGossip::HeadDone {
+            epoch: plan.epoch,
+            samples: done,
+            dropped,
+        },
+    )
+    .await;
+}
+
+/// The head's samples in flight. When the epoch's loop is dropped (a newer plan stops it),
+/// they are let go, not aborted: each finishes its round trip (or hits its deadline) on its
+/// own, so that neither the stages downstream nor this head's compute thread are left
+/// holding a sample nobody will finish.
+#[derive(Default)]
+struct InFlight(JoinSet<bool>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.detach_all();
+    }
+}
+
+/// One sample, head to tail and back; `false` when it was dropped.
+async fn one_sample(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle, id: u64) -> bool {
+    let run = &shared.cfg.run;
+    let batch = match shared.corpus.train_sample(
+        id,
+        run.seed,
+        run.batch_size as usize,
+        run.seq_len as usize,
+    ) {
+        Ok(batch) => batch,
+        Err(error) => {
+            tracing::warn!(%error, "sample not drawn");
+            return false;
+        }
+    };
+    shared.metrics.samples_forward.inc();
+    let frame = match worker.forward(id, tokens_input(&batch)).await {
+        Ok(frame) => shared.outgoing(frame, id),
+        Err(error) => {
+            tracing::warn!(%error, "head forward failed");
+            return false;
+        }
+    };
+    shared.keep_evidence(Evidence {
+        epoch: plan.epoch,
+        sample: id,
+        stage: 0,
+        input: Vec::new(),
+        output: frame.clone(),
+        loss: None,
+        generation: 0,
+    });
+    let header = ForwardHeader {
+        epoch: plan.epoch,
+        sample: id,
+        pathway: vec![shared.me.clone()],
+        // The whole pathway, there and back, within one hop timeout.
+        deadline_ms: now_ms()
+            .saturating_add(u64::try_from(super::HOP_TIMEOUT.as_millis()).unwrap_or(u64::MAX)),
+    };
+    match send_forward(&shared, &plan, 1, &header, &frame).await {
+        Ok((loss, _pathway, grad)) => {
+            lock(&shared.state).train_loss = Some(loss);
+            shared.metrics.train_loss.set(f64::from(loss));
+            match worker
+                .backward_and_step(grad, step_due(&shared, &plan))
+                .await
+            {
+                Ok(_) => {
+                    after_backward(&shared);
+                    true
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "head backward failed");
+                    false
+                }
+            }
+        }
+        Err(reason) => {
+            tracing::debug!(sample = id, %reason, "sample dropped");
+            let _ = worker.drop_sample(id).await;
+            shared.metrics.samples_dropped.inc();
+            false
+        }
+    }
+}
+
+/// Evaluation attempts at an epoch's start: the next stages may take the plan in a moment
+/// after this head (each refuses evaluations of a plan it does not hold yet).
+const EVAL_ATTEMPTS: u32 = 5;
+
+/// Pause between two evaluation attempts.
+const EVAL_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// [`evaluate`], tried again a few times (bounded) while the next stages catch up.
+async fn evaluate_patiently(
+    shared: &Shared,
+    plan: &EpochPlan,
+    worker: &StageHandle,
+) -> Result<f32, String> {
+    let mut last = String::new();
+    for attempt in 0..EVAL_ATTEMPTS {
+        if attempt > 0 {
+            tokio::time::sleep(EVAL_RETRY).await;
+        }
+        match evaluate(shared, plan, worker).await {
+            Ok(loss) => return Ok(loss),
+            Err(reason) => {
+                tracing::debug!(attempt, %reason, "held-out evaluation not done yet");
+                last = reason;
+            }
+        }
+    }
+    Err(last)
+}
+
+/// Mean held-out loss of the model the run holds at the start of `plan`'s epoch: every stage
+/// evaluates its snapshot of the merge that closed the epoch before, not its live weights
+/// (see [`super::snapshot::eval_weights`]).
+async fn evaluate(shared: &Shared, plan: &EpochPlan, worker: &StageHandle) -> Result<f32, String> {
+    let weights = super::snapshot::eval_weights(shared, plan, 0)?;
+    let mut total = 0.0f64;
+    for i in 0..VAL_BATCHES as u64 {
+        let batch = val_batch(shared, i).ok_or("no validation batch")?;
+        let frame = match worker
+            .eval_given(weights.clone(), tokens_input(&batch), None)
+            .await
+        {
+            Ok(EvalOutput::Activation(frame)) => frame,
+            Ok(EvalOutput::Loss(loss)) => {
+                total += f64::from(loss);
+                continue;
+            }
+            Err(error) => return Err(error.to_string()),
+        };
+        total += f64::from(send_eval(shared, plan, 1, i, &frame).await?);
+    }
+    Ok((total / VAL_BATCHES as f64) as f32)
+}
+
+/// Publishes a pipeline message on `topic`.
+async fn publish(shared: &Shared, topic: &str, message: &PipelineGossip) {
+    if let Some(bytes) = message.to_bytes() {
+        if let Err(error) = shared.client.publish(topic, bytes).await {
+            tracing::debug!(%error, "pipeline message not published");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use super::InFlight;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn samples_in_flight_finish_when_the_epoch_loop_is_dropped() {
+        let finished = Arc::new(AtomicBool::new(false));
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let mut in_flight = InFlight::default();
+        let done = finished.clone();
+        in_flight.0.spawn(async move {
+            let _ = wait.await;
+            done.store(true, Ordering::SeqCst);
+            true
+        });
+        // The epoch's loop goes away (a newer plan) while the sample is on its way.
+        drop(in_flight);
+        let _ = go.send(());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !finished.load(Ordering::SeqCst) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the sample in flight was aborted with the loop"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+}

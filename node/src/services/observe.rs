@@ -1,0 +1,6 @@
+//! The observe service: `/status` (from the other services' watch values), `/metrics` and the
+//! dashboard at `/`. It reads what the others publish and changes nothing.
+
+pub(crate) mod api;
+pub(crate) mod http;
+pub(crate) mod status;

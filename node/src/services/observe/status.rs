@@ -1,0 +1,211 @@
+//! What `/status` reports: a JSON snapshot of the node, built on demand.
+//!
+//! Peer counts come from the network event loop at the moment of the request; the rest from
+//! watch values: the node's view, which its loop keeps up to date, and the miner's status,
+//! which the miner service publishes. This is the observe service: it reads what the others
+//! publish and changes nothing.
+
+use tokio::sync::watch;
+
+use serde::Serialize;
+
+mod stats;
+pub(crate) use stats::{EpochStats, RunStats};
+
+/// The parts of the status that the node loop publishes and the HTTP handler reads.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct NodeView {
+    /// Addresses the node listens on, each ending in `/p2p/<peer id>`.
+    pub(crate) listen_addrs: Vec<String>,
+    /// Peers whose heartbeats are fresh, sorted.
+    pub(crate) live_peers: Vec<String>,
+    /// The HTTP servers (`http://<ip>:<port>`) live peers announce in their heartbeats: the
+    /// dashboard reads their `/status` too.
+    pub(crate) peer_dashboards: std::collections::BTreeMap<String, String>,
+    /// Heartbeats this node has published.
+    pub(crate) heartbeats_sent: u64,
+    /// The elected orchestrator.
+    pub(crate) orchestrator: Option<String>,
+    /// Whether this node is the orchestrator.
+    pub(crate) is_orchestrator: bool,
+    /// Epoch of the plan in force.
+    pub(crate) epoch: Option<u64>,
+    /// This node's stage in the plan in force.
+    pub(crate) stage: Option<u32>,
+    /// Miners per stage in the plan in force.
+    pub(crate) stage_sizes: Vec<usize>,
+    /// The miners of each stage in the plan in force (peer ids, sorted).
+    pub(crate) stage_map: Vec<Vec<String>>,
+    /// Samples each head draws in the epoch in force.
+    pub(crate) epoch_samples: Option<u64>,
+    /// The miner's counters (defaults on a validator).
+    #[serde(flatten)]
+    pub(crate) miner: crate::services::miner::api::MinerStatus,
+    /// On a validator: its weights after the latest scored epoch (per miner: uid, peer id,
+    /// stage, samples, CLASP effect, flagged, chain weight).
+    pub(crate) validator_weights: Option<crate::services::validator::api::EpochWeights>,
+    /// The validators' weights for the latest epoch weighed, combined by Yuma consensus
+    /// (per miner: uid, hotkey, peer id, weight, incentive; per validator: stake, trust).
+    pub(crate) weights: Option<crate::services::consensus::api::ConsensusWeights>,
+    /// The epoch of `weights`.
+    pub(crate) consensus_epoch: Option<u64>,
+    /// What the run did, epoch by epoch, as heard over gossip.
+    pub(crate) epochs: Vec<EpochStats>,
+    /// With stake from the chain: every hotkey binding this node verified, hotkey (SS58) →
+    /// peer id (`iota-p2p metagraph --node` shows them next to the chain's neurons).
+    pub(crate) bindings: std::collections::BTreeMap<String, String>,
+    /// Uid of each peer in the metagraph in force.
+    pub(crate) uids: std::collections::BTreeMap<String, u16>,
+    /// Changes whenever the metagraph or the bindings change.
+    #[serde(skip)]
+    pub(crate) metagraph_generation: u64,
+}
+
+/// JSON body of `GET /status`: identity and peer counts, then the node's view flattened in.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Status {
+    pub(crate) peer_id: String,
+    pub(crate) role: &'static str,
+    pub(crate) connected_peers: usize,
+    pub(crate) routing_table_peers: usize,
+    pub(crate) routing_table: Vec<String>,
+    #[serde(flatten)]
+    pub(crate) view: NodeView,
+}
+
+/// Builds [`Status`] snapshots from the network client and the shared [`NodeView`].
+#[derive(Clone)]
+pub(crate) struct StatusSource {
+    pub(crate) client: p2p::Client,
+    pub(crate) role: &'static str,
+    pub(crate) view: watch::Receiver<NodeView>,
+    /// The miner's status, on a miner.
+    pub(crate) miner: Option<watch::Receiver<crate::services::miner::api::MinerStatus>>,
+    /// The latest epoch's weights, on a validator.
+    pub(crate) validator:
+        Option<watch::Receiver<Option<crate::services::validator::api::EpochWeights>>>,
+}
+
+impl StatusSource {
+    /// Asks the network loop for its peers and combines them with the node's view.
+    pub(crate) async fn snapshot(&self) -> Result<Status, p2p::ClientError> {
+        let connected = self.client.connected_peers().await?;
+        let mut routing: Vec<String> = self
+            .client
+            .routing_table_peers()
+            .await?
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        routing.sort();
+        let mut view = self.view.borrow().clone();
+        if let Some(miner) = &self.miner {
+            view.miner = miner.borrow().clone();
+        }
+        if let Some(validator) = &self.validator {
+            view.validator_weights = validator.borrow().clone();
+        }
+        if let (Some(own), Some(consensus)) = (&view.validator_weights, &mut view.weights) {
+            annotate(consensus, own);
+        }
+        Ok(Status {
+            peer_id: self.client.local_peer_id().to_string(),
+            role: self.role,
+            connected_peers: connected.len(),
+            routing_table_peers: routing.len(),
+            routing_table: routing,
+            view,
+        })
+    }
+}
+
+/// Adds a validator's own reasons to the consensus of the same epoch.
+fn annotate(
+    consensus: &mut crate::services::consensus::api::ConsensusWeights,
+    own: &crate::services::validator::api::EpochWeights,
+) {
+    if consensus.epoch != own.epoch {
+        return;
+    }
+    for miner in &mut consensus.miners {
+        if let Some(reason) = own
+            .miners
+            .iter()
+            .find(|m| m.uid == miner.uid)
+            .and_then(|m| m.reason.clone())
+        {
+            miner.flagged = true;
+            miner.reason = Some(reason);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::services::consensus::api::{ConsensusWeights, MinerConsensus};
+    use crate::services::validator::api::{EpochWeights, MinerWeight};
+
+    fn consensus(epoch: u64) -> ConsensusWeights {
+        let miner = |uid: u16, weight: f64| MinerConsensus {
+            uid,
+            hotkey: String::new(),
+            peer_id: format!("p{uid}"),
+            weight,
+            incentive: weight,
+            flagged: weight == 0.0,
+            reason: (weight == 0.0).then(|| "weighed 0 by consensus".into()),
+        };
+        ConsensusWeights {
+            epoch,
+            miners: vec![miner(1, 0.5), miner(2, 0.5), miner(3, 0.0)],
+            validators: Vec::new(),
+        }
+    }
+
+    fn own(epoch: u64) -> EpochWeights {
+        let miner = |uid: u16, reason: Option<&str>| MinerWeight {
+            uid,
+            peer_id: format!("p{uid}"),
+            stage: 0,
+            samples: 10,
+            effect: None,
+            standard_error: None,
+            flagged: reason.is_some(),
+            reason: reason.map(str::to_string),
+            weight: 0,
+        };
+        EpochWeights {
+            epoch,
+            records: 30,
+            fit_error: None,
+            miners: vec![
+                miner(1, None),
+                miner(2, Some("spot_check: output_not_reproduced")),
+            ],
+            spot_checks: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_validators_own_reasons_annotate_the_consensus_of_the_same_epoch_only() {
+        let mut weights = consensus(4);
+        annotate(&mut weights, &own(4));
+        let reasons: Vec<(bool, Option<&str>)> = weights
+            .miners
+            .iter()
+            .map(|m| (m.flagged, m.reason.as_deref()))
+            .collect();
+        assert_eq!(
+            reasons,
+            vec![
+                (false, None),
+                (true, Some("spot_check: output_not_reproduced")),
+                (true, Some("weighed 0 by consensus")),
+            ]
+        );
+        let mut other = consensus(5);
+        annotate(&mut other, &own(4));
+        assert!(!other.miners[1].flagged);
+    }
+}

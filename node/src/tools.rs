@@ -1,0 +1,8 @@
+//! The tools around a node: the [`launcher`] that starts node processes (multi-node tests use
+//! it), `local-swarm`, `export`, and the fuzzing inputs.
+
+pub(crate) mod export;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod launcher;
+pub(crate) mod swarm;

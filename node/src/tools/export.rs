@@ -1,0 +1,270 @@
+//! `iota-p2p export`: the model a run holds, taken out of the nodes' checkpoint stores.
+//!
+//! A run's model lives split by stage in the miners' sled stores, one merged checkpoint per
+//! epoch and stage (`crate::services::miner` saves the merge's result). Export reads the stores of
+//! the data dirs it is given (a `local-swarm` output holds one per node), picks the newest
+//! epoch that every stage has a checkpoint of, checks each checkpoint against its blob hash
+//! and every replica of a stage against the others (the merged weights hash the same on
+//! every replica), and writes one model with `training::export`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use bootstrap::RunConfig;
+use training::checkpoint::Manifest;
+use training::CheckpointStore;
+
+use crate::cli::ExportArgs;
+
+/// One stage's merged weights at the exported epoch.
+struct StageWeights {
+    hash: String,
+    params: Vec<f32>,
+    /// The data dirs whose checkpoints agreed.
+    replicas: Vec<PathBuf>,
+}
+
+/// Runs `export`.
+pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<()> {
+    let dirs = data_dirs(&args.from)?;
+    let run = run_config(args)?;
+    let preset = crate::run_spec::preset(run.preset);
+    let model = preset.config();
+    let run_id = crate::run_spec::run_id(&run);
+    let stages = run.stages;
+    let stores = dirs
+        .iter()
+        .map(|d| {
+            CheckpointStore::open(&d.join("checkpoints")).with_context(|| {
+                format!(
+                    "opening the checkpoints of {} (is its node still running?)",
+                    d.display()
+                )
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // (stage, epoch) -> the stores holding a checkpoint of it, newest step first.
+    let mut held: BTreeMap<(u32, u64), Vec<(usize, Manifest)>> = BTreeMap::new();
+    for (i, store) in stores.iter().enumerate() {
+        for stage in 0..stages {
+            for m in store.list(run_id, stage)? {
+                held.entry((stage, m.epoch)).or_default().push((i, m));
+            }
+        }
+    }
+    let epoch = match args.epoch {
+        Some(epoch) => epoch,
+        None => latest_complete(&held, stages).with_context(|| {
+            format!(
+                "no epoch has a checkpoint of every one of the run's {stages} stages in {} \
+                 (run hash {}; pass the run's --run file if it is not the built-in one)",
+                args.from
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                run.hash()
+            )
+        })?,
+    };
+    let mut weights = Vec::new();
+    for stage in 0..stages {
+        let found = held.get(&(stage, epoch)).cloned().unwrap_or_default();
+        weights.push(
+            stage_weights(&stores, &dirs, &found)
+                .with_context(|| format!("stage {stage} at epoch {epoch}"))?,
+        );
+    }
+    let flats: Vec<&[f32]> = weights.iter().map(|w| w.params.as_slice()).collect();
+    let bottleneck = crate::run_spec::bottleneck(&run);
+    let tensors = training::export::assemble_with(&model, bottleneck, run.seed, &flats)?;
+    let mut config = training::export::config_json_with(&model, stages as usize, bottleneck);
+    config["iota_epoch"] = epoch.into();
+    config["iota_run_hash"] = run.hash().to_string().into();
+    config["iota_stage_hashes"] = weights
+        .iter()
+        .map(|w| w.hash.clone())
+        .collect::<Vec<_>>()
+        .into();
+    let metadata = HashMap::from([
+        ("format".to_string(), "pt".to_string()),
+        ("iota_epoch".to_string(), epoch.to_string()),
+        ("iota_run_hash".to_string(), run.hash().to_string()),
+    ]);
+    training::export::write(&args.out, &tensors, &config, metadata)?;
+    for (stage, w) in weights.iter().enumerate() {
+        println!(
+            "stage {stage}: merged weights of epoch {epoch}, hash {}, agreed by {} replica(s): {}",
+            w.hash,
+            w.replicas.len(),
+            w.replicas
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let params: usize = tensors.iter().map(|t| t.values.len()).sum();
+    println!(
+        "RESULT export epoch={epoch} stages={stages} params={params} out={}",
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// The data dirs `from` names: each one holding `checkpoints/`, or each child of it that does
+/// (a `local-swarm` output directory).
+fn data_dirs(from: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut dirs = Vec::new();
+    for path in from {
+        if path.join("checkpoints").is_dir() {
+            dirs.push(path.clone());
+            continue;
+        }
+        let entries = std::fs::read_dir(path)
+            .with_context(|| format!("--from {}: not a readable directory", path.display()))?;
+        let mut children: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.join("checkpoints").is_dir())
+            .collect();
+        if children.is_empty() {
+            anyhow::bail!(
+                "--from {}: no checkpoints in it or its subdirectories: pass a local-swarm \
+                 output directory or node data directories",
+                path.display()
+            );
+        }
+        children.sort();
+        dirs.extend(children);
+    }
+    Ok(dirs)
+}
+
+/// `--run`, else the `run.toml` a local-swarm output holds, else the built-in defaults.
+fn run_config(args: &ExportArgs) -> anyhow::Result<RunConfig> {
+    let path = args.run.clone().or_else(|| {
+        args.from
+            .iter()
+            .map(|p| p.join("run.toml"))
+            .find(|p| p.is_file())
+    });
+    let Some(path) = path else {
+        return Ok(RunConfig::default());
+    };
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    RunConfig::from_toml_str(&text).with_context(|| format!("run configuration {}", path.display()))
+}
+
+/// The newest epoch of which every stage `0..stages` has a checkpoint.
+fn latest_complete(
+    held: &BTreeMap<(u32, u64), Vec<(usize, Manifest)>>,
+    stages: u32,
+) -> Option<u64> {
+    let epochs_of = |stage: u32| {
+        held.keys()
+            .filter(move |(s, _)| *s == stage)
+            .map(|(_, e)| *e)
+    };
+    epochs_of(0)
+        .filter(|e| (1..stages).all(|s| epochs_of(s).any(|x| x == *e)))
+        .max()
+}
+
+/// The stage's weights from the checkpoints `found` (store index, manifest): each one read
+/// and checked against its blob hash (a corrupt one is skipped, said on stderr), and all that
+/// read must hold the same weights.
+fn stage_weights(
+    stores: &[CheckpointStore],
+    dirs: &[PathBuf],
+    found: &[(usize, Manifest)],
+) -> anyhow::Result<StageWeights> {
+    let mut by_hash: BTreeMap<String, (Vec<f32>, Vec<PathBuf>)> = BTreeMap::new();
+    for (i, manifest) in found {
+        let dir = &dirs[*i];
+        match stores[*i].load(manifest) {
+            Ok(state) => {
+                let hash = hex::encode(training::stage::hash_f32(&state.params));
+                let entry = by_hash
+                    .entry(hash)
+                    .or_insert_with(|| (state.params, Vec::new()));
+                if !entry.1.contains(dir) {
+                    entry.1.push(dir.clone());
+                }
+            }
+            Err(error) => eprintln!(
+                "skipping the checkpoint of stage {} epoch {} in {}: {error}",
+                manifest.stage,
+                manifest.epoch,
+                dir.display()
+            ),
+        }
+    }
+    match by_hash.len() {
+        0 => anyhow::bail!("no readable checkpoint"),
+        1 => {
+            let (hash, (params, replicas)) = by_hash.into_iter().next().context("one hash")?;
+            Ok(StageWeights {
+                hash,
+                params,
+                replicas,
+            })
+        }
+        _ => anyhow::bail!(
+            "the replicas disagree on the merged weights: {}",
+            by_hash
+                .iter()
+                .map(|(h, (_, dirs))| format!(
+                    "{h} in {}",
+                    dirs.iter()
+                        .map(|d| d.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(stage: u32, epoch: u64) -> Manifest {
+        Manifest {
+            run: 1,
+            stage,
+            epoch,
+            step: 0,
+            blake3: String::new(),
+            bytes: 0,
+        }
+    }
+
+    #[test]
+    fn the_latest_epoch_is_the_newest_every_stage_has() {
+        let mut held = BTreeMap::new();
+        for (stage, epoch) in [(0, 3), (0, 4), (1, 3), (1, 4), (2, 3)] {
+            held.entry((stage, epoch))
+                .or_insert_with(Vec::new)
+                .push((0, manifest(stage, epoch)));
+        }
+        assert_eq!(latest_complete(&held, 3), Some(3));
+        assert_eq!(latest_complete(&held, 2), Some(4));
+        held.retain(|(s, _), _| *s != 2);
+        assert_eq!(latest_complete(&held, 3), None);
+    }
+
+    #[test]
+    fn a_directory_without_checkpoints_is_refused_with_what_to_pass() {
+        let dir = std::env::temp_dir().join(format!("iota-export-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = data_dirs(std::slice::from_ref(&dir))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no checkpoints"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,260 @@
+//! Exists only so that the fuzz benchmark (`node/benches/fuzz.rs`) can reach the crate's
+//! private decoders; not an API. Each function decodes a request-response body or a gossip
+//! message exactly as the node does and says whether it was accepted, and
+//! [`pipeline_samples`] gives valid encodings to mutate. Nothing here has logic of its own.
+
+use crate::wire::messages::{
+    self, ConfirmationReply, ConfirmationRequest, EvalHeader, EvalReply, ForwardHeader,
+    ForwardReply, LossRecord, PipelineGossip, Service, SpotCheckReply, SpotCheckRequest,
+    WeightsReply, WeightsRequest,
+};
+
+/// [`messages::MAX_HEADER_BYTES`]: the largest JSON header of a request-response body.
+pub const MAX_HEADER_BYTES: usize = messages::MAX_HEADER_BYTES;
+
+/// [`messages::MAX_GOSSIP_BYTES`]: the largest pipeline gossip message.
+pub const MAX_GOSSIP_BYTES: usize = messages::MAX_GOSSIP_BYTES;
+
+/// [`messages::decode`] of a forward request, as the next stage does.
+pub fn forward_request(body: &[u8]) -> bool {
+    messages::decode::<ForwardHeader>(Service::Forward, body).is_ok()
+}
+
+/// [`messages::decode`] of a forward reply, as the previous stage does.
+pub fn forward_reply(body: &[u8]) -> bool {
+    messages::decode::<ForwardReply>(Service::Forward, body).is_ok()
+}
+
+/// [`messages::decode`] of an evaluation request.
+pub fn eval_request(body: &[u8]) -> bool {
+    messages::decode::<EvalHeader>(Service::Eval, body).is_ok()
+}
+
+/// [`messages::decode`] of an evaluation reply.
+pub fn eval_reply(body: &[u8]) -> bool {
+    messages::decode::<EvalReply>(Service::Eval, body).is_ok()
+}
+
+/// [`messages::decode`] of a weights request.
+pub fn weights_request(body: &[u8]) -> bool {
+    messages::decode::<WeightsRequest>(Service::Weights, body).is_ok()
+}
+
+/// [`messages::decode`] of a weights reply, then [`messages::f32_from_bytes`] of its payload
+/// when it carries weights, as a joining replica does.
+pub fn weights_reply(body: &[u8]) -> bool {
+    match messages::decode::<WeightsReply>(Service::Weights, body) {
+        Ok((WeightsReply::Weights { .. }, payload)) => messages::f32_from_bytes(payload).is_some(),
+        Ok((WeightsReply::NotHeld, _)) => true,
+        Err(_) => false,
+    }
+}
+
+/// [`messages::decode`] of a spot-check request, as a miner does.
+pub fn spot_check_request(body: &[u8]) -> bool {
+    messages::decode::<SpotCheckRequest>(Service::SpotCheck, body).is_ok()
+}
+
+/// A validator's split of a spot-check reply (for a middle stage and for a tail), then
+/// [`messages::f32_from_bytes`] of the weights it carries.
+pub fn spot_check_reply(body: &[u8]) -> bool {
+    let target = crate::services::validator::api::Target {
+        epoch: 1,
+        peer: String::new(),
+        stage: 1,
+        tail: false,
+        sample: 0,
+        claimed_loss: 1.0,
+        served: 0,
+    };
+    let tail = crate::services::validator::api::Target {
+        tail: true,
+        ..target.clone()
+    };
+    let _ = crate::services::validator::api::parse_reply(body, &tail);
+    match crate::services::validator::api::parse_reply(body, &target) {
+        Ok(evidence) => messages::f32_from_bytes(evidence.weights).is_some(),
+        Err(_) => false,
+    }
+}
+
+/// [`messages::decode`] of a merge-confirmation request, as a validator does.
+pub fn confirmation_request(body: &[u8]) -> bool {
+    messages::decode::<ConfirmationRequest>(Service::Confirmation, body).is_ok()
+}
+
+/// [`messages::decode`] of a validator's word on a merge, as a joining replica does.
+pub fn confirmation_reply(body: &[u8]) -> bool {
+    messages::decode::<ConfirmationReply>(Service::Confirmation, body).is_ok()
+}
+
+/// [`PipelineGossip::from_bytes`], as the node's gossip handler does.
+pub fn pipeline_gossip(bytes: &[u8]) -> bool {
+    PipelineGossip::from_bytes(bytes).is_some()
+}
+
+/// Valid encodings of every message the functions above decode: request and reply bodies
+/// of each service, then gossip messages.
+pub fn pipeline_samples() -> Vec<Vec<u8>> {
+    let peers = |n: usize| {
+        (0..n)
+            .map(|i| format!("12D3KooWPeer{i}"))
+            .collect::<Vec<_>>()
+    };
+    let frame = b"IOTW\x01\x00\x01\x02 stand-in for an activation frame";
+    let weights: Vec<f32> = (0..64).map(|i| i as f32 * 0.25 - 3.0).collect();
+    let bodies = [
+        body(
+            Service::Forward,
+            &ForwardHeader {
+                epoch: 3,
+                sample: 42,
+                pathway: peers(1),
+                deadline_ms: 1_700_000_030_000,
+            },
+            frame,
+        ),
+        body(
+            Service::Forward,
+            &ForwardHeader {
+                epoch: 0,
+                sample: 0,
+                pathway: vec![],
+                deadline_ms: 0,
+            },
+            b"",
+        ),
+        body(
+            Service::Forward,
+            &ForwardReply::Done {
+                loss: 2.5,
+                pathway: peers(3),
+            },
+            frame,
+        ),
+        body(
+            Service::Forward,
+            &ForwardReply::Failed {
+                reason: "busy".into(),
+            },
+            b"",
+        ),
+        body(Service::Eval, &EvalHeader { batch: 7 }, frame),
+        body(Service::Eval, &EvalReply::Loss(1.75), b""),
+        body(
+            Service::Eval,
+            &EvalReply::Failed("no stage yet".into()),
+            b"",
+        ),
+        body(
+            Service::Weights,
+            &WeightsRequest {
+                stage: 2,
+                offset: 0,
+                count: 1 << 22,
+            },
+            b"",
+        ),
+        body(
+            Service::Weights,
+            &WeightsReply::Weights {
+                stage: 2,
+                epoch: Some(5),
+                hash: "ab".repeat(32),
+                total: weights.len() as u64,
+                offset: 0,
+            },
+            &messages::f32_bytes(&weights),
+        ),
+        body(
+            Service::Weights,
+            &WeightsReply::Weights {
+                stage: 0,
+                epoch: None,
+                hash: String::new(),
+                total: 1 << 20,
+                offset: 1 << 19,
+            },
+            b"",
+        ),
+        body(Service::Weights, &WeightsReply::NotHeld, b""),
+        body(
+            Service::Confirmation,
+            &ConfirmationRequest { epoch: 4, stage: 1 },
+            b"",
+        ),
+        body(
+            Service::Confirmation,
+            &ConfirmationReply::Confirmed {
+                hash: "ab".repeat(32),
+            },
+            b"",
+        ),
+        body(Service::Confirmation, &ConfirmationReply::Pending, b""),
+        body(
+            Service::SpotCheck,
+            &SpotCheckRequest {
+                epoch: 3,
+                sample: 42,
+            },
+            b"",
+        ),
+        body(
+            Service::SpotCheck,
+            &SpotCheckReply::Evidence {
+                stage: 1,
+                loss: None,
+                input_len: frame.len() as u64,
+                output_len: frame.len() as u64,
+                weights_len: weights.len() as u64,
+            },
+            &[
+                frame.as_slice(),
+                frame.as_slice(),
+                &messages::f32_bytes(&weights),
+            ]
+            .concat(),
+        ),
+        body(Service::SpotCheck, &SpotCheckReply::NotHeld, b""),
+        body(Service::SpotCheck, &SpotCheckReply::Superseded, b""),
+    ];
+    let records = (0..16)
+        .map(|i| LossRecord {
+            sample: i,
+            pathway: peers(3),
+            loss: 3.0 - i as f32 / 8.0,
+        })
+        .collect();
+    let gossip = [
+        PipelineGossip::Losses {
+            epoch: 4,
+            tokens_per_sample: 1024,
+            records,
+        },
+        PipelineGossip::ValLoss {
+            epoch: 4,
+            loss: 1.9,
+        },
+        PipelineGossip::HeadDone {
+            epoch: 4,
+            samples: 100,
+            dropped: 2,
+        },
+        PipelineGossip::Merged {
+            epoch: 4,
+            stage: 1,
+            hash: "cd".repeat(32),
+            wire_bytes: 1 << 20,
+        },
+    ];
+    bodies
+        .into_iter()
+        .chain(gossip.iter().map(PipelineGossip::to_bytes))
+        .flatten()
+        .collect()
+}
+
+/// `messages::encode`, `None` if the header does not serialise within its limit.
+fn body<H: serde::Serialize>(service: Service, header: &H, payload: &[u8]) -> Option<Vec<u8>> {
+    messages::encode(service, header, payload).ok()
+}

@@ -1,0 +1,453 @@
+//! `iota-p2p local-swarm`: a whole training run on this machine, started with one command.
+//!
+//! Creates an identity per node, a stake snapshot (the validators hold stake and permits) and
+//! a run configuration, starts the validators and miners as separate processes of this same
+//! binary on 127.0.0.1 (each bootstrapping only from the first), follows the run through the
+//! first validator's `/status`, prints a line per epoch, writes a report (Markdown and an SVG
+//! loss curve) into `--out`, and stops every process it started — also on Ctrl-C or SIGTERM.
+
+mod adversary;
+mod report;
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use bootstrap::{LocalNeuron, Metagraph, ModelPreset, PeerIdStr, RunConfig, RAO_PER_TAO};
+use tokio::time::Instant;
+
+use crate::cli::LocalSwarmArgs;
+use crate::services::observe::api::EpochStats;
+use crate::tools::launcher::{wait_for, NodeProcess, NodeSpec};
+
+/// How long a node gets to print its addresses.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a node gets to stop after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(15);
+
+/// Runs the local swarm to completion.
+pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
+    let out = args.out.clone();
+    if out.exists() {
+        if let Some(stranger) = not_ours(&out)? {
+            anyhow::bail!(
+                "--out {}: it holds {}, which no local-swarm wrote; choose another directory \
+                 (or empty this one yourself)",
+                out.display(),
+                stranger
+            );
+        }
+        std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
+    }
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let binary = std::env::current_exe().context("locating this binary")?;
+    println!(
+        "local-swarm: {} validator(s) + {} miner(s), {} stages of the {} model, {} epochs; data, logs and report in {}",
+        args.validators,
+        args.miners,
+        args.stages,
+        args.preset,
+        args.epochs,
+        out.display()
+    );
+
+    let mut nodes: Vec<NodeProcess> = Vec::new();
+    let outcome = tokio::select! {
+        result = drive(&args, &binary, &out, &mut nodes) => result,
+        _ = crate::app::shutdown_signal() => {
+            println!("local-swarm: interrupted, stopping the nodes");
+            Err(anyhow::anyhow!("interrupted"))
+        }
+    };
+    let total = nodes.len();
+    let mut stop_errors = 0;
+    for node in nodes {
+        let name = node.name.clone();
+        if let Err(error) = node.stop(STOP_GRACE).await {
+            stop_errors += 1;
+            eprintln!("local-swarm: {name}: {error:#}");
+        }
+    }
+    println!("local-swarm: stopped {total} node(s)");
+    outcome?;
+    anyhow::ensure!(
+        stop_errors == 0,
+        "{stop_errors} node(s) did not stop cleanly"
+    );
+    if let Err(error) = sample(&out) {
+        println!("local-swarm: no model exported or sampled: {error:#}");
+    }
+    Ok(())
+}
+
+/// Exports the run's model to `out/model` and ends the report with a short text from it.
+fn sample(out: &Path) -> anyhow::Result<()> {
+    let model_dir = out.join("model");
+    crate::tools::export::run(&crate::cli::ExportArgs {
+        from: vec![out.to_path_buf()],
+        out: model_dir.clone(),
+        run: None,
+        epoch: None,
+    })?;
+    let model = training::generate::Model::load(&model_dir)?;
+    let prompt = "ROMEO:";
+    let sampling = training::generate::Sampling {
+        tokens: 200,
+        temperature: 0.8,
+        top_k: 40,
+        seed: 0,
+    };
+    let text = format!(
+        "{prompt}{}",
+        String::from_utf8_lossy(&model.generate(prompt.as_bytes(), &sampling)?)
+    );
+    println!(
+        "local-swarm: model in {}; a sample from it:\n{text}",
+        model_dir.display()
+    );
+    let report = out.join("report.md");
+    let mut md = std::fs::read_to_string(&report)?;
+    md.push_str(&format!(
+        "\n## A sample from the model\n\n`iota-p2p generate --model {} --prompt \"{prompt}\" --tokens 200 --seed 0`:\n\n```text\n{text}\n```\n",
+        model_dir.display()
+    ));
+    std::fs::write(&report, md)?;
+    Ok(())
+}
+
+/// Writes the run's files, starts the nodes (pushing each into `nodes` so the caller can stop
+/// them whatever happens) and follows the run to its last epoch.
+async fn drive(
+    args: &LocalSwarmArgs,
+    binary: &Path,
+    out: &Path,
+    nodes: &mut Vec<NodeProcess>,
+) -> anyhow::Result<()> {
+    let names: Vec<String> = (0..args.validators)
+        .map(|i| format!("validator-{i}"))
+        .chain((0..args.miners).map(|i| format!("miner-{i}")))
+        .collect();
+    let mut neurons = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let keypair = crate::app::identity::load_or_create(&out.join(name))?;
+        let validator = (i as u32) < args.validators;
+        neurons.push(LocalNeuron {
+            peer_id: PeerIdStr::parse(&keypair.public().to_peer_id().to_string())?,
+            // Validators get decreasing stake: 100, 50, 33, … TAO.
+            stake: if validator {
+                100 * RAO_PER_TAO / (i as u64 + 1)
+            } else {
+                0
+            },
+            validator_permit: validator,
+        });
+    }
+    let miner_peers: Vec<PeerIdStr> = neurons
+        .iter()
+        .skip(args.validators as usize)
+        .map(|n| n.peer_id.clone())
+        .collect();
+    let (validator_adversaries, miner_adversaries): (Vec<_>, Vec<_>) = args
+        .adversary
+        .iter()
+        .partition(|a| a.fault == crate::cli::Fault::SkewWeights);
+    let faults = adversary::place(&miner_adversaries, miner_peers.len())?;
+    let validator_faults = adversary::place(&validator_adversaries, args.validators as usize)?;
+    let role_of = |fault: Option<&crate::cli::Fault>| {
+        fault
+            .and_then(|f| crate::cli::fault_name(*f))
+            .unwrap_or("honest")
+            .to_string()
+    };
+    let roles: std::collections::BTreeMap<String, String> = miner_peers
+        .iter()
+        .enumerate()
+        .map(|(i, peer)| (peer.to_string(), role_of(faults.get(&i))))
+        .collect();
+    let validator_roles: std::collections::BTreeMap<String, String> = neurons
+        .iter()
+        .take(args.validators as usize)
+        .enumerate()
+        .map(|(i, n)| (n.peer_id.to_string(), role_of(validator_faults.get(&i))))
+        .collect();
+    for (i, fault) in &validator_faults {
+        println!("  validator-{i} is an adversary: {}", role_of(Some(fault)));
+    }
+    for (i, fault) in &faults {
+        println!("  miner-{i} is an adversary: {}", role_of(Some(fault)));
+    }
+    let metagraph = Metagraph::for_local_run(neurons)?;
+    let metagraph_path = out.join("metagraph.json");
+    std::fs::write(&metagraph_path, metagraph.to_json())?;
+    let run = RunConfig {
+        run_name: "local-swarm".into(),
+        preset: model_preset(args.preset)?,
+        stages: args.stages,
+        epoch_samples: args.samples_per_epoch,
+        // The learning rate follows a cosine over the run, as train-local's does over its steps.
+        lr_decay_epochs: u64::from(args.epochs),
+        ..RunConfig::default()
+    };
+    let run = match &args.run {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the run configuration {}", path.display()))?;
+            run.with_toml_str(&text)
+                .with_context(|| format!("in the run configuration {}", path.display()))?
+        }
+        None => run,
+    };
+    run.validate()?;
+    let run_path = out.join("run.toml");
+    std::fs::write(&run_path, run.to_toml_string()?)?;
+
+    let started = Instant::now();
+    let mut bootstrap = None::<String>;
+    let validators = args.validators as usize;
+    let is_adversary = |i: usize| i >= validators && faults.contains_key(&(i - validators));
+    // Honest nodes first; adversaries once the honest miners are in a plan.
+    let order: Vec<usize> = (0..names.len())
+        .filter(|&i| !is_adversary(i))
+        .chain((0..names.len()).filter(|&i| is_adversary(i)))
+        .collect();
+    let honest_miners = miner_peers.len() - faults.len();
+    for i in order {
+        let name = &names[i];
+        if is_adversary(i) && nodes.len() == names.len() - faults.len() {
+            wait_for_plan(&nodes[0], honest_miners).await?;
+        }
+        let mut node_args = vec![
+            "--data-dir".to_string(),
+            out.join(name).display().to_string(),
+            "--metagraph".into(),
+            metagraph_path.display().to_string(),
+            "--run".into(),
+            run_path.display().to_string(),
+        ];
+        if (i as u32) < args.validators {
+            node_args.push("--validator".into());
+            if let Some(fault) = validator_faults
+                .get(&i)
+                .and_then(|f| crate::cli::fault_name(*f))
+            {
+                node_args.extend(["--fault".to_string(), fault.to_string()]);
+            }
+        } else if let Some(fault) = faults
+            .get(&(i - args.validators as usize))
+            .and_then(|f| crate::cli::fault_name(*f))
+        {
+            node_args.extend(["--fault".to_string(), fault.to_string()]);
+        }
+        if let Some(addr) = &bootstrap {
+            node_args.extend(["--bootstrap".to_string(), addr.clone()]);
+        }
+        let spec = NodeSpec {
+            name: name.clone(),
+            args: node_args,
+            log: out.join(format!("{name}.log")),
+        };
+        let node = NodeProcess::spawn(binary, spec, READY_TIMEOUT).await?;
+        println!("  started {name:<12} {}", node.listen_addr());
+        if bootstrap.is_none() {
+            bootstrap = Some(node.listen_addr());
+        }
+        nodes.push(node);
+    }
+    let watcher = nodes
+        .first()
+        .context("local-swarm needs at least one node")?;
+    println!(
+        "local-swarm: dashboard of {} at {}/",
+        watcher.name,
+        watcher.metrics_url()
+    );
+
+    // Follow the run: one line per finished epoch, until the held-out loss after the last
+    // epoch is known.
+    let printed = std::cell::Cell::new(0u64);
+    let rows = std::cell::RefCell::new(Vec::<EpochStats>::new());
+    let epochs = u64::from(args.epochs);
+    wait_for(
+        "the run to finish its epochs",
+        Duration::from_secs(args.timeout_secs),
+        Duration::from_secs(1),
+        || async {
+            let status = watcher.status().await?;
+            let got: Vec<EpochStats> = serde_json::from_value(status["epochs"].clone())?;
+            for row in &got {
+                // An epoch is reported once the next one's start has been evaluated.
+                let next_val = got
+                    .iter()
+                    .find(|r| r.epoch == row.epoch + 1)
+                    .and_then(|r| r.val_loss);
+                if row.epoch == printed.get() && row.epoch < epochs {
+                    if let Some(val) = next_val {
+                        println!("{}", report::progress_line(row, val));
+                        printed.set(row.epoch + 1);
+                    }
+                }
+            }
+            let done = got
+                .iter()
+                .any(|r| r.epoch == epochs && r.val_loss.is_some());
+            *rows.borrow_mut() = got;
+            Ok((
+                done,
+                format!("{} of {epochs} epochs reported", printed.get()),
+            ))
+        },
+    )
+    .await?;
+    let rows = rows.into_inner();
+    let summary = report::Summary::new(&rows, epochs, &run, started.elapsed())?;
+    report::write(out, &rows, &summary, &run, nodes, args.reference_loss)?;
+    if !args.adversary.is_empty() {
+        // Let the last epoch's scores and their consensus settle before reading them.
+        let statuses = settled_weights(nodes, epochs, args.validators as usize).await;
+        let names: std::collections::BTreeMap<String, String> = nodes
+            .iter()
+            .map(|n| {
+                (
+                    crate::tools::launcher::peer_of(&n.listen_addr()),
+                    n.name.clone(),
+                )
+            })
+            .collect();
+        let status = statuses.first().cloned().unwrap_or_default();
+        let outcomes = adversary::outcomes(
+            &out.join(names_first(nodes)).join("weights"),
+            &status,
+            &names,
+            &roles,
+        );
+        let trust = adversary::validators(&status, &names, &validator_roles);
+        let agreeing = adversary::agreeing(&statuses);
+        std::fs::write(out.join("weights.svg"), adversary::svg(&outcomes))?;
+        std::fs::write(
+            out.join("weights.json"),
+            serde_json::to_vec_pretty(&serde_json::json!({
+                "consensus_epoch": status["consensus_epoch"],
+                "miners": outcomes,
+                "validators": trust,
+                "nodes": statuses.len(),
+                "agreeing_nodes": agreeing,
+            }))?,
+        )?;
+        let mut md = std::fs::read_to_string(out.join("report.md"))?;
+        md.push_str(&adversary::section(&outcomes));
+        md.push_str(&adversary::validators_section(
+            &trust,
+            agreeing,
+            statuses.len(),
+        ));
+        std::fs::write(out.join("report.md"), md)?;
+        println!("{}", adversary::result_line(&outcomes));
+        println!(
+            "RESULT consensus agreeing_nodes={agreeing}/{}",
+            statuses.len()
+        );
+    }
+    println!("local-swarm: report in {}", out.join("report.md").display());
+    println!("{}", summary.result_line());
+    Ok(())
+}
+
+/// Waits (bounded) until the plan in force at `watcher` holds `miners` miners.
+async fn wait_for_plan(watcher: &NodeProcess, miners: usize) -> anyhow::Result<()> {
+    println!(
+        "  waiting for the {miners} honest miners to be in a plan before the adversaries start"
+    );
+    wait_for(
+        "the honest miners to be in a plan",
+        READY_TIMEOUT * 2,
+        Duration::from_millis(500),
+        || async {
+            let status = watcher.status().await?;
+            let sizes: Vec<usize> = serde_json::from_value(status["stage_sizes"].clone())?;
+            let total: usize = sizes.iter().sum();
+            Ok((total >= miners, format!("{total} miners in the plan")))
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// The first node's name (the validator whose weights the report reads).
+fn names_first(nodes: &[NodeProcess]) -> String {
+    nodes.first().map(|n| n.name.clone()).unwrap_or_default()
+}
+
+/// Every node's `/status` once each one's consensus covers the last trained epoch with the
+/// weights of all `validators` (a validator that scores a moment later would otherwise be
+/// missing), or after a bounded wait, whatever they hold then; in the order of `nodes`.
+async fn settled_weights(
+    nodes: &[NodeProcess],
+    epochs: u64,
+    validators: usize,
+) -> Vec<serde_json::Value> {
+    let latest = std::cell::RefCell::new(Vec::new());
+    let waited = wait_for(
+        "every node's consensus on the last epoch's weights",
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async {
+            let mut statuses = Vec::with_capacity(nodes.len());
+            for node in nodes {
+                statuses.push(node.status().await?);
+            }
+            let behind = statuses
+                .iter()
+                .filter(|s| {
+                    let heard = s["weights"]["validators"].as_array().map_or(0, Vec::len);
+                    s["consensus_epoch"].as_u64().is_none_or(|e| e + 1 < epochs)
+                        || heard < validators
+                })
+                .count();
+            *latest.borrow_mut() = statuses;
+            Ok((behind == 0, format!("{behind} node(s) behind")))
+        },
+    )
+    .await;
+    if let Err(error) = waited {
+        println!("local-swarm: {error:#}; reporting the weights as they are");
+    }
+    latest.into_inner()
+}
+
+/// The run configuration's name for `preset`.
+fn model_preset(preset: training::Preset) -> anyhow::Result<ModelPreset> {
+    let text = format!("preset = \"{}\"", preset.name());
+    Ok(RunConfig::from_toml_str(&text)
+        .with_context(|| format!("--preset {preset}: not a preset of the run configuration"))?
+        .preset)
+}
+
+/// The first entry of `dir` that a local-swarm run does not write (`None`: `dir` is empty or
+/// an earlier run's output, which may be emptied).
+fn not_ours(dir: &Path) -> anyhow::Result<Option<String>> {
+    if !dir.is_dir() {
+        return Ok(Some("no directory but a file".into()));
+    }
+    const FILES: [&str; 6] = [
+        "report.md",
+        "loss.svg",
+        "weights.svg",
+        "weights.json",
+        "metagraph.json",
+        "run.toml",
+    ];
+    let node = |name: &str, prefix: &str| {
+        name.strip_prefix(prefix)
+            .map(|rest| rest.strip_suffix(".log").unwrap_or(rest))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        let ours =
+            FILES.contains(&name.as_str()) || node(&name, "miner-") || node(&name, "validator-");
+        if !ours {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
+}

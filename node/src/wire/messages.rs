@@ -1,0 +1,382 @@
+//! Messages of the training pipeline: request-response frames between miners and the small
+//! gossip messages that report losses and merged weights.
+//!
+//! Request-response bodies share the node's one protocol; the first byte names the service
+//! (see [`Service`] and the tag table in [`crate::wire::rpc`]). A body is `tag, u32 header length (big-endian), JSON header, payload`,
+//! where the payload is a tensor frame of the training crate's wire codec or raw f32 weights.
+//! Headers are bounded by [`MAX_HEADER_BYTES`] and checked before they are parsed, so a
+//! malformed body is an error, never a panic or a large allocation.
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::wire::rpc;
+
+/// Largest JSON header accepted in a pipeline body.
+pub(crate) const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// Largest gossip message the pipeline publishes (the p2p layer caps gossip at 64 KiB).
+pub(crate) const MAX_GOSSIP_BYTES: usize = 48 * 1024;
+
+/// The first byte of a request-response body: which service it is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Service {
+    /// Forward an activation; the response carries the gradient back.
+    Forward = rpc::PIPELINE_FORWARD as isize,
+    /// Evaluate held-out data without gradients.
+    Eval = rpc::PIPELINE_EVAL as isize,
+    /// Fetch a stage's current weights.
+    Weights = rpc::STAGE_WEIGHTS as isize,
+    /// A validator's spot check: the evidence of one recent sample.
+    SpotCheck = rpc::SPOT_CHECK as isize,
+    /// Ask a validator which merge hash of a stage its audit confirmed.
+    Confirmation = rpc::MERGE_CONFIRMATION as isize,
+}
+
+impl Service {
+    /// The service a body is for, from its first byte.
+    pub(crate) fn of(body: &[u8]) -> Option<Service> {
+        match *body.first()? {
+            rpc::PIPELINE_FORWARD => Some(Service::Forward),
+            rpc::PIPELINE_EVAL => Some(Service::Eval),
+            rpc::STAGE_WEIGHTS => Some(Service::Weights),
+            rpc::SPOT_CHECK => Some(Service::SpotCheck),
+            rpc::MERGE_CONFIRMATION => Some(Service::Confirmation),
+            _ => None,
+        }
+    }
+}
+
+/// Why a pipeline body did not decode.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    /// Shorter than its fixed part or its declared header.
+    #[error("truncated pipeline message")]
+    Truncated,
+    /// The tag names another service.
+    #[error("pipeline message for another service")]
+    WrongService,
+    /// The header is larger than [`MAX_HEADER_BYTES`].
+    #[error("pipeline header of {0} bytes is too large")]
+    HeaderTooLarge(usize),
+    /// The header is not the expected JSON.
+    #[error("malformed pipeline header: {0}")]
+    Header(#[from] serde_json::Error),
+}
+
+/// Encodes `header` and `payload` for `service`.
+pub(crate) fn encode<H: Serialize>(
+    service: Service,
+    header: &H,
+    payload: &[u8],
+) -> Result<Vec<u8>, BodyError> {
+    let json = serde_json::to_vec(header)?;
+    if json.len() > MAX_HEADER_BYTES {
+        return Err(BodyError::HeaderTooLarge(json.len()));
+    }
+    let mut out = Vec::with_capacity(5 + json.len() + payload.len());
+    out.push(service as u8);
+    out.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    out.extend_from_slice(&json);
+    out.extend_from_slice(payload);
+    Ok(out)
+}
+
+/// Decodes a body of `service` into its header and payload.
+pub(crate) fn decode<H: DeserializeOwned>(
+    service: Service,
+    body: &[u8],
+) -> Result<(H, &[u8]), BodyError> {
+    if body.len() < 5 {
+        return Err(BodyError::Truncated);
+    }
+    if body[0] != service as u8 {
+        return Err(BodyError::WrongService);
+    }
+    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    if len > MAX_HEADER_BYTES {
+        return Err(BodyError::HeaderTooLarge(len));
+    }
+    let rest = &body[5..];
+    if rest.len() < len {
+        return Err(BodyError::Truncated);
+    }
+    let header = serde_json::from_slice(&rest[..len])?;
+    Ok((header, &rest[len..]))
+}
+
+/// Header of a forward request; the payload is the activation frame.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct ForwardHeader {
+    /// Epoch the sample belongs to.
+    pub(crate) epoch: u64,
+    /// The sample's id (it determines its tokens).
+    pub(crate) sample: u64,
+    /// Peers the sample went through so far, one per stage.
+    pub(crate) pathway: Vec<String>,
+    /// When the head stops waiting for this sample, in milliseconds since the Unix epoch:
+    /// every stage after it drops the sample once this passes, so that no stage works on a
+    /// sample its head gave up on. A stage never waits longer than its own hop timeout,
+    /// whatever a sender writes here.
+    pub(crate) deadline_ms: u64,
+}
+
+/// Header of a forward response; on success the payload is the gradient frame for the sender.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) enum ForwardReply {
+    /// The sample went to the tail and back.
+    Done {
+        /// The tail's loss.
+        loss: f32,
+        /// The whole pathway, one peer per stage.
+        pathway: Vec<String>,
+    },
+    /// The sample was not processed; the sender should try another replica or drop it.
+    Failed {
+        /// Why, for the sender's log.
+        reason: String,
+    },
+}
+
+/// Header of an evaluation request; the payload is the activation frame (empty at the head).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct EvalHeader {
+    /// Index of the validation batch (it determines the targets).
+    pub(crate) batch: u64,
+}
+
+/// Header of an evaluation response.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) enum EvalReply {
+    /// Mean loss of the batch.
+    Loss(f32),
+    /// Not evaluated.
+    Failed(String),
+}
+
+/// Header of a weights request: a chunk of a stage's merged snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct WeightsRequest {
+    /// The stage whose weights are wanted.
+    pub(crate) stage: u32,
+    /// First value of the chunk.
+    pub(crate) offset: u64,
+    /// Values wanted (the server sends at most its chunk bound).
+    pub(crate) count: u64,
+}
+
+/// Header of a weights response; the payload is a chunk of the little-endian f32 weight
+/// vector, values `offset .. offset + payload / 4` of `total`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) enum WeightsReply {
+    /// The stage's weights as of the end of `epoch`'s merge (the initial weights when
+    /// `None`): the snapshot a replica keeps, not its live weights.
+    Weights {
+        /// Stage of the weights.
+        stage: u32,
+        /// The merge they come from.
+        epoch: Option<u64>,
+        /// blake3 of the whole vector's little-endian bytes, hex (the merge hash).
+        hash: String,
+        /// Values in the whole vector.
+        total: u64,
+        /// First value of this chunk.
+        offset: u64,
+    },
+    /// This node does not hold that stage.
+    NotHeld,
+}
+
+/// Header of a spot-check request: a validator asks a miner for the evidence of a sample
+/// it took part in.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct SpotCheckRequest {
+    /// Epoch of the sample.
+    pub(crate) epoch: u64,
+    /// The sample.
+    pub(crate) sample: u64,
+}
+
+/// Header of a spot-check response. With `Evidence` the payload is the input frame
+/// (`input_len` bytes; none at the head, whose input the sample id determines), then the
+/// frame the miner sent on (`output_len` bytes: the activation, or the gradient at the tail),
+/// then its current weights as little-endian f32 (`weights_len` values).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) enum SpotCheckReply {
+    /// What the miner kept of the sample.
+    Evidence {
+        /// The stage it served the sample at.
+        stage: u32,
+        /// The loss it computed (the tail only).
+        loss: Option<f32>,
+        /// Bytes of the input frame.
+        input_len: u64,
+        /// Bytes of the output frame.
+        output_len: u64,
+        /// Number of f32 weights.
+        weights_len: u64,
+    },
+    /// The miner kept nothing of that sample (it never served it, or too long ago).
+    NotHeld,
+    /// The miner served the sample, but a merge has replaced its weights since.
+    Superseded,
+}
+
+/// A joining replica asks a validator about the merge of `stage` that closed `epoch`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct ConfirmationRequest {
+    /// Epoch the merge closed.
+    pub(crate) epoch: u64,
+    /// Stage.
+    pub(crate) stage: u32,
+}
+
+/// A validator's word on one merge (the whole response is this header).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) enum ConfirmationReply {
+    /// The audit reproduced every sampled partition and named nobody, and every member
+    /// gossiped this hash of the merged weights.
+    Confirmed {
+        /// blake3 of the merged weights, hex.
+        hash: String,
+    },
+    /// The audit (or the members' hashes) is not in yet: ask again shortly.
+    Pending,
+    /// The validator did not audit that merge (too old, one member, or not a validator).
+    Unaudited,
+    /// The audit named a member of the merge.
+    Caught,
+    /// The members gossiped different hashes.
+    Disputed,
+}
+
+/// One sample's result, as a tail reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct LossRecord {
+    /// The sample.
+    pub(crate) sample: u64,
+    /// One peer per stage.
+    pub(crate) pathway: Vec<String>,
+    /// Mean cross-entropy in nats per token.
+    pub(crate) loss: f32,
+}
+
+/// What the pipeline gossips.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) enum PipelineGossip {
+    /// Loss records of one epoch, in small batches from a tail.
+    Losses {
+        /// Epoch of the samples.
+        epoch: u64,
+        /// Tokens per sample.
+        tokens_per_sample: u64,
+        /// The records.
+        records: Vec<LossRecord>,
+    },
+    /// Held-out loss of the model as it is at the start of `epoch` (after the previous merge).
+    ValLoss {
+        /// Epoch whose start was evaluated.
+        epoch: u64,
+        /// Mean held-out loss, nats per byte.
+        loss: f32,
+    },
+    /// A head finished drawing its samples of `epoch`.
+    HeadDone {
+        /// The epoch.
+        epoch: u64,
+        /// Samples that went through the whole pipeline.
+        samples: u64,
+        /// Samples dropped after every retry failed.
+        dropped: u64,
+    },
+    /// A validator's weights for the miners after scoring `epoch`, in chain form.
+    Weights {
+        /// The epoch scored.
+        epoch: u64,
+        /// `(uid, weight)`, the largest weight 65 535.
+        weights: Vec<(u16, u16)>,
+    },
+    /// A replica's weights after the merge that closed `epoch`.
+    Merged {
+        /// Epoch the merge closed.
+        epoch: u64,
+        /// Stage.
+        stage: u32,
+        /// blake3 of the merged weights, hex.
+        hash: String,
+        /// Wire bytes this miner sent per boundary this epoch.
+        wire_bytes: u64,
+    },
+}
+
+impl PipelineGossip {
+    /// JSON encoding, refused above [`MAX_GOSSIP_BYTES`].
+    pub(crate) fn to_bytes(&self) -> Option<Vec<u8>> {
+        serde_json::to_vec(self)
+            .ok()
+            .filter(|b| b.len() <= MAX_GOSSIP_BYTES)
+    }
+
+    /// Decodes a message, refusing oversized input before parsing.
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() > MAX_GOSSIP_BYTES {
+            return None;
+        }
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
+/// Little-endian bytes of an f32 vector.
+pub(crate) fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// An f32 vector from little-endian bytes; `None` unless the length is a multiple of 4.
+pub(crate) fn f32_from_bytes(bytes: &[u8]) -> Option<Vec<f32>> {
+    if bytes.len() % 4 != 0 {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_round_trip_and_garbage_is_rejected() {
+        let header = ForwardHeader {
+            epoch: 3,
+            sample: 42,
+            pathway: vec!["a".into()],
+            deadline_ms: 1_700_000_000_000,
+        };
+        let body = encode(Service::Forward, &header, b"frame").unwrap();
+        assert_eq!(Service::of(&body), Some(Service::Forward));
+        let (back, payload): (ForwardHeader, _) = decode(Service::Forward, &body).unwrap();
+        assert_eq!(back, header);
+        assert_eq!(payload, b"frame");
+        assert!(decode::<ForwardHeader>(Service::Eval, &body).is_err());
+        for cut in 0..body.len() - 5 {
+            assert!(decode::<ForwardHeader>(Service::Forward, &body[..cut]).is_err());
+        }
+        let mut huge = body.clone();
+        huge[1..5].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(
+            decode::<ForwardHeader>(Service::Forward, &huge),
+            Err(BodyError::HeaderTooLarge(_))
+        ));
+        assert_eq!(Service::of(&[0x7f]), None);
+    }
+
+    #[test]
+    fn weights_round_trip_through_bytes() {
+        let w = vec![1.5f32, -0.0, f32::MIN_POSITIVE];
+        assert_eq!(f32_from_bytes(&f32_bytes(&w)).unwrap(), w);
+        assert!(f32_from_bytes(&[1, 2, 3]).is_none());
+    }
+}
