@@ -1,16 +1,53 @@
-//! What other parts of the node may use of the miner service: its inbox messages, handle and
-//! status (one pipeline stage).
+//! What other parts of the node may use of the miner service (one pipeline stage): its
+//! settings, inbox messages, handle and status, and [`spawn`].
 
-#![allow(unused_imports)]
-use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 
-use bootstrap::{EpochPlan, PeerIdStr};
-use p2p::{Heartbeat, PeerId};
+use bootstrap::{EpochPlan, RunConfig};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::services::inbox::{ask, send, ServiceGone};
 use crate::wire::messages::{PipelineGossip, Service};
-// Miner: one pipeline stage.
+
+/// Starting the service: the miner's fixed parts, then its task.
+pub(crate) use super::context::Miner;
+pub(crate) use super::task::spawn;
+
+/// Settings of the miner, fixed for the node's life.
+#[derive(Clone, Debug)]
+pub(crate) struct MinerConfig {
+    /// The run.
+    pub(crate) run: RunConfig,
+    /// Where checkpoints live.
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Compute device of the stage.
+    pub(crate) device: training::Device,
+    /// Samples each head keeps in flight.
+    pub(crate) head_window: usize,
+    /// Misbehaviour on purpose (tests of the other nodes' defences); all off normally.
+    pub(crate) faults: MinerFaults,
+}
+
+/// The ways a miner can be told to misbehave (the node's hidden `--fault` modes).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MinerFaults {
+    /// Frames declaring a batch of 1 024 windows instead of the run's.
+    pub(crate) huge_frames: bool,
+    /// A merge weight of `u64::MAX` samples.
+    pub(crate) inflate_samples: bool,
+    /// NaN weights committed and served in the merge.
+    pub(crate) nan_merge: bool,
+    /// The compute thread crashes once the first epoch trains.
+    pub(crate) compute_dies: bool,
+    /// Activations and gradients replaced by random values of the right shape and scale.
+    pub(crate) noise: bool,
+    /// Samples served but no optimizer step ever taken (stale weights to the merge).
+    pub(crate) lazy: bool,
+    /// A tail reporting losses 20 % below what it computed.
+    pub(crate) lie_loss: bool,
+    /// A tail claiming, besides each sample it served, one it never saw.
+    pub(crate) inflate: bool,
+}
 
 /// Where a miner is in its epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -125,6 +162,3 @@ impl MinerHandle {
         !self.tx.is_closed()
     }
 }
-
-/// Starting the service.
-pub(crate) use super::{spawn, Miner, MinerConfig, MinerFaults};

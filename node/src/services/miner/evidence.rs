@@ -10,10 +10,10 @@
 //! than that is answered `NotHeld`.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{lock, Shared};
+use super::context::Ctx;
+use super::lock;
 use crate::wire::messages::{self, Service, SpotCheckReply, SpotCheckRequest};
 
 /// Samples kept. A validator asks about a miner's few most recent records; a miner has at
@@ -39,7 +39,7 @@ pub(crate) struct Evidence {
     pub(crate) output: Vec<u8>,
     /// The loss reported (the tail only).
     pub(crate) loss: Option<f32>,
-    /// The miner's weights generation when it served the sample (see [`Shared::generation`]).
+    /// The miner's weights generation when it served the sample (see [`super::context::EvidenceStore`]).
     pub(crate) generation: u64,
 }
 
@@ -88,19 +88,19 @@ impl Recent {
 }
 
 /// Answers a validator's spot check (the router let only permitted validators through).
-pub(crate) async fn serve(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
+pub(crate) async fn serve(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
     let not_held =
         || messages::encode(Service::SpotCheck, &SpotCheckReply::NotHeld, &[]).unwrap_or_default();
     let Ok((request, _)) = messages::decode::<SpotCheckRequest>(Service::SpotCheck, body) else {
         return not_held();
     };
-    let evidence = lock(&shared.recent)
-        .find(request.epoch, request.sample)
-        .cloned();
-    let (stage, worker) = {
-        let state = lock(&shared.state);
-        (state.stage, state.worker.clone())
+    let (evidence, generation) = {
+        let store = lock(&ctx.evidence);
+        let found = store.recent.find(request.epoch, request.sample).cloned();
+        (found, store.generation)
     };
+    let in_force = ctx.in_force();
+    let (stage, worker) = (in_force.stage, in_force.worker);
     let (Some(evidence), Some(stage), Some(worker)) = (evidence, stage, worker) else {
         return not_held();
     };
@@ -112,14 +112,14 @@ pub(crate) async fn serve(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
     let superseded = || {
         messages::encode(Service::SpotCheck, &SpotCheckReply::Superseded, &[]).unwrap_or_default()
     };
-    if evidence.generation != shared.generation.load(Ordering::Relaxed) {
+    if evidence.generation != generation {
         return superseded();
     }
     let Ok(weights) = worker.flat_params().await else {
         return not_held();
     };
     // A merge that began while the weights were read may have replaced them.
-    if evidence.generation != shared.generation.load(Ordering::Relaxed) {
+    if evidence.generation != ctx.generation() {
         return superseded();
     }
     let header = SpotCheckReply::Evidence {

@@ -8,26 +8,27 @@ use tokio::task::JoinSet;
 use training::worker::EvalOutput;
 use training::StageHandle;
 
+use super::context::Ctx;
 use super::evidence::Evidence;
-use super::hop::{after_backward, now_ms, send_eval, send_forward, step_due, val_batch};
-use super::{lock, tokens_input, Shared, VAL_BATCHES};
+use super::hop::{now_ms, send_eval, send_forward, tokens_input};
+use super::{faults, VAL_BATCHES};
 use crate::run_spec::sample_id;
 use crate::wire::messages::{ForwardHeader, PipelineGossip};
 
 /// Runs this head's part of `plan`'s epoch.
-pub(crate) async fn run_epoch(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle) {
+pub(crate) async fn run_epoch(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle) {
     let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
-    let Some(index) = heads.iter().position(|h| *h == shared.me) else {
+    let Some(index) = heads.iter().position(|h| *h == ctx.me) else {
         return;
     };
-    let topic = crate::wire::topics::Topics::of(&shared.cfg.run.run_name).pipeline;
+    let topic = crate::wire::topics::Topics::of(&ctx.cfg.run.run_name).pipeline;
     if index == 0 {
-        match evaluate_patiently(&shared, &plan, &worker).await {
+        match evaluate_patiently(&ctx, &plan, &worker).await {
             Ok(loss) => {
                 tracing::info!(epoch = plan.epoch, val_loss = loss, "held-out loss");
-                shared.metrics.val_loss.set(f64::from(loss));
+                ctx.metrics.val_loss.set(f64::from(loss));
                 publish(
-                    &shared,
+                    &ctx,
                     &topic,
                     &PipelineGossip::ValLoss {
                         epoch: plan.epoch,
@@ -40,7 +41,7 @@ pub(crate) async fn run_epoch(shared: Arc<Shared>, plan: EpochPlan, worker: Stag
         }
     }
 
-    let window = shared.cfg.head_window.max(1);
+    let window = ctx.cfg.head_window.max(1);
     let mut in_flight = InFlight::default();
     let (mut done, mut dropped) = (0u64, 0u64);
     for counter in 0..plan.epoch_samples {
@@ -56,7 +57,7 @@ pub(crate) async fn run_epoch(shared: Arc<Shared>, plan: EpochPlan, worker: Stag
         let id = sample_id(plan.seed, index as u64, counter);
         in_flight
             .0
-            .spawn(one_sample(shared.clone(), plan.clone(), worker.clone(), id));
+            .spawn(one_sample(ctx.clone(), plan.clone(), worker.clone(), id));
     }
     while let Some(result) = in_flight.0.join_next().await {
         match result {
@@ -71,7 +72,7 @@ pub(crate) async fn run_epoch(shared: Arc<Shared>, plan: EpochPlan, worker: Stag
         "head finished its samples"
     );
     publish(
-        &shared,
+        &ctx,
         &topic,
         &PipelineGossip::HeadDone {
             epoch: plan.epoch,
@@ -96,9 +97,9 @@ impl Drop for InFlight {
 }
 
 /// One sample, head to tail and back; `false` when it was dropped.
-async fn one_sample(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle, id: u64) -> bool {
-    let run = &shared.cfg.run;
-    let batch = match shared.corpus.train_sample(
+async fn one_sample(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle, id: u64) -> bool {
+    let run = &ctx.cfg.run;
+    let batch = match ctx.corpus.train_sample(
         id,
         run.seed,
         run.batch_size as usize,
@@ -110,15 +111,15 @@ async fn one_sample(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle, i
             return false;
         }
     };
-    shared.metrics.samples_forward.inc();
+    ctx.metrics.samples_forward.inc();
     let frame = match worker.forward(id, tokens_input(&batch)).await {
-        Ok(frame) => shared.outgoing(frame, id),
+        Ok(frame) => faults::outgoing(&ctx, frame, id),
         Err(error) => {
             tracing::warn!(%error, "head forward failed");
             return false;
         }
     };
-    shared.keep_evidence(Evidence {
+    ctx.keep_evidence(Evidence {
         epoch: plan.epoch,
         sample: id,
         stage: 0,
@@ -130,21 +131,17 @@ async fn one_sample(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle, i
     let header = ForwardHeader {
         epoch: plan.epoch,
         sample: id,
-        pathway: vec![shared.me.clone()],
+        pathway: vec![ctx.me.clone()],
         // The whole pathway, there and back, within one hop timeout.
         deadline_ms: now_ms()
             .saturating_add(u64::try_from(super::HOP_TIMEOUT.as_millis()).unwrap_or(u64::MAX)),
     };
-    match send_forward(&shared, &plan, 1, &header, &frame).await {
+    match send_forward(&ctx, &plan, 1, &header, &frame).await {
         Ok((loss, _pathway, grad)) => {
-            lock(&shared.state).train_loss = Some(loss);
-            shared.metrics.train_loss.set(f64::from(loss));
-            match worker
-                .backward_and_step(grad, step_due(&shared, &plan))
-                .await
-            {
+            ctx.train_loss(loss).await;
+            match worker.backward_and_step(grad, ctx.step_due(&plan)).await {
                 Ok(_) => {
-                    after_backward(&shared);
+                    ctx.after_backward().await;
                     true
                 }
                 Err(error) => {
@@ -156,7 +153,7 @@ async fn one_sample(shared: Arc<Shared>, plan: EpochPlan, worker: StageHandle, i
         Err(reason) => {
             tracing::debug!(sample = id, %reason, "sample dropped");
             let _ = worker.drop_sample(id).await;
-            shared.metrics.samples_dropped.inc();
+            ctx.metrics.samples_dropped.inc();
             false
         }
     }
@@ -171,7 +168,7 @@ const EVAL_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// [`evaluate`], tried again a few times (bounded) while the next stages catch up.
 async fn evaluate_patiently(
-    shared: &Shared,
+    ctx: &Ctx,
     plan: &EpochPlan,
     worker: &StageHandle,
 ) -> Result<f32, String> {
@@ -180,7 +177,7 @@ async fn evaluate_patiently(
         if attempt > 0 {
             tokio::time::sleep(EVAL_RETRY).await;
         }
-        match evaluate(shared, plan, worker).await {
+        match evaluate(ctx, plan, worker).await {
             Ok(loss) => return Ok(loss),
             Err(reason) => {
                 tracing::debug!(attempt, %reason, "held-out evaluation not done yet");
@@ -194,11 +191,11 @@ async fn evaluate_patiently(
 /// Mean held-out loss of the model the run holds at the start of `plan`'s epoch: every stage
 /// evaluates its snapshot of the merge that closed the epoch before, not its live weights
 /// (see [`super::snapshot::eval_weights`]).
-async fn evaluate(shared: &Shared, plan: &EpochPlan, worker: &StageHandle) -> Result<f32, String> {
-    let weights = super::snapshot::eval_weights(shared, plan, 0)?;
+async fn evaluate(ctx: &Ctx, plan: &EpochPlan, worker: &StageHandle) -> Result<f32, String> {
+    let weights = super::snapshot::eval_weights(ctx, plan, 0)?;
     let mut total = 0.0f64;
     for i in 0..VAL_BATCHES as u64 {
-        let batch = val_batch(shared, i).ok_or("no validation batch")?;
+        let batch = ctx.val_batch(i).ok_or("no validation batch")?;
         let frame = match worker
             .eval_given(weights.clone(), tokens_input(&batch), None)
             .await
@@ -210,15 +207,15 @@ async fn evaluate(shared: &Shared, plan: &EpochPlan, worker: &StageHandle) -> Re
             }
             Err(error) => return Err(error.to_string()),
         };
-        total += f64::from(send_eval(shared, plan, 1, i, &frame).await?);
+        total += f64::from(send_eval(ctx, plan, 1, i, &frame).await?);
     }
     Ok((total / VAL_BATCHES as f64) as f32)
 }
 
 /// Publishes a pipeline message on `topic`.
-async fn publish(shared: &Shared, topic: &str, message: &PipelineGossip) {
+async fn publish(ctx: &Ctx, topic: &str, message: &PipelineGossip) {
     if let Some(bytes) = message.to_bytes() {
-        if let Err(error) = shared.client.publish(topic, bytes).await {
+        if let Err(error) = ctx.client.publish(topic, bytes).await {
             tracing::debug!(%error, "pipeline message not published");
         }
     }

@@ -2,33 +2,28 @@
 //! serving the samples and evaluations that previous stages send here.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bootstrap::EpochPlan;
 use rand::{Rng, SeedableRng};
 use training::worker::{EvalOutput, StageInput};
+use training::wire::FrameKind;
+use training::StageHandle;
 
+use super::context::Ctx;
 use super::evidence::Evidence;
-use super::{eval_body, eval_reply, forward_body, forward_reply, lock, Shared, HOP_TIMEOUT};
+use super::faults;
+use super::state::{Routing, Throughput};
+use super::task::Note;
+use super::HOP_TIMEOUT;
 use crate::rules::Expect;
 use crate::wire::messages::{
     self, EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, Service,
 };
-use training::wire::FrameKind;
-
-/// Optimizer steps over which the learning rate ramps up to the plan's.
-const WARMUP_STEPS: u64 = 30;
-
-/// Windows a `huge-frames` miner declares in its frames.
-const HUGE_WINDOWS: usize = 1024;
 
 /// Replicas tried for one hop before the sample is dropped.
 const ATTEMPTS: usize = 3;
-
-/// How far below the computed loss a `lie-loss` tail reports.
-const LIE_FRACTION: f32 = 0.2;
 
 /// Time left until `deadline_ms` when it is `now_ms` (both ms since the Unix epoch), at
 /// most `cap`; `None` once the deadline has passed. A sample's deadline is set by its head
@@ -44,77 +39,60 @@ pub(crate) fn now_ms() -> u64 {
     crate::schedule::unix_ms(std::time::SystemTime::now())
 }
 
-/// What an `inflate` tail claims besides `real`: a sample the same head draws near the end
-/// of the epoch, which this tail has not served (and, if the epoch runs that far, another
-/// tail will), with `real`'s pathway and loss.
-fn fabricate(shared: &Shared, plan: &EpochPlan, real: &LossRecord) -> Option<LossRecord> {
-    let head = real.pathway.first()?;
-    let index = plan.miners_of(0).position(|h| h.as_str() == head)?;
-    let k = shared.fabricated.fetch_add(1, Ordering::Relaxed);
-    let counter = plan
-        .epoch_samples
-        .checked_sub(1 + k % plan.epoch_samples.max(1))?;
-    Some(LossRecord {
-        sample: crate::run_spec::sample_id(plan.seed, index as u64, counter),
-        pathway: real.pathway.clone(),
-        loss: real.loss,
-    })
-}
-
-/// Measured speed of a peer: an exponentially weighted mean of its hop latency.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Throughput {
-    mean_secs: f64,
-}
-
-impl Throughput {
-    fn weight(&self) -> f64 {
-        1.0 / self.mean_secs.max(1e-3)
+/// A request body's tokens.
+pub(crate) fn tokens_input(batch: &training::Batch) -> StageInput {
+    StageInput::Tokens {
+        batch: batch.batch,
+        seq: batch.seq,
+        tokens: batch.inputs.clone(),
     }
 }
 
-/// Records that `peer` answered a hop in `took`.
-fn observe(shared: &Shared, peer: &str, took: Duration) {
-    let mut table = lock(&shared.throughput);
-    let secs = took.as_secs_f64();
-    table
-        .entry(peer.to_string())
-        .and_modify(|t| t.mean_secs = 0.8 * t.mean_secs + 0.2 * secs)
-        .or_insert(Throughput { mean_secs: secs });
+/// Encodes a forward request.
+fn forward_body(header: &ForwardHeader, frame: &[u8]) -> Vec<u8> {
+    messages::encode(Service::Forward, header, frame).unwrap_or_default()
 }
 
-/// Records that `peer` failed a hop (it counts as very slow until it answers again).
-fn penalise(shared: &Shared, peer: &str) {
-    let mut table = lock(&shared.throughput);
-    table.insert(
-        peer.to_string(),
-        Throughput {
-            mean_secs: HOP_TIMEOUT.as_secs_f64(),
-        },
-    );
+/// Encodes a forward reply.
+fn forward_reply(reply: &ForwardReply, grad: &[u8]) -> Vec<u8> {
+    messages::encode(Service::Forward, reply, grad).unwrap_or_default()
+}
+
+/// A forward refused or failed for `reason`.
+fn forward_failed(reason: String) -> Vec<u8> {
+    forward_reply(&ForwardReply::Failed { reason }, &[])
+}
+
+/// Encodes an evaluation request.
+fn eval_body(header: &EvalHeader, frame: &[u8]) -> Vec<u8> {
+    messages::encode(Service::Eval, header, frame).unwrap_or_default()
+}
+
+/// Encodes an evaluation reply.
+fn eval_reply(reply: &EvalReply) -> Vec<u8> {
+    messages::encode(Service::Eval, reply, &[]).unwrap_or_default()
 }
 
 /// Picks a live replica of `stage` outside `tried`, weighted by measured throughput; the
 /// draw is seeded by (plan seed, sample, stage, attempt) so it can be checked.
 fn choose(
-    shared: &Shared,
+    routing: &Routing,
     plan: &EpochPlan,
     stage: u32,
     sample: u64,
     attempt: usize,
     tried: &BTreeSet<String>,
 ) -> Option<String> {
-    let live = lock(&shared.live).clone();
     let candidates: Vec<String> = plan
         .miners_of(stage)
         .map(|p| p.to_string())
-        .filter(|p| !tried.contains(p) && live.contains(p))
+        .filter(|p| !tried.contains(p) && routing.live.contains(p))
         .collect();
     if candidates.is_empty() {
         return None;
     }
     let weights: Vec<f64> = {
-        let table = lock(&shared.throughput);
+        let table = &routing.throughput;
         // Unmeasured peers get the best measured weight, so they are tried early.
         let best = table.values().map(Throughput::weight).fold(1.0, f64::max);
         candidates
@@ -135,22 +113,54 @@ fn choose(
     candidates.last().cloned()
 }
 
+/// [`choose`] on the routing in force now.
+fn choose_now(
+    ctx: &Ctx,
+    plan: &EpochPlan,
+    stage: u32,
+    sample: u64,
+    attempt: usize,
+    tried: &BTreeSet<String>,
+) -> Option<String> {
+    let routing = ctx.views.routing.borrow();
+    choose(&routing, plan, stage, sample, attempt, tried)
+}
+
+/// What a replica answered to a forward: the loss, pathway and gradient frame.
+type Done = (f32, Vec<String>, Vec<u8>);
+
+/// Why one replica's answer was not taken, and whether that counts against its throughput.
+struct HopFailure {
+    reason: String,
+    penalise: bool,
+}
+
+impl HopFailure {
+    fn penalised(reason: String) -> HopFailure {
+        HopFailure {
+            reason,
+            penalise: true,
+        }
+    }
+
+    fn excused(reason: String) -> HopFailure {
+        HopFailure {
+            reason,
+            penalise: false,
+        }
+    }
+}
+
 /// Sends a sample's activation to a replica of `stage`, retrying on others. Returns the
 /// reply (loss and pathway) and the gradient frame, or the last failure.
 pub(crate) async fn send_forward(
-    shared: &Shared,
+    ctx: &Ctx,
     plan: &EpochPlan,
     stage: u32,
     header: &ForwardHeader,
     frame: &[u8],
-) -> Result<(f32, Vec<String>, Vec<u8>), String> {
-    let inflated = shared
-        .cfg
-        .faults
-        .huge_frames
-        .then(|| super::inflated_frame(frame, HUGE_WINDOWS))
-        .flatten();
-    let body = forward_body(header, inflated.as_deref().unwrap_or(frame));
+) -> Result<Done, String> {
+    let body = forward_body(header, &faults::sent_frame(ctx, frame));
     let mut tried = BTreeSet::new();
     let mut last = String::from("no live replica of the next stage");
     for attempt in 0..ATTEMPTS {
@@ -158,7 +168,7 @@ pub(crate) async fn send_forward(
             last = String::from("the sample's deadline passed");
             break;
         };
-        let Some(peer) = choose(shared, plan, stage, header.sample, attempt, &tried) else {
+        let Some(peer) = choose_now(ctx, plan, stage, header.sample, attempt, &tried) else {
             break;
         };
         tried.insert(peer.clone());
@@ -166,149 +176,173 @@ pub(crate) async fn send_forward(
             continue;
         };
         let started = Instant::now();
-        shared.metrics.wire_sent("activation", body.len());
-        let response =
-            tokio::time::timeout(left, shared.client.request(peer_id, body.clone())).await;
-        let reply = match response {
-            Ok(Ok(bytes)) => bytes,
-            Ok(Err(error)) => {
-                penalise(shared, &peer);
-                last = format!("{peer}: {error}");
-                continue;
+        match forward_once(ctx, peer_id, &body, header, stage, left).await {
+            Ok(done) => {
+                let took = started.elapsed();
+                ctx.note(Note::HopAnswered { peer, took }).await;
+                return Ok(done);
             }
-            Err(_) => {
-                penalise(shared, &peer);
-                last = format!("{peer}: timed out");
-                continue;
-            }
-        };
-        shared.metrics.wire_received("gradient", reply.len());
-        if reply.first() == Some(&crate::wire::rpc::ERROR) {
-            // Refused by the peer's router (not in its plan yet, busy): another replica.
-            last = format!("{peer}: refused (code {:?})", reply.get(1));
-            continue;
-        }
-        match messages::decode::<ForwardReply>(Service::Forward, &reply) {
-            Ok((ForwardReply::Done { loss, pathway }, grad)) => {
-                // The gradient must be for this very sample, of the boundary's exact shape:
-                // checked on its header before the compute thread decodes it.
-                let expect = Expect {
-                    sample: Some(header.sample),
-                    boundary: stage - 1,
-                    kind: FrameKind::Gradient,
-                };
-                if let Err(refusal) = shared.frames.check(grad, expect) {
-                    shared.metrics.response_rejected(refusal.reason());
-                    penalise(shared, &peer);
-                    last = format!("{peer}: gradient refused ({})", refusal.reason());
-                    continue;
+            Err(failure) => {
+                if failure.penalise {
+                    ctx.note(Note::HopFailed { peer: peer.clone() }).await;
                 }
-                if !loss.is_finite() || pathway.len() < stage as usize + 1 {
-                    shared.metrics.response_rejected("malformed_result");
-                    penalise(shared, &peer);
-                    last = format!("{peer}: malformed result");
-                    continue;
-                }
-                observe(shared, &peer, started.elapsed());
-                return Ok((loss, pathway, grad.to_vec()));
-            }
-            Ok((ForwardReply::Failed { reason }, _)) => {
-                last = format!("{peer}: {reason}");
-            }
-            Err(error) => {
-                penalise(shared, &peer);
-                last = format!("{peer}: {error}");
+                last = format!("{peer}: {}", failure.reason);
             }
         }
     }
     Err(last)
 }
 
-/// The learning rate of the optimizer step due after the backward pass about to run, if one
-/// is: every `inner_steps` backward passes, counted when they are asked for (a failed one
-/// counts too, and its step is skipped). The compute thread takes the step right after that
-/// backward pass ([`training::StageHandle::backward_and_step`]).
-pub(crate) fn step_due(shared: &Shared, plan: &EpochPlan) -> Option<f64> {
-    let done = shared.backward_done.fetch_add(1, Ordering::Relaxed) + 1;
-    let k = u64::from(plan.inner_steps.max(1));
-    if done % k != 0 || shared.cfg.faults.lazy {
-        return None;
+/// One try of a hop on `peer`, within `left`.
+async fn forward_once(
+    ctx: &Ctx,
+    peer: p2p::PeerId,
+    body: &[u8],
+    header: &ForwardHeader,
+    stage: u32,
+    left: Duration,
+) -> Result<Done, HopFailure> {
+    ctx.metrics.wire_sent("activation", body.len());
+    let reply = match tokio::time::timeout(left, ctx.client.request(peer, body.to_vec())).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(error)) => return Err(HopFailure::penalised(error.to_string())),
+        Err(_) => return Err(HopFailure::penalised("timed out".into())),
+    };
+    ctx.metrics.wire_received("gradient", reply.len());
+    if reply.first() == Some(&crate::wire::rpc::ERROR) {
+        // Refused by the peer's router (not in its plan yet, busy): another replica.
+        return Err(HopFailure::excused(format!(
+            "refused (code {:?})",
+            reply.get(1)
+        )));
     }
-    // Linear warm-up over the miner's first steps: a transformer given the full rate from
-    // its first step tends to collapse onto byte frequencies.
-    let step = done / k;
-    Some(plan.lr * (step as f64 / WARMUP_STEPS as f64).min(1.0))
+    match messages::decode::<ForwardReply>(Service::Forward, &reply) {
+        Ok((ForwardReply::Done { loss, pathway }, grad)) => {
+            // The gradient must be for this very sample, of the boundary's exact shape:
+            // checked on its header before the compute thread decodes it.
+            let expect = Expect {
+                sample: Some(header.sample),
+                boundary: stage - 1,
+                kind: FrameKind::Gradient,
+            };
+            if let Err(refusal) = ctx.frames.check(grad, expect) {
+                ctx.metrics.response_rejected(refusal.reason());
+                return Err(HopFailure::penalised(format!(
+                    "gradient refused ({})",
+                    refusal.reason()
+                )));
+            }
+            if !loss.is_finite() || pathway.len() < stage as usize + 1 {
+                ctx.metrics.response_rejected("malformed_result");
+                return Err(HopFailure::penalised("malformed result".into()));
+            }
+            Ok((loss, pathway, grad.to_vec()))
+        }
+        Ok((ForwardReply::Failed { reason }, _)) => Err(HopFailure::excused(reason)),
+        Err(error) => Err(HopFailure::penalised(error.to_string())),
+    }
 }
 
-/// Counts a finished backward pass.
-pub(crate) fn after_backward(shared: &Shared) {
-    shared.metrics.samples_backward.inc();
-    shared.samples_processed.fetch_add(1, Ordering::Relaxed);
-    shared.epoch_processed.fetch_add(1, Ordering::Relaxed);
+/// A forward this miner takes on: its header and frame, the plan, stage and compute thread
+/// that serve it, and the deadline it passes on.
+struct Admitted {
+    header: ForwardHeader,
+    frame: Vec<u8>,
+    plan: EpochPlan,
+    stage: u32,
+    worker: StageHandle,
+    /// Downstream, the deadline is never later than this stage would wait itself.
+    deadline_ms: u64,
 }
 
 /// Serves a forward request from the previous stage.
-pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
-    let failed = |reason: String| forward_reply(&ForwardReply::Failed { reason }, &[]);
-    let Ok(permit) = shared.permits.clone().try_acquire_owned() else {
-        return failed("busy".into());
+pub(crate) async fn serve_forward(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
+    let Ok(permit) = ctx.permits.clone().try_acquire_owned() else {
+        return forward_failed("busy".into());
     };
-    let (header, frame) = match messages::decode::<ForwardHeader>(Service::Forward, body) {
-        Ok(decoded) => decoded,
-        Err(error) => return failed(error.to_string()),
+    // A sample refused, or whose batch cannot be drawn, is answered at once; one that was
+    // computed (or failed on the compute thread) counts as a gradient sent.
+    let reply = match admit(ctx, body).await {
+        Ok(admitted) => match serve_admitted(ctx, admitted).await {
+            Ok(reply) => reply,
+            Err(reason) => return forward_failed(reason),
+        },
+        Err(reason) => return forward_failed(reason),
     };
-    shared.metrics.wire_received("activation", body.len());
+    drop(permit);
+    ctx.metrics.wire_sent("gradient", reply.len());
+    reply
+}
+
+/// Decodes a forward request and checks that this miner serves it now: within the sample's
+/// deadline, in the epoch it is in (a sample of the epoch being entered waits for it), at
+/// the stage the sample is due at.
+async fn admit(ctx: &Ctx, body: &[u8]) -> Result<Admitted, String> {
+    let (header, frame) = messages::decode::<ForwardHeader>(Service::Forward, body)
+        .map_err(|error| error.to_string())?;
+    ctx.metrics.wire_received("activation", body.len());
     // The head has given up on a sample past its deadline: no work for it.
     let Some(left) = time_left(header.deadline_ms, now_ms(), HOP_TIMEOUT) else {
-        shared.metrics.samples_dropped.inc();
-        return failed("the sample's deadline passed".into());
+        ctx.metrics.samples_dropped.inc();
+        return Err("the sample's deadline passed".into());
     };
     // A sample of the epoch this miner is entering waits until its plan and stage are in
     // place, and is then served and routed by that plan, not the one before.
-    if let Err(refused) = shared.gate.admit(header.epoch, left).await {
-        return failed(refused.to_string());
-    }
-    let (plan, stage, worker) = {
-        let state = lock(&shared.state);
-        (state.plan.clone(), state.stage, state.worker.clone())
-    };
-    let (Some(plan), Some(stage), Some(worker)) = (plan, stage, worker) else {
-        return failed("no stage yet".into());
+    ctx.gate
+        .admit(header.epoch, left)
+        .await
+        .map_err(|refused| refused.to_string())?;
+    let in_force = ctx.in_force();
+    let (Some(plan), Some(stage), Some(worker)) = (in_force.plan, in_force.stage, in_force.worker)
+    else {
+        return Err("no stage yet".into());
     };
     if plan.epoch != header.epoch {
-        return failed(format!("epoch {} is over here", header.epoch));
+        return Err(format!("epoch {} is over here", header.epoch));
     }
     if stage == 0
         || header.pathway.len() != stage as usize
-        || plan.stage_of(&shared.peer) != Some(stage)
+        || plan.stage_of(&ctx.peer) != Some(stage)
     {
-        return failed(format!("this miner holds stage {stage}"));
+        return Err(format!("this miner holds stage {stage}"));
     }
     let now = now_ms();
     let Some(left) = time_left(header.deadline_ms, now, HOP_TIMEOUT) else {
-        shared.metrics.samples_dropped.inc();
-        return failed("the sample's deadline passed".into());
+        ctx.metrics.samples_dropped.inc();
+        return Err("the sample's deadline passed".into());
     };
-    // Downstream, the deadline is never later than this stage would wait itself (`left`
-    // is already capped at its own timeout).
+    // `left` is already capped at this stage's own timeout.
     let deadline_ms = now.saturating_add(u64::try_from(left.as_millis()).unwrap_or(u64::MAX));
-    shared.metrics.samples_forward.inc();
-    let mut pathway = header.pathway.clone();
-    pathway.push(shared.me.clone());
+    Ok(Admitted {
+        header,
+        frame: frame.to_vec(),
+        plan,
+        stage,
+        worker,
+        deadline_ms,
+    })
+}
+
+/// Computes an admitted forward: the tail's loss and gradient, or the activation sent on
+/// and the gradient it brings back. `Err` when the sample's batch cannot be drawn.
+async fn serve_admitted(ctx: &Ctx, admitted: Admitted) -> Result<Vec<u8>, String> {
+    ctx.metrics.samples_forward.inc();
+    let mut pathway = admitted.header.pathway.clone();
+    pathway.push(ctx.me.clone());
     // The tail needs the sample's targets, and a subspace model's stages its tokens (they
     // rebuild the stream from them): every miner draws the batch from the sample id.
-    let is_tail = stage + 1 == plan.stages;
-    let needs_tokens = worker.layout().needs_tokens();
+    let is_tail = admitted.stage + 1 == admitted.plan.stages;
+    let needs_tokens = admitted.worker.layout().needs_tokens();
     let batch = if is_tail || needs_tokens {
-        let run = &shared.cfg.run;
-        match shared.corpus.train_sample(
-            header.sample,
+        let run = &ctx.cfg.run;
+        match ctx.corpus.train_sample(
+            admitted.header.sample,
             run.seed,
             run.batch_size as usize,
             run.seq_len as usize,
         ) {
             Ok(batch) => Some(batch),
-            Err(error) => return failed(error.to_string()),
+            Err(error) => return Err(error.to_string()),
         }
     } else {
         None
@@ -317,102 +351,121 @@ pub(crate) async fn serve_forward(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> 
         .as_ref()
         .filter(|_| needs_tokens)
         .map(|b| b.inputs.clone());
-    let input = StageInput::frame(frame.to_vec(), tokens);
-    let reply = if let (true, Some(batch)) = (is_tail, batch) {
-        // The tail: loss, gradient, and a loss record for the validators.
-        let step_lr = step_due(shared, &plan);
-        match worker
-            .forward_loss_and_step(input, batch.targets, step_lr)
-            .await
-        {
-            Ok(out) => {
-                after_backward(shared);
-                shared.metrics.train_loss.set(f64::from(out.loss));
-                lock(&shared.state).train_loss = Some(out.loss);
-                let faults = shared.cfg.faults;
-                let loss = if faults.lie_loss {
-                    out.loss * (1.0 - LIE_FRACTION)
-                } else {
-                    out.loss
-                };
-                let record = LossRecord {
-                    sample: header.sample,
-                    pathway: pathway.clone(),
-                    loss,
-                };
-                let fabricated = faults.inflate.then(|| fabricate(shared, &plan, &record));
-                {
-                    let mut losses = lock(&shared.losses);
-                    losses.push((header.epoch, record));
-                    losses.extend(fabricated.flatten().map(|r| (header.epoch, r)));
-                }
-                let mut grad = shared.outgoing(out.grad_frame.unwrap_or_default(), header.sample);
-                shared.keep_evidence(Evidence {
-                    epoch: header.epoch,
-                    sample: header.sample,
-                    stage,
-                    input: frame.to_vec(),
-                    output: grad.clone(),
-                    loss: Some(loss),
-                    generation: 0,
-                });
-                if faults.huge_frames {
-                    grad = super::inflated_frame(&grad, HUGE_WINDOWS).unwrap_or(grad);
-                }
-                forward_reply(&ForwardReply::Done { loss, pathway }, &grad)
-            }
-            Err(error) => failed(error.to_string()),
-        }
-    } else {
-        match worker.forward(header.sample, input).await {
-            Ok(activation) => {
-                let activation = shared.outgoing(activation, header.sample);
-                shared.keep_evidence(Evidence {
-                    epoch: header.epoch,
-                    sample: header.sample,
-                    stage,
-                    input: frame.to_vec(),
-                    output: activation.clone(),
-                    loss: None,
-                    generation: 0,
-                });
-                let next = ForwardHeader {
-                    epoch: header.epoch,
-                    sample: header.sample,
-                    pathway,
-                    deadline_ms,
-                };
-                match send_forward(shared, &plan, stage + 1, &next, &activation).await {
-                    Ok((loss, pathway, grad)) => match worker
-                        .backward_and_step(grad, step_due(shared, &plan))
-                        .await
-                    {
-                        Ok(grad_in) => {
-                            after_backward(shared);
-                            let grad_in =
-                                shared.outgoing(grad_in.unwrap_or_default(), header.sample);
-                            forward_reply(&ForwardReply::Done { loss, pathway }, &grad_in)
-                        }
-                        Err(error) => failed(error.to_string()),
-                    },
-                    Err(reason) => {
-                        let _ = worker.drop_sample(header.sample).await;
-                        shared.metrics.samples_dropped.inc();
-                        failed(reason)
-                    }
-                }
-            }
-            Err(error) => failed(error.to_string()),
+    let input = StageInput::frame(admitted.frame.clone(), tokens);
+    Ok(match (is_tail, batch) {
+        (true, Some(batch)) => serve_tail(ctx, &admitted, input, batch.targets, pathway).await,
+        _ => serve_middle(ctx, &admitted, input, pathway).await,
+    })
+}
+
+/// The tail: loss, gradient, and a loss record for the validators.
+async fn serve_tail(
+    ctx: &Ctx,
+    admitted: &Admitted,
+    input: StageInput,
+    targets: Vec<i64>,
+    pathway: Vec<String>,
+) -> Vec<u8> {
+    let Admitted {
+        header, plan, worker, ..
+    } = admitted;
+    let step_lr = ctx.step_due(plan);
+    let out = match worker.forward_loss_and_step(input, targets, step_lr).await {
+        Ok(out) => out,
+        Err(error) => return forward_failed(error.to_string()),
+    };
+    ctx.after_backward().await;
+    ctx.train_loss(out.loss).await;
+    let loss = faults::reported_loss(ctx, out.loss);
+    let record = LossRecord {
+        sample: header.sample,
+        pathway: pathway.clone(),
+        loss,
+    };
+    let fabricated = ctx
+        .cfg
+        .faults
+        .inflate
+        .then(|| faults::fabricate(ctx, plan, &record))
+        .flatten();
+    let records = std::iter::once(record).chain(fabricated).collect();
+    ctx.note(Note::Losses {
+        epoch: header.epoch,
+        records,
+    })
+    .await;
+    let grad = faults::outgoing(ctx, out.grad_frame.unwrap_or_default(), header.sample);
+    ctx.keep_evidence(Evidence {
+        epoch: header.epoch,
+        sample: header.sample,
+        stage: admitted.stage,
+        input: admitted.frame.clone(),
+        output: grad.clone(),
+        loss: Some(loss),
+        generation: 0,
+    });
+    forward_reply(
+        &ForwardReply::Done { loss, pathway },
+        &faults::sent_frame(ctx, &grad),
+    )
+}
+
+/// A middle stage: the activation on to the next stage, and the gradient it brings back
+/// through this stage's backward pass.
+async fn serve_middle(
+    ctx: &Ctx,
+    admitted: &Admitted,
+    input: StageInput,
+    pathway: Vec<String>,
+) -> Vec<u8> {
+    let Admitted {
+        header,
+        plan,
+        stage,
+        worker,
+        ..
+    } = admitted;
+    let activation = match worker.forward(header.sample, input).await {
+        Ok(activation) => faults::outgoing(ctx, activation, header.sample),
+        Err(error) => return forward_failed(error.to_string()),
+    };
+    ctx.keep_evidence(Evidence {
+        epoch: header.epoch,
+        sample: header.sample,
+        stage: *stage,
+        input: admitted.frame.clone(),
+        output: activation.clone(),
+        loss: None,
+        generation: 0,
+    });
+    let next = ForwardHeader {
+        epoch: header.epoch,
+        sample: header.sample,
+        pathway,
+        deadline_ms: admitted.deadline_ms,
+    };
+    let (loss, pathway, grad) = match send_forward(ctx, plan, stage + 1, &next, &activation).await
+    {
+        Ok(done) => done,
+        Err(reason) => {
+            let _ = worker.drop_sample(header.sample).await;
+            ctx.metrics.samples_dropped.inc();
+            return forward_failed(reason);
         }
     };
-    drop(permit);
-    shared.metrics.wire_sent("gradient", reply.len());
-    reply
+    match worker.backward_and_step(grad, ctx.step_due(plan)).await {
+        Ok(grad_in) => {
+            ctx.after_backward().await;
+            let grad_in = faults::outgoing(ctx, grad_in.unwrap_or_default(), header.sample);
+            forward_reply(&ForwardReply::Done { loss, pathway }, &grad_in)
+        }
+        Err(error) => forward_failed(error.to_string()),
+    }
 }
 
 /// Sends a held-out batch's activation on for evaluation and returns the tail's loss.
 pub(crate) async fn send_eval(
-    shared: &Shared,
+    ctx: &Ctx,
     plan: &EpochPlan,
     stage: u32,
     batch: u64,
@@ -422,15 +475,14 @@ pub(crate) async fn send_eval(
     let mut tried = BTreeSet::new();
     let mut last = String::from("no live replica");
     for attempt in 0..ATTEMPTS {
-        let Some(peer) = choose(shared, plan, stage, batch, attempt, &tried) else {
+        let Some(peer) = choose_now(ctx, plan, stage, batch, attempt, &tried) else {
             break;
         };
         tried.insert(peer.clone());
         let Ok(peer_id) = peer.parse::<p2p::PeerId>() else {
             continue;
         };
-        match tokio::time::timeout(HOP_TIMEOUT, shared.client.request(peer_id, body.clone())).await
-        {
+        match tokio::time::timeout(HOP_TIMEOUT, ctx.client.request(peer_id, body.clone())).await {
             Ok(Ok(reply)) if reply.first() == Some(&crate::wire::rpc::ERROR) => {
                 last = format!("{peer}: refused (code {:?})", reply.get(1));
             }
@@ -447,31 +499,29 @@ pub(crate) async fn send_eval(
 }
 
 /// Serves an evaluation request from the previous stage.
-pub(crate) async fn serve_eval(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
+pub(crate) async fn serve_eval(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
     let failed = |reason: String| eval_reply(&EvalReply::Failed(reason));
     // Evaluations share the forward passes' bound on work in progress.
-    let Ok(_permit) = shared.permits.clone().try_acquire_owned() else {
+    let Ok(_permit) = ctx.permits.clone().try_acquire_owned() else {
         return failed("busy".into());
     };
     let (header, frame) = match messages::decode::<EvalHeader>(Service::Eval, body) {
         Ok(decoded) => decoded,
         Err(error) => return failed(error.to_string()),
     };
-    let (plan, stage, worker) = {
-        let state = lock(&shared.state);
-        (state.plan.clone(), state.stage, state.worker.clone())
-    };
-    let (Some(plan), Some(stage), Some(worker)) = (plan, stage, worker) else {
+    let in_force = ctx.in_force();
+    let (Some(plan), Some(stage), Some(worker)) = (in_force.plan, in_force.stage, in_force.worker)
+    else {
         return failed("no stage yet".into());
     };
     if stage == 0 {
         return failed("the head evaluates its own batches".into());
     }
-    let weights = match super::snapshot::eval_weights(shared, &plan, stage) {
+    let weights = match super::snapshot::eval_weights(ctx, &plan, stage) {
         Ok(weights) => weights,
         Err(reason) => return failed(reason),
     };
-    let Some(batch) = val_batch(shared, header.batch) else {
+    let Some(batch) = ctx.val_batch(header.batch) else {
         return failed("no such validation batch".into());
     };
     let tokens = worker.layout().needs_tokens().then(|| batch.inputs.clone());
@@ -486,7 +536,7 @@ pub(crate) async fn serve_eval(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
     } else {
         match worker.eval_given(weights, input, None).await {
             Ok(EvalOutput::Activation(next)) => {
-                match send_eval(shared, &plan, stage + 1, header.batch, &next).await {
+                match send_eval(ctx, &plan, stage + 1, header.batch, &next).await {
                     Ok(loss) => eval_reply(&EvalReply::Loss(loss)),
                     Err(reason) => failed(reason),
                 }
@@ -495,11 +545,6 @@ pub(crate) async fn serve_eval(shared: &Arc<Shared>, body: &[u8]) -> Vec<u8> {
             Err(error) => failed(error.to_string()),
         }
     }
-}
-
-/// Validation batch `index` of the run (the same on every miner).
-pub(crate) fn val_batch(shared: &Shared, index: u64) -> Option<training::Batch> {
-    shared.val.get(usize::try_from(index).ok()?).cloned()
 }
 
 #[cfg(test)]

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use bootstrap::EpochPlan;
 
-use super::{lock, Shared, HOP_TIMEOUT};
+use super::context::Ctx;
+use super::{lock, HOP_TIMEOUT};
 use crate::services::validator::api::{decide, Decision};
 use crate::wire::messages::{
     self, ConfirmationReply, ConfirmationRequest, Service, WeightsReply, WeightsRequest,
@@ -59,12 +60,12 @@ pub(crate) struct Snapshot {
 /// seed's weights in epoch 0). Not its live weights, which have taken optimizer steps since:
 /// a reported loss is the loss of the model the run agreed on.
 pub(crate) fn eval_weights(
-    shared: &Shared,
+    ctx: &Ctx,
     plan: &EpochPlan,
     stage: u32,
 ) -> Result<training::stage::GivenWeights, String> {
     let want = plan.epoch.checked_sub(1);
-    match lock(&shared.snapshot).as_ref() {
+    match lock(&ctx.snapshot).as_ref() {
         Some(s) if s.stage == stage && s.epoch == want => Ok(training::stage::GivenWeights {
             key: s.hash.clone(),
             values: s.values.clone(),
@@ -118,13 +119,13 @@ pub(crate) struct Fetched {
 }
 
 /// Answers a chunk request from a replica that joins.
-pub(crate) fn serve(shared: &Shared, body: &[u8]) -> Vec<u8> {
+pub(crate) fn serve(ctx: &Ctx, body: &[u8]) -> Vec<u8> {
     let not_held =
         || messages::encode(Service::Weights, &WeightsReply::NotHeld, &[]).unwrap_or_default();
     let Ok((request, _)) = messages::decode::<WeightsRequest>(Service::Weights, body) else {
         return not_held();
     };
-    let Some(snapshot) = lock(&shared.snapshot).clone() else {
+    let Some(snapshot) = lock(&ctx.snapshot).clone() else {
         return not_held();
     };
     if snapshot.stage != request.stage {
@@ -198,21 +199,20 @@ pub(crate) fn look(view: &HashView<'_>, stage: u32, epoch: u64) -> Option<Result
 /// to `patience` for the members' gossip (a miner that joins as the merge runs hears it
 /// when it ends).
 pub(crate) async fn merged_hash(
-    shared: &Shared,
+    ctx: &Ctx,
     stage: u32,
     epoch: u64,
     patience: Duration,
 ) -> Result<String, NoHash> {
     let deadline = tokio::time::Instant::now() + patience;
     loop {
-        let newest = *lock(&shared.newest_plan);
         let seen = {
-            let state = lock(&shared.state);
+            let news = ctx.views.news.borrow();
             look(
                 &HashView {
-                    merge_hashes: &state.merge_hashes,
-                    merge_conflicts: &state.merge_conflicts,
-                    newest,
+                    merge_hashes: &news.merge_hashes,
+                    merge_conflicts: &news.merge_conflicts,
+                    newest: news.newest,
                 },
                 stage,
                 epoch,
@@ -232,24 +232,24 @@ pub(crate) async fn merged_hash(
 /// `epoch`, whose members gossiped `expected`, until one confirms it, all have answered for
 /// good, or [`CONFIRM_PATIENCE`] passes (then: unconfirmed).
 pub(crate) async fn confirm(
-    shared: &Arc<Shared>,
+    ctx: &Arc<Ctx>,
     stage: u32,
     epoch: u64,
     expected: &str,
 ) -> Decision {
     let deadline = tokio::time::Instant::now() + CONFIRM_PATIENCE;
     loop {
-        let validators: Vec<p2p::PeerId> = shared
+        let validators: Vec<p2p::PeerId> = ctx
             .consensus
             .borrow()
             .validators
             .iter()
-            .filter(|v| **v != shared.me)
+            .filter(|v| **v != ctx.me)
             .filter_map(|v| v.parse().ok())
             .collect();
         let mut asking = tokio::task::JoinSet::new();
         for validator in validators {
-            let client = shared.client.clone();
+            let client = ctx.client.clone();
             asking.spawn(async move {
                 let request = ConfirmationRequest { epoch, stage };
                 let body = messages::encode(Service::Confirmation, &request, &[]).ok()?;
@@ -282,13 +282,13 @@ pub(crate) async fn confirm(
 /// in `plan` when the members' gossip was not heard: trusted only when every replica that
 /// answers names the same one.
 pub(crate) async fn ask_hash(
-    shared: &Arc<Shared>,
+    ctx: &Arc<Ctx>,
     plan: &EpochPlan,
     stage: u32,
     epoch: u64,
 ) -> Option<String> {
     let mut answers = Vec::new();
-    for peer_id in other_replicas(shared, plan, stage) {
+    for peer_id in other_replicas(ctx, plan, stage) {
         // A request for no values: the reply's header names the snapshot.
         let request = WeightsRequest {
             stage,
@@ -299,7 +299,7 @@ pub(crate) async fn ask_hash(
             continue;
         };
         let Ok(Ok(reply)) =
-            tokio::time::timeout(HOP_TIMEOUT, shared.client.request(peer_id, body)).await
+            tokio::time::timeout(HOP_TIMEOUT, ctx.client.request(peer_id, body)).await
         else {
             continue;
         };
@@ -342,12 +342,12 @@ fn agreed_hash(answers: &[(Option<u64>, String)], epoch: u64) -> Option<String> 
 
 /// The peer ids of `stage`'s replicas in `plan` other than this miner.
 fn other_replicas<'a>(
-    shared: &'a Shared,
+    ctx: &'a Ctx,
     plan: &'a EpochPlan,
     stage: u32,
 ) -> impl Iterator<Item = p2p::PeerId> + 'a {
     plan.miners_of(stage)
-        .filter(|peer| peer.as_str() != shared.me)
+        .filter(|peer| peer.as_str() != ctx.me)
         .filter_map(|peer| peer.as_str().parse().ok())
 }
 
@@ -355,14 +355,14 @@ fn other_replicas<'a>(
 /// chunk (with the outer momentum when the run keeps one); `None` when no replica serves
 /// it whole.
 pub(crate) async fn fetch(
-    shared: &Arc<Shared>,
+    ctx: &Arc<Ctx>,
     plan: &EpochPlan,
     stage: u32,
     expected: &str,
     len: usize,
 ) -> Option<Fetched> {
-    for peer in other_replicas(shared, plan, stage) {
-        match fetch_from(shared, peer, stage, expected, len).await {
+    for peer in other_replicas(ctx, plan, stage) {
+        match fetch_from(ctx, peer, stage, expected, len).await {
             Ok(found) => return Some(found),
             Err(why) => tracing::warn!(%peer, why, "no snapshot from this replica"),
         }
@@ -372,13 +372,13 @@ pub(crate) async fn fetch(
 
 /// The snapshot from one replica, or why not.
 async fn fetch_from(
-    shared: &Shared,
+    ctx: &Ctx,
     peer: p2p::PeerId,
     stage: u32,
     expected: &str,
     len: usize,
 ) -> Result<Fetched, &'static str> {
-    let outer = !shared.cfg.run.outer_is_plain();
+    let outer = !ctx.cfg.run.outer_is_plain();
     let weights_len = len;
     // Weights, then the momentum when the run keeps one.
     let len = if outer { 2 * len } else { len };
@@ -392,7 +392,7 @@ async fn fetch_from(
         };
         let body =
             messages::encode(Service::Weights, &request, &[]).map_err(|_| "request not encoded")?;
-        let reply = match tokio::time::timeout(HOP_TIMEOUT, shared.client.request(peer, body)).await
+        let reply = match tokio::time::timeout(HOP_TIMEOUT, ctx.client.request(peer, body)).await
         {
             Ok(Ok(reply)) => reply,
             _ => return Err("no answer"),
@@ -439,14 +439,14 @@ async fn fetch_from(
 
 /// Keeps `values` (and the outer momentum `momentum`) as the stage's snapshot.
 pub(crate) fn keep(
-    shared: &Shared,
+    ctx: &Ctx,
     stage: u32,
     epoch: Option<u64>,
     hash: String,
     values: Vec<f32>,
     momentum: Option<Vec<f32>>,
 ) {
-    *lock(&shared.snapshot) = Some(Snapshot {
+    *lock(&ctx.snapshot) = Some(Snapshot {
         stage,
         epoch,
         hash,

@@ -1,0 +1,135 @@
+//! The merge at an epoch's end: this replica's weights (and, when the run takes an outer step,
+//! its basis vote) into the butterfly with the stage's other replicas, the result applied to
+//! the running stage (keeping the steps taken meanwhile), kept as the snapshot, checkpointed,
+//! and its hash gossiped.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bootstrap::EpochPlan;
+use training::checkpoint::CheckpointKey;
+use training::StageHandle;
+
+use super::context::Ctx;
+use super::task::Note;
+use super::{hex, lock, outer, snapshot, stage};
+use crate::services::merge::api::MergeRequest;
+use crate::wire::messages::PipelineGossip;
+
+/// Merges this replica's weights with the other replicas of `stage` in `plan`, then
+/// checkpoints and gossips the merged hash.
+pub(crate) async fn merge_and_checkpoint(
+    ctx: &Arc<Ctx>,
+    plan: &EpochPlan,
+    stage: u32,
+    worker: &StageHandle,
+    start: SystemTime,
+) -> anyhow::Result<()> {
+    let (merged, momentum, given) = merge(ctx, plan, stage, worker, start).await?;
+    // Evidence of samples served with the weights being replaced no longer reproduces.
+    ctx.new_generation();
+    // The merge's hash is that of the result every replica computed; the live weights also
+    // hold the steps taken meanwhile.
+    let hash = hex(&training::stage::hash_f32(&merged));
+    worker.apply_merge(given, merged.clone()).await?;
+    // The checkpoint holds the merge's result, which every replica agrees on and which a
+    // restart from it must hash to, with the optimizer's moments as they are now (the few
+    // steps taken during the merge live on in the running stage only).
+    let mut state = worker.export_state().await?;
+    state.params = merged.clone();
+    state.outer_momentum = momentum.clone().unwrap_or_default();
+    snapshot::keep(
+        ctx,
+        stage,
+        Some(plan.epoch),
+        hash.clone(),
+        merged,
+        momentum,
+    );
+    if let Some(store) = &ctx.store {
+        let key = CheckpointKey {
+            run: ctx.run_id,
+            stage,
+            epoch: plan.epoch,
+            step: state.step,
+        };
+        store.save(&key, &state)?;
+        tracing::info!(stage, epoch = plan.epoch, step = state.step, weights_hash = %hash, "checkpoint saved");
+    }
+    stage::set_weights(ctx, Some(plan.epoch), hash.clone()).await;
+    publish_merged(ctx, plan.epoch, stage, hash).await;
+    Ok(())
+}
+
+/// The merged weights, the outer momentum that comes with them (when the run keeps one),
+/// and what this replica gave the merge.
+type Merged = (Vec<f32>, Option<Vec<f32>>, Vec<f32>);
+
+/// Runs the butterfly of `stage` in `plan` with this replica's weights (and basis vote).
+async fn merge(
+    ctx: &Ctx,
+    plan: &EpochPlan,
+    stage: u32,
+    worker: &StageHandle,
+    start: SystemTime,
+) -> anyhow::Result<Merged> {
+    let members: Vec<String> = plan.miners_of(stage).map(|p| p.to_string()).collect();
+    let mut weights = worker.flat_params().await?;
+    // What this replica gives the merge: the steps it takes while the merge runs are kept
+    // on top of the merge's result.
+    let given = weights.clone();
+    let param_count = weights.len() as u64;
+    let mut samples = ctx
+        .ask(|reply| Note::MergeStarts { param_count, reply })
+        .await?;
+    let faults = ctx.cfg.faults;
+    if faults.inflate_samples {
+        samples = u64::MAX;
+    }
+    if faults.nan_merge {
+        weights.iter_mut().step_by(97).for_each(|w| *w = f32::NAN);
+    }
+    // The outer step's basis (this replica's snapshot of the stage and its momentum) and its
+    // vote, merged with the weights: every member learns whether all of them hold one basis.
+    let basis = lock(&ctx.snapshot).clone();
+    let outer = outer::Outer::prepare(&ctx.cfg.run, plan.epoch, stage, given.len(), basis);
+    if let Some(outer) = &outer {
+        weights.extend_from_slice(&outer.vote);
+    }
+    let merged = ctx
+        .merger
+        .merge(MergeRequest {
+            epoch: plan.epoch,
+            stage,
+            seed: plan.seed,
+            members,
+            weights,
+            samples,
+            start,
+            max_samples: crate::schedule::max_samples(plan),
+        })
+        .await?;
+    Ok(match outer {
+        Some(outer) => {
+            let (merged, momentum) = outer.finish(merged, plan.epoch, stage)?;
+            (merged, Some(momentum), given)
+        }
+        None => (merged, None, given),
+    })
+}
+
+/// Gossips the hash of the merge of `stage` closing `epoch`.
+async fn publish_merged(ctx: &Ctx, epoch: u64, stage: u32, hash: String) {
+    let message = PipelineGossip::Merged {
+        epoch,
+        stage,
+        hash,
+        wire_bytes: ctx.metrics.wire_bytes_sent(),
+    };
+    if let Some(bytes) = message.to_bytes() {
+        let topic = crate::wire::topics::Topics::of(&ctx.cfg.run.run_name).pipeline;
+        if let Err(error) = ctx.client.publish(&topic, bytes).await {
+            tracing::debug!(%error, "merge hash not published");
+        }
+    }
+}

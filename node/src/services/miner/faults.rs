@@ -1,0 +1,101 @@
+//! The miner's fault modes (the node's hidden `--fault` flags, for testing the other nodes'
+//! defences): the frames a `noise` or `huge-frames` miner sends, the loss a `lie-loss` tail
+//! reports and the samples an `inflate` tail claims. All off in a normal run.
+
+use std::borrow::Cow;
+use std::sync::atomic::Ordering;
+
+use bootstrap::EpochPlan;
+
+use super::context::Ctx;
+use crate::wire::messages::LossRecord;
+
+/// Windows a `huge-frames` miner declares in its frames.
+const HUGE_WINDOWS: usize = 1024;
+
+/// How far below the computed loss a `lie-loss` tail reports.
+const LIE_FRACTION: f32 = 0.2;
+
+/// A frame like `frame` (same run, sample, stage, kind and shape) whose values are random,
+/// with the mean and spread of the real ones: what a `noise` miner sends.
+fn noise_frame(frame: &[u8], limits: &training::wire::DecodeLimits, seed: u64) -> Option<Vec<u8>> {
+    use rand::{Rng, SeedableRng};
+    let decoded = training::wire::decode(frame, limits).ok()?;
+    let n = decoded.values.len().max(1) as f64;
+    let mean = decoded.values.iter().map(|v| f64::from(*v)).sum::<f64>() / n;
+    let var = decoded
+        .values
+        .iter()
+        .map(|v| (f64::from(*v) - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    let std = var.sqrt();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    // Box–Muller: a standard normal from two uniforms.
+    let values: Vec<f32> = (0..decoded.values.len())
+        .map(|_| {
+            let u: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
+            let v: f64 = rng.gen_range(0.0..1.0);
+            let z = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+            (mean + std * z) as f32
+        })
+        .collect();
+    let codec = training::wire::Codec::new(decoded.header.dtype);
+    training::wire::encode(&codec, &decoded.header.meta, &decoded.header.shape, &values).ok()
+}
+
+/// A frame like `frame` (same run, sample, stage and kind) but of `windows` windows of
+/// zeros: what a `huge-frames` miner sends.
+fn inflated_frame(frame: &[u8], windows: usize) -> Option<Vec<u8>> {
+    let header =
+        training::wire::decode_header(frame, &training::wire::DecodeLimits::default()).ok()?;
+    let mut shape = header.shape.clone();
+    *shape.first_mut()? = windows;
+    let n: usize = shape.iter().product();
+    let codec = training::wire::Codec::new(header.dtype);
+    training::wire::encode(&codec, &header.meta, &shape, &vec![0.0; n]).ok()
+}
+
+/// `frame` as this miner sends it: random values of its shape and scale if it is a `noise`
+/// miner, else unchanged.
+pub(crate) fn outgoing(ctx: &Ctx, frame: Vec<u8>, sample: u64) -> Vec<u8> {
+    if !ctx.cfg.faults.noise {
+        return frame;
+    }
+    let seed = ctx.run_id ^ sample.rotate_left(7) ^ ctx.fabricated.load(Ordering::Relaxed);
+    noise_frame(&frame, &ctx.frames.limits(), seed).unwrap_or(frame)
+}
+
+/// `frame` as a `huge-frames` miner sends it (inflated), else unchanged.
+pub(crate) fn sent_frame<'a>(ctx: &Ctx, frame: &'a [u8]) -> Cow<'a, [u8]> {
+    match ctx.cfg.faults.huge_frames {
+        true => inflated_frame(frame, HUGE_WINDOWS).map_or(Cow::Borrowed(frame), Cow::Owned),
+        false => Cow::Borrowed(frame),
+    }
+}
+
+/// The loss a tail reports for `loss`: 20 % less for a `lie-loss` tail.
+pub(crate) fn reported_loss(ctx: &Ctx, loss: f32) -> f32 {
+    if ctx.cfg.faults.lie_loss {
+        loss * (1.0 - LIE_FRACTION)
+    } else {
+        loss
+    }
+}
+
+/// What an `inflate` tail claims besides `real`: a sample the same head draws near the end
+/// of the epoch, which this tail has not served (and, if the epoch runs that far, another
+/// tail will), with `real`'s pathway and loss.
+pub(crate) fn fabricate(ctx: &Ctx, plan: &EpochPlan, real: &LossRecord) -> Option<LossRecord> {
+    let head = real.pathway.first()?;
+    let index = plan.miners_of(0).position(|h| h.as_str() == head)?;
+    let k = ctx.fabricated.fetch_add(1, Ordering::Relaxed);
+    let counter = plan
+        .epoch_samples
+        .checked_sub(1 + k % plan.epoch_samples.max(1))?;
+    Some(LossRecord {
+        sample: crate::run_spec::sample_id(plan.seed, index as u64, counter),
+        pathway: real.pathway.clone(),
+        loss: real.loss,
+    })
+}
