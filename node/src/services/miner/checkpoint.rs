@@ -38,14 +38,7 @@ pub(crate) async fn merge_and_checkpoint(
     let mut state = worker.export_state().await?;
     state.params = merged.clone();
     state.outer_momentum = momentum.clone().unwrap_or_default();
-    snapshot::keep(
-        ctx,
-        stage,
-        Some(plan.epoch),
-        hash.clone(),
-        merged,
-        momentum,
-    );
+    snapshot::keep(ctx, stage, Some(plan.epoch), hash.clone(), merged, momentum);
     if let Some(store) = &ctx.store {
         let key = CheckpointKey {
             run: ctx.run_id,

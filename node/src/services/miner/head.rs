@@ -99,18 +99,17 @@ impl Drop for InFlight {
 /// One sample, head to tail and back; `false` when it was dropped.
 async fn one_sample(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle, id: u64) -> bool {
     let run = &ctx.cfg.run;
-    let batch = match ctx.corpus.train_sample(
-        id,
-        run.seed,
-        run.batch_size as usize,
-        run.seq_len as usize,
-    ) {
-        Ok(batch) => batch,
-        Err(error) => {
-            tracing::warn!(%error, "sample not drawn");
-            return false;
-        }
-    };
+    let batch =
+        match ctx
+            .corpus
+            .train_sample(id, run.seed, run.batch_size as usize, run.seq_len as usize)
+        {
+            Ok(batch) => batch,
+            Err(error) => {
+                tracing::warn!(%error, "sample not drawn");
+                return false;
+            }
+        };
     ctx.metrics.samples_forward.inc();
     let frame = match worker.forward(id, tokens_input(&batch)).await {
         Ok(frame) => faults::outgoing(&ctx, frame, id),

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use bootstrap::EpochPlan;
 use rand::{Rng, SeedableRng};
-use training::worker::{EvalOutput, StageInput};
 use training::wire::FrameKind;
+use training::worker::{EvalOutput, StageInput};
 use training::StageHandle;
 
 use super::context::Ctx;
@@ -367,7 +367,10 @@ async fn serve_tail(
     pathway: Vec<String>,
 ) -> Vec<u8> {
     let Admitted {
-        header, plan, worker, ..
+        header,
+        plan,
+        worker,
+        ..
     } = admitted;
     let step_lr = ctx.step_due(plan);
     let out = match worker.forward_loss_and_step(input, targets, step_lr).await {
@@ -444,8 +447,7 @@ async fn serve_middle(
         pathway,
         deadline_ms: admitted.deadline_ms,
     };
-    let (loss, pathway, grad) = match send_forward(ctx, plan, stage + 1, &next, &activation).await
-    {
+    let (loss, pathway, grad) = match send_forward(ctx, plan, stage + 1, &next, &activation).await {
         Ok(done) => done,
         Err(reason) => {
             let _ = worker.drop_sample(header.sample).await;

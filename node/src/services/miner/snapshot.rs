@@ -231,12 +231,7 @@ pub(crate) async fn merged_hash(
 /// Asks the run's validators (every one at once) about the merge of `stage` that closed
 /// `epoch`, whose members gossiped `expected`, until one confirms it, all have answered for
 /// good, or [`CONFIRM_PATIENCE`] passes (then: unconfirmed).
-pub(crate) async fn confirm(
-    ctx: &Arc<Ctx>,
-    stage: u32,
-    epoch: u64,
-    expected: &str,
-) -> Decision {
+pub(crate) async fn confirm(ctx: &Arc<Ctx>, stage: u32, epoch: u64, expected: &str) -> Decision {
     let deadline = tokio::time::Instant::now() + CONFIRM_PATIENCE;
     loop {
         let validators: Vec<p2p::PeerId> = ctx
@@ -392,8 +387,7 @@ async fn fetch_from(
         };
         let body =
             messages::encode(Service::Weights, &request, &[]).map_err(|_| "request not encoded")?;
-        let reply = match tokio::time::timeout(HOP_TIMEOUT, ctx.client.request(peer, body)).await
-        {
+        let reply = match tokio::time::timeout(HOP_TIMEOUT, ctx.client.request(peer, body)).await {
             Ok(Ok(reply)) => reply,
             _ => return Err("no answer"),
         };

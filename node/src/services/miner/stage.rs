@@ -88,9 +88,8 @@ async fn latest_merge(
     };
     // Until the merge should have ended: nothing when it is long over (a miner that joins
     // mid-epoch asks the replicas at once).
-    let patience = until(
-        crate::schedule::merge_start(plan) + crate::schedule::merge_budget(len) + JOIN_SLACK,
-    );
+    let patience =
+        until(crate::schedule::merge_start(plan) + crate::schedule::merge_budget(len) + JOIN_SLACK);
     match snapshot::merged_hash(ctx, stage, before, patience).await {
         Ok(hash) => Ok(Some((before, hash))),
         // Not heard (joined after the gossip, or a lost message): ask the replicas.

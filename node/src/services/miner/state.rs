@@ -127,7 +127,11 @@ impl MinerState {
     }
 
     /// Applies a lifecycle event of the miner's tasks, made at `at`.
-    pub(crate) fn phase(&mut self, at: Duration, event: PhaseEvent) -> Result<Phase, LifecycleError> {
+    pub(crate) fn phase(
+        &mut self,
+        at: Duration,
+        event: PhaseEvent,
+    ) -> Result<Phase, LifecycleError> {
         match event {
             PhaseEvent::Merging { epoch, budget } => self.lifecycle.merging(at, epoch, at + budget),
             PhaseEvent::Training { epoch } => self.lifecycle.training(at, epoch),
@@ -326,14 +330,20 @@ mod tests {
         let mut state = MinerState::default();
         assert!(!state.merge_gossiped(6, 1, "a"));
         assert!(!state.merge_gossiped(6, 1, "a"));
-        assert!(!state.merge_gossiped(5, 1, "old"), "an older merge changes nothing");
+        assert!(
+            !state.merge_gossiped(5, 1, "old"),
+            "an older merge changes nothing"
+        );
         assert!(state.merge_gossiped(6, 1, "b"));
         let news = state.news();
         assert_eq!(news.merge_hashes.get(&1), Some(&(6, "a".to_string())));
         assert!(news.merge_conflicts.contains(&(6, 1)));
         // A later merge's hash replaces it.
         assert!(!state.merge_gossiped(7, 1, "c"));
-        assert_eq!(state.news().merge_hashes.get(&1), Some(&(7, "c".to_string())));
+        assert_eq!(
+            state.news().merge_hashes.get(&1),
+            Some(&(7, "c".to_string()))
+        );
     }
 
     #[test]
