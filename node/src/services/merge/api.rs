@@ -200,8 +200,28 @@ pub(crate) struct AuditFinding {
     /// The accused member's peer id.
     pub(crate) accused: String,
     /// What it did.
-    pub(crate) kind: String,
+    pub(crate) kind: FindingKind,
+}
+
+/// What a merge audit found a member doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FindingKind {
+    /// A report of the butterfly protocol (a wrong average, an equivocation, …).
+    Misbehaviour(crate::services::merge::butterfly::MisbehaviourKind),
+    /// It claimed more samples than the epoch's plan can feed (its weight was capped).
+    InflatedSamples,
+}
+
+impl std::fmt::Display for FindingKind {
+    /// The kind as a miner's reason shows it after `merge_audit: ` (the butterfly's own
+    /// variant name, e.g. `WrongAverage`, or `InflatedSamples`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FindingKind::Misbehaviour(kind) => write!(f, "{kind:?}"),
+            FindingKind::InflatedSamples => f.write_str("InflatedSamples"),
+        }
+    }
 }
 
 /// Starting the service.
-pub(crate) use super::service::spawn;
+pub(crate) use super::task::spawn;
