@@ -1,16 +1,13 @@
 //! What other parts of the node may use of the merge service: its inbox messages and handle
 //! (the butterfly all-reduce and its audits).
 
-#![allow(unused_imports)]
 use std::collections::{BTreeMap, BTreeSet};
 
-use bootstrap::{EpochPlan, PeerIdStr};
-use p2p::{Heartbeat, PeerId};
-use tokio::sync::{mpsc, oneshot, watch};
+use bootstrap::EpochPlan;
+use p2p::PeerId;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::services::inbox::{ask, send, ServiceGone};
-use crate::wire::messages::{PipelineGossip, Service};
-// Merge: the butterfly all-reduce and its audits.
 
 /// What the miner asks the merge service to merge.
 #[derive(Debug, Clone)]
@@ -207,7 +204,7 @@ pub(crate) struct AuditFinding {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FindingKind {
     /// A report of the butterfly protocol (a wrong average, an equivocation, …).
-    Misbehaviour(crate::services::merge::butterfly::MisbehaviourKind),
+    Misbehaviour(training::butterfly::MisbehaviourKind),
     /// It claimed more samples than the epoch's plan can feed (its weight was capped).
     InflatedSamples,
 }

@@ -612,7 +612,7 @@ mod tests {
     fn reasons_read_as_status_the_weights_json_and_the_report_show_them() {
         let spot = Proof::SpotCheck(SpotFailure::LossNotReproduced);
         let audit = Proof::MergeAudit(FindingKind::Misbehaviour(
-            crate::services::merge::butterfly::MisbehaviourKind::WrongAverage,
+            training::butterfly::MisbehaviourKind::WrongAverage,
         ));
         let inflated = Proof::MergeAudit(FindingKind::InflatedSamples);
         assert_eq!(CatchReason::Clasp.to_string(), "clasp");
