@@ -40,7 +40,6 @@ pub(crate) fn spawn(parts: ValidatorParts) -> anyhow::Result<(ValidatorHandle, J
     let (weights_tx, weights) = watch::channel(None);
     let validator = Validator {
         merge: parts.merge,
-        consensus: parts.consensus.clone(),
         outbox: Outbox {
             data_dir: parts.data_dir,
             consensus: parts.consensus,
@@ -94,6 +93,7 @@ struct SpotChecks {
 struct Outbox {
     /// Where `weights/<epoch>.json` goes.
     data_dir: Option<PathBuf>,
+    /// Consensus: it combines the validators' weights, and holds the miners' uids.
     consensus: ConsensusHandle,
     client: p2p::Client,
     /// The pipeline topic.
@@ -109,8 +109,6 @@ struct Outbox {
 /// The task's state.
 struct Validator {
     merge: MergeHandle,
-    /// Consensus, for the miners' uids in force.
-    consensus: ConsensusHandle,
     outbox: Outbox,
     scoring: Scoring,
     merges: MergeBook,
@@ -123,6 +121,7 @@ struct Validator {
 }
 
 impl Validator {
+    /// The task: until every handle is dropped, or the merge or consensus service stops.
     async fn run(
         mut self,
         mut inbox: mpsc::Receiver<ValidatorMsg>,
@@ -160,6 +159,7 @@ impl Validator {
         }
     }
 
+    /// Handles one message of the api.
     async fn on_message(&mut self, message: ValidatorMsg) -> ControlFlow<()> {
         match message {
             ValidatorMsg::EpochClosed { closed, next } => {
@@ -201,6 +201,7 @@ impl Validator {
         ControlFlow::Continue(())
     }
 
+    /// Notes what a merge audit found, or how it ended.
     fn on_audit_event(&mut self, event: AuditEvent) {
         match event {
             AuditEvent::Finding(AuditFinding {
@@ -291,7 +292,7 @@ impl Validator {
     async fn score(&mut self, plan: &EpochPlan) -> Result<(), ServiceGone> {
         // The miners' uids in the metagraph in force now (it follows the chain and the
         // bindings when the stake comes from subtensor).
-        let uids = self.consensus.view.borrow().uids.clone();
+        let uids = self.outbox.consensus.view.borrow().uids.clone();
         let weights = self.scoring.score(plan, &uids);
         let flagged: Vec<&str> = weights
             .miners
