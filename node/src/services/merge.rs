@@ -34,7 +34,7 @@
 pub(crate) mod api;
 mod metrics;
 mod router;
-pub(crate) mod service;
+mod task;
 mod transport;
 
 #[cfg(test)]
@@ -53,8 +53,8 @@ use training::butterfly::{
 
 pub use metrics::{Direction, Metrics};
 pub use router::{
-    Feed, FeedError, Routed, Router, FEED_CAPACITY, KEPT_SERVERS, PENDING_BYTES, PENDING_MERGES,
-    PENDING_PER_MERGE,
+    Feed, FeedError, RouteRefusal, Routed, Router, FEED_CAPACITY, KEPT_SERVERS, PENDING_BYTES,
+    PENDING_MERGES, PENDING_PER_MERGE,
 };
 pub use transport::{OpenError, P2pTransport, PUBLISH_PATIENCE};
 

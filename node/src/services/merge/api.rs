@@ -1,16 +1,13 @@
 //! What other parts of the node may use of the merge service: its inbox messages and handle
 //! (the butterfly all-reduce and its audits).
 
-#![allow(unused_imports)]
 use std::collections::{BTreeMap, BTreeSet};
 
-use bootstrap::{EpochPlan, PeerIdStr};
-use p2p::{Heartbeat, PeerId};
-use tokio::sync::{mpsc, oneshot, watch};
+use bootstrap::EpochPlan;
+use p2p::PeerId;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::services::inbox::{ask, send, ServiceGone};
-use crate::wire::messages::{PipelineGossip, Service};
-// Merge: the butterfly all-reduce and its audits.
 
 /// What the miner asks the merge service to merge.
 #[derive(Debug, Clone)]
@@ -200,8 +197,28 @@ pub(crate) struct AuditFinding {
     /// The accused member's peer id.
     pub(crate) accused: String,
     /// What it did.
-    pub(crate) kind: String,
+    pub(crate) kind: FindingKind,
+}
+
+/// What a merge audit found a member doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FindingKind {
+    /// A report of the butterfly protocol (a wrong average, an equivocation, …).
+    Misbehaviour(training::butterfly::MisbehaviourKind),
+    /// It claimed more samples than the epoch's plan can feed (its weight was capped).
+    InflatedSamples,
+}
+
+impl std::fmt::Display for FindingKind {
+    /// The kind as a miner's reason shows it after `merge_audit: ` (the butterfly's own
+    /// variant name, e.g. `WrongAverage`, or `InflatedSamples`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FindingKind::Misbehaviour(kind) => write!(f, "{kind:?}"),
+            FindingKind::InflatedSamples => f.write_str("InflatedSamples"),
+        }
+    }
 }
 
 /// Starting the service.
-pub(crate) use super::service::spawn;
+pub(crate) use super::task::spawn;

@@ -106,8 +106,31 @@ pub enum Routed {
     NotButterfly,
     /// Delivered to its merge, or kept for it.
     Delivered,
-    /// Refused, with the reason (a metric label).
-    Refused(&'static str),
+    /// Refused, with the reason.
+    Refused(RouteRefusal),
+}
+
+/// Why [`Router::route_gossip`] refused a message on a butterfly topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RouteRefusal {
+    /// It does not decode as butterfly gossip.
+    Malformed,
+    /// The author it names is not the envelope's signer.
+    NotAuthor,
+    /// Its stage is not the topic's.
+    WrongStage,
+}
+
+impl RouteRefusal {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            RouteRefusal::Malformed => "malformed_butterfly",
+            RouteRefusal::NotAuthor => "butterfly_not_author",
+            RouteRefusal::WrongStage => "butterfly_wrong_stage",
+        }
+    }
 }
 
 impl std::fmt::Debug for Router {
@@ -272,18 +295,18 @@ impl Router {
             Ok(message) => message,
             Err(error) => {
                 tracing::debug!(peer = %author, %error, "undecodable butterfly gossip");
-                return Routed::Refused("malformed_butterfly");
+                return Routed::Refused(RouteRefusal::Malformed);
             }
         };
         let from = author.to_string();
         if message.author() != from {
             tracing::debug!(peer = %author, claimed = message.author(), "butterfly gossip not by its signer");
-            return Routed::Refused("butterfly_not_author");
+            return Routed::Refused(RouteRefusal::NotAuthor);
         }
         let (epoch, message_stage) = message.merge();
         if message_stage != stage {
             tracing::debug!(peer = %author, stage, message_stage, "butterfly gossip on another stage's topic");
-            return Routed::Refused("butterfly_wrong_stage");
+            return Routed::Refused(RouteRefusal::WrongStage);
         }
         if let Gossip::Misbehaviour(report) = &message {
             metrics.report_received(report.kind);

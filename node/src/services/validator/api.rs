@@ -1,17 +1,16 @@
 //! What other parts of the node may use of the validator service: its inbox messages, handle
-//! and the weights it publishes.
+//! and the weights it publishes, the confirmation a joiner makes of the validators' word,
+//! and the spot-check reply parser (for the fuzzer).
 
-#![allow(unused_imports)]
-use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 
-use bootstrap::{EpochPlan, PeerIdStr};
-use p2p::{Heartbeat, PeerId};
+use bootstrap::{EpochPlan, RunConfig};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::services::consensus::api::ConsensusHandle;
 use crate::services::inbox::{ask, send, ServiceGone};
-use crate::services::merge::api::{AuditFinding, AuditVerdict};
-use crate::wire::messages::{PipelineGossip, Service};
-// Validator: checks the miners' work.
+use crate::services::merge::api::MergeHandle;
+use crate::wire::messages::{ConfirmationReply, ConfirmationRequest, LossRecord};
 
 /// One miner's line in a validator's weights of an epoch.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -30,7 +29,8 @@ pub(crate) struct MinerWeight {
     pub(crate) standard_error: Option<f64>,
     /// Quality 0 for the epoch: CLASP flagged it, a spot check or a merge audit caught it.
     pub(crate) flagged: bool,
-    /// Why it was flagged (`clasp`, `spot_check: …`, `merge_audit: …`).
+    /// Why it was flagged: a [`super::scoring::CatchReason`] as text (`clasp`,
+    /// `spot_check: …`, `merge_audit: …`, `probation after …`).
     pub(crate) reason: Option<String>,
     /// Its weight in chain form (the largest is 65 535), from the smoothed scores.
     pub(crate) weight: u16,
@@ -63,7 +63,8 @@ pub(crate) struct SpotCheckCounts {
     pub(crate) inconclusive: u64,
 }
 
-/// The validator service's inbox.
+/// The validator service's inbox: what other parts of the node tell or ask it. (Its own
+/// timers and the results of its spot checks and audits are its task's, not messages.)
 pub(crate) enum ValidatorMsg {
     /// Consensus moved from `closed` to `next`: the merges closing `closed` run now.
     EpochClosed {
@@ -73,10 +74,8 @@ pub(crate) enum ValidatorMsg {
     /// Loss records the router accepted (from the plan's tails, each sample once).
     Losses {
         epoch: u64,
-        records: Vec<crate::wire::messages::LossRecord>,
+        records: Vec<LossRecord>,
     },
-    /// Score `epoch` now: its last loss records have had time to arrive.
-    Score(Box<EpochPlan>),
     /// A stage's replicas gossiped the hash of their merged weights (the weights every
     /// replica starts the next epoch from).
     Merged {
@@ -84,56 +83,59 @@ pub(crate) enum ValidatorMsg {
         stage: u32,
         hash: String,
     },
-    /// A merge audit named a miner.
-    AuditFinding(AuditFinding),
-    /// The audit of the merge of `stage` closing `epoch` ended.
-    Audited {
-        epoch: u64,
-        stage: u32,
-        verdict: AuditVerdict,
-    },
     /// A joining replica asks which merge hash the audit confirmed.
     Confirmation {
-        request: crate::wire::messages::ConfirmationRequest,
-        reply: oneshot::Sender<crate::wire::messages::ConfirmationReply>,
+        request: ConfirmationRequest,
+        reply: oneshot::Sender<ConfirmationReply>,
     },
-    /// Time for the next spot check (the service's own timer).
-    SpotTick,
-    /// A spot check ended.
-    Checked(Box<SpotCheckDone>),
 }
 
-/// A finished spot check, as the validator service records it.
-#[derive(Debug, Clone)]
-pub(crate) struct SpotCheckDone {
-    /// Epoch of the sample checked.
-    pub(crate) epoch: u64,
-    /// The miner checked.
-    pub(crate) peer: String,
-    /// Its stage.
-    pub(crate) stage: u32,
-    /// The sample.
-    pub(crate) sample: u64,
-    /// `None` when passed; the failure's reason; or an inconclusive check's reason.
-    pub(crate) failed: Option<&'static str>,
-    /// Why nothing could be concluded, when nothing could.
-    pub(crate) inconclusive: Option<&'static str>,
+/// What the service needs besides its inbox.
+pub(crate) struct ValidatorParts {
+    /// The merge service (audits).
+    pub(crate) merge: MergeHandle,
+    /// Where `weights/<epoch>.json` goes.
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Consensus, which combines the validators' weights (this one's too).
+    pub(crate) consensus: ConsensusHandle,
+    /// The network, for publishing the weights.
+    pub(crate) client: p2p::Client,
+    /// The pipeline topic the weights go on.
+    pub(crate) topic: String,
+    /// This node's peer id.
+    pub(crate) me: String,
+    /// The run (spot checks recompute its stages).
+    pub(crate) run: RunConfig,
+    /// Where spot checks compute.
+    pub(crate) device: training::Device,
+    /// Seeds the spot checks' schedule: derived from this node's private key.
+    pub(crate) secret: [u8; 32],
+    /// Misbehaviour on purpose: publish skewed weights (the hidden `skew-weights` fault).
+    pub(crate) skew_weights: bool,
 }
 
 /// The validator service, as the router sees it.
 #[derive(Clone)]
 pub(crate) struct ValidatorHandle {
-    pub(crate) tx: mpsc::Sender<ValidatorMsg>,
+    tx: mpsc::Sender<ValidatorMsg>,
     /// The latest epoch's weights.
     pub(crate) weights: watch::Receiver<Option<EpochWeights>>,
 }
 
 impl ValidatorHandle {
+    /// The handle of the task reading `tx`'s inbox and publishing `weights`.
+    pub(super) fn new(
+        tx: mpsc::Sender<ValidatorMsg>,
+        weights: watch::Receiver<Option<EpochWeights>>,
+    ) -> ValidatorHandle {
+        ValidatorHandle { tx, weights }
+    }
+
     /// Hands the validator accepted loss records.
     pub(crate) async fn losses(
         &self,
         epoch: u64,
-        records: Vec<crate::wire::messages::LossRecord>,
+        records: Vec<LossRecord>,
     ) -> Result<(), ServiceGone> {
         send(
             &self.tx,
@@ -161,8 +163,8 @@ impl ValidatorHandle {
     /// The validator's word on the merge a request asks about.
     pub(crate) async fn confirmation(
         &self,
-        request: crate::wire::messages::ConfirmationRequest,
-    ) -> Result<crate::wire::messages::ConfirmationReply, ServiceGone> {
+        request: ConfirmationRequest,
+    ) -> Result<ConfirmationReply, ServiceGone> {
         ask(&self.tx, "validator", |reply| ValidatorMsg::Confirmation {
             request,
             reply,
@@ -193,4 +195,4 @@ pub(crate) use super::confirmation::{decide, Decision};
 /// The spot-check reply parser, for the fuzzer.
 pub(crate) use super::spot::{parse_reply, Target};
 /// Starting the service.
-pub(crate) use super::{spawn, ValidatorParts};
+pub(crate) use super::task::spawn;

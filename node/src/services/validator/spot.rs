@@ -26,20 +26,22 @@
 //! must have cosine ≥ [`GRADIENT_COSINE_MIN`] and the same norm ratio. A tail that cannot
 //! show a sample it claimed fails. In the run's first epoch only the exact test is judged
 //! (see [`judge`]).
+//!
+//! **Layout.** Everything here decides and is pure: the [`Schedule`], [`parse_reply`],
+//! [`judge`] and [`compare`]; [`Checker`] (`checker.rs`) does the IO around them, asking the
+//! miner and recomputing on a scratch stage.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+mod checker;
+
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bootstrap::RunConfig;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use training::wire::FrameKind;
-use training::worker::{EvalOutput, StageInput};
-use training::{Corpus, StageHandle};
 
-use crate::rules::{Expect, FrameRules};
-use crate::wire::messages::{self, LossRecord, Service, SpotCheckReply, SpotCheckRequest};
+use crate::wire::messages::{self, LossRecord, Service, SpotCheckReply};
+
+pub(crate) use checker::Checker;
 
 /// Mean time between two checks.
 pub(crate) const MEAN_INTERVAL: Duration = Duration::from_millis(1000);
@@ -66,9 +68,6 @@ pub(crate) const NORM_RATIO_MIN: f64 = 0.75;
 /// tails measured within 4.1 % after the first epoch (the largest right after a merge);
 /// `lie-loss` tails 16.7–20.3 % below.
 pub(crate) const LOSS_TOLERANCE: f64 = 0.1;
-
-/// How long a miner has to answer.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Samples a miner must have served in an epoch before weights still equal to the epoch's
 /// starting weights mean it never stepped: its in-flight bound, plus two optimizer steps.
@@ -112,15 +111,106 @@ pub(crate) struct Measured {
     pub(crate) served: u64,
 }
 
-/// A check's verdict.
+/// Why a spot check caught a miner: its work was not reproduced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SpotFailure {
+    /// Its weights are still the epoch's starting weights after enough samples to owe a step.
+    WeightsNeverStepped,
+    /// The output it sent on points elsewhere than the recomputed one.
+    OutputNotReproduced,
+    /// The output it sent on has the wrong norm.
+    OutputScaleWrong,
+    /// The loss in the ledger is not the recomputed loss.
+    LossNotReproduced,
+    /// The evidence does not parse, or does not fit the run's shapes.
+    EvidenceMalformed,
+    /// A tail cannot show a sample it claimed a loss for.
+    ClaimedSampleNotHeld,
+}
+
+impl SpotFailure {
+    /// Its label, as logged and shown after `spot_check: ` in a miner's reason.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            SpotFailure::WeightsNeverStepped => "weights_never_stepped",
+            SpotFailure::OutputNotReproduced => "output_not_reproduced",
+            SpotFailure::OutputScaleWrong => "output_scale_wrong",
+            SpotFailure::LossNotReproduced => "loss_not_reproduced",
+            SpotFailure::EvidenceMalformed => "evidence_malformed",
+            SpotFailure::ClaimedSampleNotHeld => "claimed_sample_not_held",
+        }
+    }
+}
+
+impl std::fmt::Display for SpotFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// Why a spot check concluded nothing (no one is blamed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SpotInconclusive {
+    /// The miner answered with an error (busy, …).
+    Refused,
+    /// A stage before the tail no longer holds the sample.
+    NotHeld,
+    /// A merge since the sample replaced the weights it was computed with.
+    Superseded,
+    /// The miner's peer id does not parse.
+    BadPeer,
+    /// The request could not be encoded.
+    RequestNotEncoded,
+    /// No answer in time.
+    NoAnswer,
+    /// The validator could not build the stage to recompute with.
+    NoScratchStage,
+    /// The validator could not draw the sample's batch.
+    NoSample,
+    /// The validator's own recomputation did not decode.
+    RecomputeFailed,
+}
+
+impl SpotInconclusive {
+    /// Its label, as logged.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            SpotInconclusive::Refused => "refused",
+            SpotInconclusive::NotHeld => "not_held",
+            SpotInconclusive::Superseded => "superseded",
+            SpotInconclusive::BadPeer => "bad_peer",
+            SpotInconclusive::RequestNotEncoded => "request_not_encoded",
+            SpotInconclusive::NoAnswer => "no_answer",
+            SpotInconclusive::NoScratchStage => "no_scratch_stage",
+            SpotInconclusive::NoSample => "no_sample",
+            SpotInconclusive::RecomputeFailed => "recompute_failed",
+        }
+    }
+}
+
+/// A check's verdict: exactly one of passed, failed (why) or inconclusive (why).
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// Reproduced.
     Pass,
     /// Not reproduced: the miner is caught.
-    Fail(&'static str),
+    Fail(SpotFailure),
     /// Nothing could be concluded.
-    Inconclusive(&'static str),
+    Inconclusive(SpotInconclusive),
+}
+
+/// Written with the reasons' labels (`Fail("output_not_reproduced")`): the spot check's
+/// log line reads as it always has.
+impl std::fmt::Debug for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Pass => f.write_str("Pass"),
+            Outcome::Fail(why) => f.debug_tuple("Fail").field(&why.label()).finish(),
+            Outcome::Inconclusive(why) => {
+                f.debug_tuple("Inconclusive").field(&why.label()).finish()
+            }
+        }
+    }
 }
 
 /// Judges measured evidence (pure). In the run's first epoch (`first_epoch`) only the
@@ -129,7 +219,7 @@ pub(crate) enum Outcome {
 /// to 0.57 and losses 6.9 % off there).
 pub(crate) fn judge(m: &Measured, lazy_threshold: u64, first_epoch: bool) -> Outcome {
     if m.unchanged_weights && m.served >= lazy_threshold {
-        return Outcome::Fail("weights_never_stepped");
+        return Outcome::Fail(SpotFailure::WeightsNeverStepped);
     }
     if first_epoch {
         return Outcome::Pass;
@@ -140,17 +230,17 @@ pub(crate) fn judge(m: &Measured, lazy_threshold: u64, first_epoch: bool) -> Out
         COSINE_MIN
     };
     if m.cosine.is_some_and(|c| c.is_nan() || c < least) {
-        return Outcome::Fail("output_not_reproduced");
+        return Outcome::Fail(SpotFailure::OutputNotReproduced);
     }
     if m.norm_ratio
         .is_some_and(|r| !(NORM_RATIO_MIN..=1.0 / NORM_RATIO_MIN).contains(&r))
     {
-        return Outcome::Fail("output_scale_wrong");
+        return Outcome::Fail(SpotFailure::OutputScaleWrong);
     }
     if m.loss_ratio
         .is_some_and(|r| r.is_nan() || (r - 1.0).abs() > LOSS_TOLERANCE)
     {
-        return Outcome::Fail("loss_not_reproduced");
+        return Outcome::Fail(SpotFailure::LossNotReproduced);
     }
     Outcome::Pass
 }
@@ -231,11 +321,6 @@ impl Schedule {
     }
 }
 
-/// Lower-case hex.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// A spot check's reply, split: nothing copied yet.
 #[derive(Debug, PartialEq)]
 pub(crate) struct Evidence<'a> {
@@ -252,9 +337,9 @@ pub(crate) struct Evidence<'a> {
 /// Splits a spot check's reply to `target`, checking every declared size against the bytes
 /// before anything is copied. A reply that is not evidence is the check's outcome.
 pub(crate) fn parse_reply<'a>(reply: &'a [u8], target: &Target) -> Result<Evidence<'a>, Outcome> {
-    let malformed = Outcome::Fail("evidence_malformed");
+    let malformed = Outcome::Fail(SpotFailure::EvidenceMalformed);
     if reply.first() == Some(&crate::wire::rpc::ERROR) {
-        return Err(Outcome::Inconclusive("refused"));
+        return Err(Outcome::Inconclusive(SpotInconclusive::Refused));
     }
     let (header, payload) =
         messages::decode::<SpotCheckReply>(Service::SpotCheck, reply).map_err(|_| malformed)?;
@@ -269,10 +354,12 @@ pub(crate) fn parse_reply<'a>(reply: &'a [u8], target: &Target) -> Result<Eviden
         // Only the tail's own claims are its to prove; an earlier stage may have lost a
         // sample a tail claimed falsely.
         SpotCheckReply::NotHeld if target.tail => {
-            return Err(Outcome::Fail("claimed_sample_not_held"))
+            return Err(Outcome::Fail(SpotFailure::ClaimedSampleNotHeld))
         }
-        SpotCheckReply::NotHeld => return Err(Outcome::Inconclusive("not_held")),
-        SpotCheckReply::Superseded => return Err(Outcome::Inconclusive("superseded")),
+        SpotCheckReply::NotHeld => return Err(Outcome::Inconclusive(SpotInconclusive::NotHeld)),
+        SpotCheckReply::Superseded => {
+            return Err(Outcome::Inconclusive(SpotInconclusive::Superseded))
+        }
     };
     if stage != target.stage {
         return Err(malformed);
@@ -295,207 +382,10 @@ pub(crate) fn parse_reply<'a>(reply: &'a [u8], target: &Target) -> Result<Eviden
     })
 }
 
-/// A stage the validator recomputes with, built from the run seed.
-struct Scratch {
-    handle: StageHandle,
-    /// Hash of the run seed's weights of the stage.
-    seed_hash: String,
-}
-
-/// What a validator recomputes spot checks with: the network, the run's data, and one
-/// scratch copy of each stage (built when first needed).
-pub(crate) struct Checker {
-    client: p2p::Client,
-    run: RunConfig,
-    device: training::Device,
-    frames: FrameRules,
-    corpus: Arc<Corpus>,
-    stages: tokio::sync::Mutex<BTreeMap<u32, Scratch>>,
-}
-
-impl Checker {
-    /// A checker for `run`.
-    pub(crate) fn new(
-        client: p2p::Client,
-        run: RunConfig,
-        device: training::Device,
-    ) -> anyhow::Result<Checker> {
-        let run_id = crate::run_spec::run_id(&run);
-        Ok(Checker {
-            client,
-            frames: FrameRules::new(&run, run_id)?,
-            device,
-            corpus: Arc::new(Corpus::shakespeare()?),
-            run,
-            stages: tokio::sync::Mutex::new(BTreeMap::new()),
-        })
-    }
-
-    /// Runs `target`'s check; `starts` are the hashes of the weights the stage may start
-    /// the epoch from (merge hashes gossiped for the epoch before).
-    pub(crate) async fn check(
-        &self,
-        target: &Target,
-        starts: &BTreeSet<String>,
-    ) -> (Outcome, Measured) {
-        let mut measured = Measured {
-            served: target.served,
-            gradient: target.tail,
-            ..Measured::default()
-        };
-        let outcome = match self.recompute(target, starts, &mut measured).await {
-            Ok(()) => judge(
-                &measured,
-                lazy_threshold(self.run.inner_steps),
-                target.epoch == 0,
-            ),
-            Err(outcome) => outcome,
-        };
-        (outcome, measured)
-    }
-
-    async fn recompute(
-        &self,
-        target: &Target,
-        starts: &BTreeSet<String>,
-        measured: &mut Measured,
-    ) -> Result<(), Outcome> {
-        let malformed = Outcome::Fail("evidence_malformed");
-        let peer: p2p::PeerId = target
-            .peer
-            .parse()
-            .map_err(|_| Outcome::Inconclusive("bad_peer"))?;
-        let body = messages::encode(
-            Service::SpotCheck,
-            &SpotCheckRequest {
-                epoch: target.epoch,
-                sample: target.sample,
-            },
-            &[],
-        )
-        .map_err(|_| Outcome::Inconclusive("request_not_encoded"))?;
-        let reply =
-            match tokio::time::timeout(ANSWER_TIMEOUT, self.client.request(peer, body)).await {
-                Ok(Ok(reply)) => reply,
-                _ => return Err(Outcome::Inconclusive("no_answer")),
-            };
-        let Evidence {
-            stage,
-            input,
-            output,
-            weights,
-        } = parse_reply(&reply, target)?;
-        let boundary_in = stage.saturating_sub(1);
-        if stage > 0 {
-            let expect = Expect {
-                sample: Some(target.sample),
-                boundary: boundary_in,
-                kind: FrameKind::Activation,
-            };
-            self.frames.check(input, expect).map_err(|_| malformed)?;
-        } else if !input.is_empty() {
-            return Err(malformed);
-        }
-        let expect_out = if target.tail {
-            Expect {
-                sample: Some(target.sample),
-                boundary: boundary_in,
-                kind: FrameKind::Gradient,
-            }
-        } else {
-            Expect {
-                sample: Some(target.sample),
-                boundary: stage,
-                kind: FrameKind::Activation,
-            }
-        };
-        if !(target.tail && stage == 0) {
-            self.frames
-                .check(output, expect_out)
-                .map_err(|_| malformed)?;
-        }
-
-        let mut stages = self.stages.lock().await;
-        let scratch = match stages.entry(stage) {
-            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::btree_map::Entry::Vacant(e) => e.insert(
-                self.scratch(stage)
-                    .await
-                    .map_err(|_| Outcome::Inconclusive("no_scratch_stage"))?,
-            ),
-        };
-        if weights.len() != 4 * scratch.handle.num_params() {
-            return Err(malformed);
-        }
-        let weights = messages::f32_from_bytes(weights).ok_or(malformed)?;
-        let hash = hex(&training::stage::hash_f32(&weights));
-        measured.unchanged_weights = hash == scratch.seed_hash || starts.contains(&hash);
-        let worker = &scratch.handle;
-        worker
-            .set_flat_params(weights)
-            .await
-            .map_err(|_| malformed)?;
-        let batch = self
-            .corpus
-            .train_sample(
-                target.sample,
-                self.run.seed,
-                self.run.batch_size as usize,
-                self.run.seq_len as usize,
-            )
-            .map_err(|_| Outcome::Inconclusive("no_sample"))?;
-        let stage_input = if stage == 0 {
-            StageInput::Tokens {
-                batch: batch.batch,
-                seq: batch.seq,
-                tokens: batch.inputs.clone(),
-            }
-        } else {
-            // A subspace model's stages rebuild the stream from the sample's tokens.
-            let tokens = worker.layout().needs_tokens().then(|| batch.inputs.clone());
-            StageInput::frame(input.to_vec(), tokens)
-        };
-        let recomputed = if target.tail {
-            let out = worker
-                .forward_loss(stage_input, batch.targets)
-                .await
-                .map_err(|_| malformed)?;
-            if out.loss > 0.0 {
-                measured.loss_ratio = Some(f64::from(target.claimed_loss) / f64::from(out.loss));
-            }
-            out.grad_frame
-        } else {
-            match worker.eval(stage_input, None).await {
-                Ok(EvalOutput::Activation(frame)) => Some(frame),
-                _ => return Err(malformed),
-            }
-        };
-        if let Some(recomputed) = recomputed {
-            let limits = self.frames.limits();
-            let theirs = training::wire::decode(output, &limits).map_err(|_| malformed)?;
-            let ours = training::wire::decode(&recomputed, &limits)
-                .map_err(|_| Outcome::Inconclusive("recompute_failed"))?;
-            let (cosine, ratio) = compare(&theirs.values, &ours.values).ok_or(malformed)?;
-            measured.cosine = Some(cosine);
-            measured.norm_ratio = Some(ratio);
-        }
-        Ok(())
-    }
-
-    /// Builds `stage` from the run seed and notes its weights' hash.
-    async fn scratch(&self, stage: u32) -> anyhow::Result<Scratch> {
-        let run = &self.run;
-        let stage_cfg = crate::run_spec::stage_config(run, stage, self.device);
-        let worker_cfg = crate::run_spec::worker_config(run, stage_cfg, self.frames.limits());
-        // The thread ends when the handle is dropped with the checker.
-        let (handle, _thread) = StageHandle::spawn(worker_cfg).await?;
-        let seed_hash = hex(&handle.weights_hash().await?);
-        Ok(Scratch { handle, seed_hash })
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     fn record(sample: u64, pathway: &[&str], loss: f32) -> LossRecord {
@@ -524,7 +414,7 @@ mod tests {
         };
         assert_eq!(
             judge(&noise, lazy, false),
-            Outcome::Fail("output_not_reproduced")
+            Outcome::Fail(SpotFailure::OutputNotReproduced)
         );
         let nan = Measured {
             cosine: Some(f64::NAN),
@@ -532,7 +422,7 @@ mod tests {
         };
         assert_eq!(
             judge(&nan, lazy, false),
-            Outcome::Fail("output_not_reproduced")
+            Outcome::Fail(SpotFailure::OutputNotReproduced)
         );
         // A tail's gradient drifts more: 0.85 passes there, not for an activation.
         let drifted = Measured {
@@ -541,7 +431,7 @@ mod tests {
         };
         assert_eq!(
             judge(&drifted, lazy, false),
-            Outcome::Fail("output_not_reproduced")
+            Outcome::Fail(SpotFailure::OutputNotReproduced)
         );
         let drifted_gradient = Measured {
             gradient: true,
@@ -562,7 +452,7 @@ mod tests {
         };
         assert_eq!(
             judge(&noise_gradient, lazy, false),
-            Outcome::Fail("output_not_reproduced")
+            Outcome::Fail(SpotFailure::OutputNotReproduced)
         );
         let scaled = Measured {
             norm_ratio: Some(2.0),
@@ -570,7 +460,7 @@ mod tests {
         };
         assert_eq!(
             judge(&scaled, lazy, false),
-            Outcome::Fail("output_scale_wrong")
+            Outcome::Fail(SpotFailure::OutputScaleWrong)
         );
         let lie = Measured {
             loss_ratio: Some(0.8),
@@ -578,7 +468,7 @@ mod tests {
         };
         assert_eq!(
             judge(&lie, lazy, false),
-            Outcome::Fail("loss_not_reproduced")
+            Outcome::Fail(SpotFailure::LossNotReproduced)
         );
         let stale = Measured {
             unchanged_weights: true,
@@ -586,7 +476,7 @@ mod tests {
         };
         assert_eq!(
             judge(&stale, lazy, false),
-            Outcome::Fail("weights_never_stepped")
+            Outcome::Fail(SpotFailure::WeightsNeverStepped)
         );
         // Too early in the epoch for a step to be owed.
         let early = Measured {
@@ -599,7 +489,7 @@ mod tests {
         assert_eq!(judge(&noise, lazy, true), Outcome::Pass);
         assert_eq!(
             judge(&stale, lazy, true),
-            Outcome::Fail("weights_never_stepped")
+            Outcome::Fail(SpotFailure::WeightsNeverStepped)
         );
     }
 
@@ -639,7 +529,7 @@ mod tests {
                 weights: &payload[5..],
             }
         );
-        let malformed = Err(Outcome::Fail("evidence_malformed"));
+        let malformed = Err(Outcome::Fail(SpotFailure::EvidenceMalformed));
         for bad in [
             reply(1, [3, 2, 2], &payload),
             reply(1, [u64::MAX, 2, 1], &payload),
@@ -652,7 +542,7 @@ mod tests {
         let not_held = messages::encode(Service::SpotCheck, &SpotCheckReply::NotHeld, &[]).unwrap();
         assert_eq!(
             parse_reply(&not_held, &target),
-            Err(Outcome::Inconclusive("not_held"))
+            Err(Outcome::Inconclusive(SpotInconclusive::NotHeld))
         );
         let tail = Target {
             tail: true,
@@ -661,14 +551,14 @@ mod tests {
         };
         assert_eq!(
             parse_reply(&not_held, &tail),
-            Err(Outcome::Fail("claimed_sample_not_held"))
+            Err(Outcome::Fail(SpotFailure::ClaimedSampleNotHeld))
         );
         assert_eq!(
             parse_reply(
                 &crate::wire::rpc::error_response(crate::wire::rpc::ErrorCode::Busy),
                 &target
             ),
-            Err(Outcome::Inconclusive("refused"))
+            Err(Outcome::Inconclusive(SpotInconclusive::Refused))
         );
     }
 
@@ -724,5 +614,42 @@ mod tests {
             .iter()
             .all(|d| *d >= MEAN_INTERVAL / 2 && *d <= MEAN_INTERVAL * 3 / 2));
         assert!(Schedule::new([1; 32]).pick(0, &[]).is_none());
+    }
+
+    #[test]
+    fn outcomes_read_as_the_logs_and_reasons_always_showed_them() {
+        let failures = [
+            (SpotFailure::WeightsNeverStepped, "weights_never_stepped"),
+            (SpotFailure::OutputNotReproduced, "output_not_reproduced"),
+            (SpotFailure::OutputScaleWrong, "output_scale_wrong"),
+            (SpotFailure::LossNotReproduced, "loss_not_reproduced"),
+            (SpotFailure::EvidenceMalformed, "evidence_malformed"),
+            (SpotFailure::ClaimedSampleNotHeld, "claimed_sample_not_held"),
+        ];
+        for (failure, label) in failures {
+            assert_eq!(failure.to_string(), label);
+            assert_eq!(
+                format!("{:?}", Outcome::Fail(failure)),
+                format!("Fail({label:?})")
+            );
+        }
+        let inconclusive = [
+            (SpotInconclusive::Refused, "refused"),
+            (SpotInconclusive::NotHeld, "not_held"),
+            (SpotInconclusive::Superseded, "superseded"),
+            (SpotInconclusive::BadPeer, "bad_peer"),
+            (SpotInconclusive::RequestNotEncoded, "request_not_encoded"),
+            (SpotInconclusive::NoAnswer, "no_answer"),
+            (SpotInconclusive::NoScratchStage, "no_scratch_stage"),
+            (SpotInconclusive::NoSample, "no_sample"),
+            (SpotInconclusive::RecomputeFailed, "recompute_failed"),
+        ];
+        for (why, label) in inconclusive {
+            assert_eq!(
+                format!("{:?}", Outcome::Inconclusive(why)),
+                format!("Inconclusive({label:?})")
+            );
+        }
+        assert_eq!(format!("{:?}", Outcome::Pass), "Pass");
     }
 }

@@ -1,5 +1,5 @@
-//! The merge service: the node's side of merging stage replicas. A task behind a bounded
-//! inbox takes the miner's epoch-closing merges (run as butterfly all-reduces over the
+//! The merge service's task: the node's side of merging stage replicas. A task behind a
+//! bounded inbox takes the miner's epoch-closing merges (run as butterfly all-reduces over the
 //! network, [`crate::services::merge`]), the validator's audits of those merges, the all-reduce's
 //! gossip and requests from the router, and who may read partitions.
 //!
@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use crate::rules::Verdict;
 use crate::schedule::{max_samples, merge_start, phase_for};
 use crate::services::inbox::INBOX;
-use crate::services::merge::api::{AuditEvent, AuditFinding, AuditVerdict};
+use crate::services::merge::api::{AuditEvent, AuditFinding, AuditVerdict, FindingKind};
 use crate::services::merge::api::{
     MergeAnswer, MergeGossip, MergeHandle, MergeMsg, MergeRequest, Readers,
 };
@@ -62,7 +62,7 @@ impl NetMerger {
         }
         match self.router.route_gossip(&author, topic, data) {
             merge::Routed::Delivered => MergeGossip::Delivered,
-            merge::Routed::Refused(reason) => MergeGossip::Refused(reason),
+            merge::Routed::Refused(reason) => MergeGossip::Refused(reason.label()),
             merge::Routed::NotButterfly => MergeGossip::NotButterfly,
         }
     }
@@ -209,12 +209,12 @@ impl NetMerger {
         let capped = report.weights_capped.iter().map(|m| AuditFinding {
             epoch: closed.epoch,
             accused: m.clone(),
-            kind: "InflatedSamples".into(),
+            kind: FindingKind::InflatedSamples,
         });
         let found = report.misbehaviour.iter().map(|m| AuditFinding {
             epoch: m.epoch,
             accused: m.accused.clone(),
-            kind: format!("{:?}", m.kind),
+            kind: FindingKind::Misbehaviour(m.kind),
         });
         for finding in found.chain(capped) {
             if findings.send(AuditEvent::Finding(finding)).await.is_err() {
@@ -298,40 +298,46 @@ pub(crate) fn spawn(
     let (tx, mut inbox) = tokio::sync::mpsc::channel(INBOX);
     let task = tokio::spawn(async move {
         while let Some(message) = inbox.recv().await {
-            match message {
-                MergeMsg::Gossip {
-                    author,
-                    topic,
-                    data,
-                    reply,
-                } => {
-                    let _ = reply.send(merger.on_gossip(author, &topic, &data));
-                }
-                MergeMsg::Request { peer, data, reply } => {
-                    let merger = merger.clone();
-                    tokio::spawn(async move {
-                        let answer = match merger.on_request(peer, &data) {
-                            Some(Ok(bytes)) => MergeAnswer::Reply(bytes),
-                            Some(Err(reason)) => MergeAnswer::Refused(reason),
-                            None => MergeAnswer::NotMine,
-                        };
-                        let _ = reply.send(answer);
-                    });
-                }
-                MergeMsg::Readers(readers) => merger.set_readers(readers),
-                MergeMsg::Merge { request, reply } => {
-                    let merger = merger.clone();
-                    tokio::spawn(async move {
-                        let _ = reply.send(merger.merge(*request).await);
-                    });
-                }
-                MergeMsg::Audit {
-                    closed,
-                    next,
-                    findings,
-                } => merger.audit(&closed, &next, findings),
-            }
+            on_message(&merger, message);
         }
     });
     (MergeHandle { tx }, task)
+}
+
+/// Handles one inbox message: at once, or in a task of its own for what waits on the
+/// network (a merge, an answer that copies a partition).
+fn on_message(merger: &Arc<NetMerger>, message: MergeMsg) {
+    match message {
+        MergeMsg::Gossip {
+            author,
+            topic,
+            data,
+            reply,
+        } => {
+            let _ = reply.send(merger.on_gossip(author, &topic, &data));
+        }
+        MergeMsg::Request { peer, data, reply } => {
+            let merger = merger.clone();
+            tokio::spawn(async move {
+                let answer = match merger.on_request(peer, &data) {
+                    Some(Ok(bytes)) => MergeAnswer::Reply(bytes),
+                    Some(Err(reason)) => MergeAnswer::Refused(reason),
+                    None => MergeAnswer::NotMine,
+                };
+                let _ = reply.send(answer);
+            });
+        }
+        MergeMsg::Readers(readers) => merger.set_readers(readers),
+        MergeMsg::Merge { request, reply } => {
+            let merger = merger.clone();
+            tokio::spawn(async move {
+                let _ = reply.send(merger.merge(*request).await);
+            });
+        }
+        MergeMsg::Audit {
+            closed,
+            next,
+            findings,
+        } => merger.audit(&closed, &next, findings),
+    }
 }

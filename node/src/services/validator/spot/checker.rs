@@ -1,0 +1,262 @@
+//! The IO of a spot check: asking the miner for its evidence, and recomputing the sample
+//! on a scratch copy of its stage. Every decision is made by the pure code of [`super`]
+//! ([`super::parse_reply`], [`super::judge`], [`super::compare`]); this module only fetches
+//! and computes what they judge. Each step that cannot go on ends the check with its
+//! [`Outcome`], in the order the steps run (the first that fails is the one reported).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bootstrap::RunConfig;
+use training::wire::FrameKind;
+use training::worker::{EvalOutput, StageInput};
+use training::{Corpus, StageHandle};
+
+use super::{
+    compare, judge, lazy_threshold, parse_reply, Evidence, Measured, Outcome, SpotFailure,
+    SpotInconclusive, Target,
+};
+use crate::rules::{Expect, FrameRules};
+use crate::wire::messages::{self, Service, SpotCheckRequest};
+
+/// How long a miner has to answer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The evidence does not parse or does not fit the run.
+const MALFORMED: Outcome = Outcome::Fail(SpotFailure::EvidenceMalformed);
+
+/// Lower-case hex.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A stage the validator recomputes with, built from the run seed.
+struct Scratch {
+    handle: StageHandle,
+    /// Hash of the run seed's weights of the stage.
+    seed_hash: String,
+}
+
+/// What a validator recomputes spot checks with: the network, the run's data, and one
+/// scratch copy of each stage (built when first needed).
+pub(crate) struct Checker {
+    client: p2p::Client,
+    run: RunConfig,
+    device: training::Device,
+    frames: FrameRules,
+    corpus: Arc<Corpus>,
+    stages: tokio::sync::Mutex<BTreeMap<u32, Scratch>>,
+}
+
+impl Checker {
+    /// A checker for `run`.
+    pub(crate) fn new(
+        client: p2p::Client,
+        run: RunConfig,
+        device: training::Device,
+    ) -> anyhow::Result<Checker> {
+        let run_id = crate::run_spec::run_id(&run);
+        Ok(Checker {
+            client,
+            frames: FrameRules::new(&run, run_id)?,
+            device,
+            corpus: Arc::new(Corpus::shakespeare()?),
+            run,
+            stages: tokio::sync::Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Runs `target`'s check; `starts` are the hashes of the weights the stage may start
+    /// the epoch from (merge hashes gossiped for the epoch before).
+    pub(crate) async fn check(
+        &self,
+        target: &Target,
+        starts: &BTreeSet<String>,
+    ) -> (Outcome, Measured) {
+        let mut measured = Measured {
+            served: target.served,
+            gradient: target.tail,
+            ..Measured::default()
+        };
+        let outcome = match self.recompute(target, starts, &mut measured).await {
+            Ok(()) => judge(
+                &measured,
+                lazy_threshold(self.run.inner_steps),
+                target.epoch == 0,
+            ),
+            Err(outcome) => outcome,
+        };
+        (outcome, measured)
+    }
+
+    /// Fetches the evidence, checks its frames and recomputes the sample with the
+    /// miner's weights, filling in `measured`.
+    async fn recompute(
+        &self,
+        target: &Target,
+        starts: &BTreeSet<String>,
+        measured: &mut Measured,
+    ) -> Result<(), Outcome> {
+        let reply = self.ask(target).await?;
+        let evidence = parse_reply(&reply, target)?;
+        self.check_frames(target, &evidence)?;
+        let mut stages = self.stages.lock().await;
+        let scratch = self.scratch_for(&mut stages, evidence.stage).await?;
+        if evidence.weights.len() != 4 * scratch.handle.num_params() {
+            return Err(MALFORMED);
+        }
+        let weights = messages::f32_from_bytes(evidence.weights).ok_or(MALFORMED)?;
+        let hash = hex(&training::stage::hash_f32(&weights));
+        measured.unchanged_weights = hash == scratch.seed_hash || starts.contains(&hash);
+        let worker = &scratch.handle;
+        worker
+            .set_flat_params(weights)
+            .await
+            .map_err(|_| MALFORMED)?;
+        let recomputed = self.forward(worker, target, &evidence, measured).await?;
+        if let Some(recomputed) = recomputed {
+            let limits = self.frames.limits();
+            let theirs = training::wire::decode(evidence.output, &limits).map_err(|_| MALFORMED)?;
+            let ours = training::wire::decode(&recomputed, &limits)
+                .map_err(|_| Outcome::Inconclusive(SpotInconclusive::RecomputeFailed))?;
+            let (cosine, ratio) = compare(&theirs.values, &ours.values).ok_or(MALFORMED)?;
+            measured.cosine = Some(cosine);
+            measured.norm_ratio = Some(ratio);
+        }
+        Ok(())
+    }
+
+    /// Asks the miner for its evidence of `target`'s sample: the reply's bytes.
+    async fn ask(&self, target: &Target) -> Result<Vec<u8>, Outcome> {
+        let peer: p2p::PeerId = target
+            .peer
+            .parse()
+            .map_err(|_| Outcome::Inconclusive(SpotInconclusive::BadPeer))?;
+        let body = messages::encode(
+            Service::SpotCheck,
+            &SpotCheckRequest {
+                epoch: target.epoch,
+                sample: target.sample,
+            },
+            &[],
+        )
+        .map_err(|_| Outcome::Inconclusive(SpotInconclusive::RequestNotEncoded))?;
+        match tokio::time::timeout(ANSWER_TIMEOUT, self.client.request(peer, body)).await {
+            Ok(Ok(reply)) => Ok(reply),
+            _ => Err(Outcome::Inconclusive(SpotInconclusive::NoAnswer)),
+        }
+    }
+
+    /// Checks the evidence's frames against the run's shapes: the input (none at the
+    /// head) and the frame it sent on (none to check for a tail that is also the head).
+    fn check_frames(&self, target: &Target, evidence: &Evidence<'_>) -> Result<(), Outcome> {
+        let stage = evidence.stage;
+        let boundary_in = stage.saturating_sub(1);
+        if stage > 0 {
+            let expect = Expect {
+                sample: Some(target.sample),
+                boundary: boundary_in,
+                kind: FrameKind::Activation,
+            };
+            self.frames
+                .check(evidence.input, expect)
+                .map_err(|_| MALFORMED)?;
+        } else if !evidence.input.is_empty() {
+            return Err(MALFORMED);
+        }
+        let expect_out = if target.tail {
+            Expect {
+                sample: Some(target.sample),
+                boundary: boundary_in,
+                kind: FrameKind::Gradient,
+            }
+        } else {
+            Expect {
+                sample: Some(target.sample),
+                boundary: stage,
+                kind: FrameKind::Activation,
+            }
+        };
+        if !(target.tail && stage == 0) {
+            self.frames
+                .check(evidence.output, expect_out)
+                .map_err(|_| MALFORMED)?;
+        }
+        Ok(())
+    }
+
+    /// The scratch copy of `stage`, built on first use.
+    async fn scratch_for<'s>(
+        &self,
+        stages: &'s mut BTreeMap<u32, Scratch>,
+        stage: u32,
+    ) -> Result<&'s mut Scratch, Outcome> {
+        Ok(match stages.entry(stage) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => e.insert(
+                self.scratch(stage)
+                    .await
+                    .map_err(|_| Outcome::Inconclusive(SpotInconclusive::NoScratchStage))?,
+            ),
+        })
+    }
+
+    /// Recomputes the sample on `worker` (holding the miner's weights): the frame the
+    /// miner should have sent on (`None` when a tail sends none back), and at the tail the
+    /// ratio of the claimed loss to the recomputed one.
+    async fn forward(
+        &self,
+        worker: &StageHandle,
+        target: &Target,
+        evidence: &Evidence<'_>,
+        measured: &mut Measured,
+    ) -> Result<Option<Vec<u8>>, Outcome> {
+        let batch = self
+            .corpus
+            .train_sample(
+                target.sample,
+                self.run.seed,
+                self.run.batch_size as usize,
+                self.run.seq_len as usize,
+            )
+            .map_err(|_| Outcome::Inconclusive(SpotInconclusive::NoSample))?;
+        let stage_input = if evidence.stage == 0 {
+            StageInput::Tokens {
+                batch: batch.batch,
+                seq: batch.seq,
+                tokens: batch.inputs.clone(),
+            }
+        } else {
+            // A subspace model's stages rebuild the stream from the sample's tokens.
+            let tokens = worker.layout().needs_tokens().then(|| batch.inputs.clone());
+            StageInput::frame(evidence.input.to_vec(), tokens)
+        };
+        if target.tail {
+            let out = worker
+                .forward_loss(stage_input, batch.targets)
+                .await
+                .map_err(|_| MALFORMED)?;
+            if out.loss > 0.0 {
+                measured.loss_ratio = Some(f64::from(target.claimed_loss) / f64::from(out.loss));
+            }
+            Ok(out.grad_frame)
+        } else {
+            match worker.eval(stage_input, None).await {
+                Ok(EvalOutput::Activation(frame)) => Ok(Some(frame)),
+                _ => Err(MALFORMED),
+            }
+        }
+    }
+
+    /// Builds `stage` from the run seed and notes its weights' hash.
+    async fn scratch(&self, stage: u32) -> anyhow::Result<Scratch> {
+        let run = &self.run;
+        let stage_cfg = crate::run_spec::stage_config(run, stage, self.device);
+        let worker_cfg = crate::run_spec::worker_config(run, stage_cfg, self.frames.limits());
+        // The thread ends when the handle is dropped with the checker.
+        let (handle, _thread) = StageHandle::spawn(worker_cfg).await?;
+        let seed_hash = hex(&handle.weights_hash().await?);
+        Ok(Scratch { handle, seed_hash })
+    }
+}
