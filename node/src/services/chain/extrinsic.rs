@@ -397,16 +397,44 @@ pub fn decode_set_weights(
     extrinsic: &[u8],
     era_block_hash: [u8; 32],
 ) -> Result<DecodedSetWeights, DecodeError> {
-    let metadata = &state.client.metadata;
     let extrinsics = subxt_core::blocks::decode_from::<SubstrateConfig>(
         vec![extrinsic.to_vec()],
-        metadata.clone(),
+        state.client.metadata.clone(),
     )
     .map_err(|e| DecodeError::Malformed(e.to_string()))?;
     let details = extrinsics
         .iter()
         .next()
         .ok_or_else(|| DecodeError::Malformed("no extrinsic".to_owned()))?;
+    check_set_weights_call(&details)?;
+    let (signer_pubkey, signature) = signer_and_signature(&details)?;
+    let Extensions { nonce, tip, era } = explicit_extensions(&details)?;
+    let era_hash = match era {
+        TxEra::Immortal => state.genesis_hash(),
+        TxEra::Mortal { .. } => era_block_hash,
+    };
+    let payload = signed_payload(state, &details, era_hash);
+    let signature_valid = if payload.len() > MAX_UNHASHED_PAYLOAD {
+        let hash = BlakeTwo256.hash(&payload);
+        verify(&signature, hash.as_ref(), &signer_pubkey)
+    } else {
+        verify(&signature, &payload, &signer_pubkey)
+    };
+    Ok(DecodedSetWeights {
+        signer_pubkey,
+        call: call_of(&details)?,
+        nonce,
+        tip,
+        era,
+        signature_valid,
+    })
+}
+
+/// One decoded extrinsic of this chain.
+type Details = subxt_core::blocks::ExtrinsicDetails<SubstrateConfig>;
+
+/// Refuses an extrinsic that is unsigned or another call than `SubtensorModule.set_weights`.
+fn check_set_weights_call(details: &Details) -> Result<(), DecodeError> {
     if !details.is_signed() {
         return Err(DecodeError::Unsigned);
     }
@@ -422,7 +450,11 @@ pub fn decode_set_weights(
             call: call_name.to_owned(),
         });
     }
+    Ok(())
+}
 
+/// The signer's public key (an `Id` address) and its sr25519 signature.
+fn signer_and_signature(details: &Details) -> Result<([u8; 32], [u8; 64]), DecodeError> {
     let signer_pubkey = match details.address_bytes() {
         Some([0, rest @ ..]) => {
             <[u8; 32]>::try_from(rest).map_err(|_| DecodeError::UnsupportedAddress)?
@@ -435,7 +467,22 @@ pub fn decode_set_weights(
         }
         _ => return Err(DecodeError::UnsupportedSignature),
     };
+    Ok((signer_pubkey, signature))
+}
 
+/// What the extrinsic's transaction extensions carry.
+struct Extensions {
+    /// `CheckNonce`.
+    nonce: u64,
+    /// `ChargeTransactionPayment`.
+    tip: u128,
+    /// `CheckMortality` (immortal when absent).
+    era: TxEra,
+}
+
+/// Reads the extensions' explicit values, refusing an extrinsic that commits to a metadata
+/// hash (this module signs without one).
+fn explicit_extensions(details: &Details) -> Result<Extensions, DecodeError> {
     let extensions = details
         .transaction_extensions()
         .ok_or(DecodeError::Unsigned)?;
@@ -459,16 +506,18 @@ pub fn decode_set_weights(
     if metadata_hash_enabled {
         return Err(DecodeError::MetadataHashEnabled);
     }
+    Ok(Extensions { nonce, tip, era })
+}
 
-    // The payload Substrate signs: the call, every extension's explicit bytes (as the extrinsic
-    // carries them), every extension's implicit bytes (recomputed here, in the runtime's order).
+/// The payload Substrate signs: the call, every extension's explicit bytes (as the extrinsic
+/// carries them), every extension's implicit bytes (recomputed here, in the runtime's order;
+/// `era_hash` is the era's birth block, or the genesis for an immortal extrinsic).
+fn signed_payload(state: &ChainState, details: &Details, era_hash: [u8; 32]) -> Vec<u8> {
     let mut payload = details.call_bytes().to_vec();
     payload.extend_from_slice(details.transaction_extensions_bytes().unwrap_or_default());
-    let era_hash = match era {
-        TxEra::Immortal => state.genesis_hash(),
-        TxEra::Mortal { .. } => era_block_hash,
-    };
-    for extension in metadata
+    for extension in state
+        .client
+        .metadata
         .extrinsic()
         .transaction_extensions_to_use_for_encoding()
     {
@@ -477,35 +526,25 @@ pub fn decode_set_weights(
             "CheckTxVersion" => state.transaction_version().encode_to(&mut payload),
             "CheckGenesis" => payload.extend_from_slice(&state.genesis_hash()),
             "CheckMortality" => payload.extend_from_slice(&era_hash),
-            // `None`: no metadata hash (checked above).
+            // `None`: no metadata hash (checked by `explicit_extensions`).
             "CheckMetadataHash" => payload.push(0),
             // Every other extension has no implicit bytes (checked by `ChainState`).
             _ => {}
         }
     }
-    let signature_valid = if payload.len() > MAX_UNHASHED_PAYLOAD {
-        let hash = BlakeTwo256.hash(&payload);
-        verify(&signature, hash.as_ref(), &signer_pubkey)
-    } else {
-        verify(&signature, &payload, &signer_pubkey)
-    };
+    payload
+}
 
+/// The call's arguments.
+fn call_of(details: &Details) -> Result<SetWeights, DecodeError> {
     let fields = details
         .field_values()
         .map_err(|e| DecodeError::Malformed(e.to_string()))?;
-    let call = SetWeights {
+    Ok(SetWeights {
         netuid: field_uint(&fields, "netuid")?,
         uids: field_u16s(&fields, "dests")?,
         weights: field_u16s(&fields, "weights")?,
         version_key: field_uint(&fields, "version_key")?,
-    };
-    Ok(DecodedSetWeights {
-        signer_pubkey,
-        call,
-        nonce,
-        tip,
-        era,
-        signature_valid,
     })
 }
 
