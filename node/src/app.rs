@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use bootstrap::{Metagraph, PeerIdStr, RunConfig};
-use p2p::{identity::Keypair, Event, Heartbeat, LiveView, Multiaddr, PeerId, Role};
+use p2p::{Event, Heartbeat, LiveView, Multiaddr, PeerId, Role};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -29,6 +29,7 @@ use crate::services::inbox::ServiceGone;
 use crate::services::miner::api::MinerHandle;
 use crate::services::miner::api::{Miner, MinerConfig};
 use crate::services::observe::api::{NodeView, StatusSource};
+use identity::NodeIdentity;
 use settings::{own_binding, NodeSettings, BINDING_LIFETIME};
 
 /// How long a stopping node waits for its compute thread.
@@ -37,28 +38,16 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// How often the election is ticked.
 const TICK: Duration = Duration::from_millis(250);
 
-/// Converts a libp2p peer id into the validated text form `bootstrap` uses.
-fn peer_str(peer: &PeerId) -> Option<PeerIdStr> {
-    PeerIdStr::parse(&peer.to_string()).ok()
-}
-
 /// Runs a node until a shutdown signal. Returns once everything it started has stopped.
 pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let settings = NodeSettings::from_args(&args)?;
-    let keypair = match &settings.data_dir {
-        Some(dir) => crate::app::identity::load_or_create(dir)?,
-        None => Keypair::generate_ed25519(),
-    };
+    let NodeIdentity {
+        keypair,
+        peer_id: local_peer_id,
+        me,
+        spot_check_secret: secret,
+    } = identity::of_node(settings.data_dir.as_deref())?;
     let mut binding = settings.first_binding(&keypair)?;
-    let local_peer_id = keypair.public().to_peer_id();
-    // The spot checks' schedule is drawn from the private key: unpredictable to others.
-    let secret = blake3::derive_key(
-        "iota-p2p validator spot-check schedule v1",
-        &keypair
-            .to_protobuf_encoding()
-            .context("encoding the node key")?,
-    );
-    let me = peer_str(&local_peer_id).context("own peer id is not a valid peer id")?;
     if let Some(warning) = settings.permit_warning(&me) {
         tracing::warn!("{warning}");
     }
