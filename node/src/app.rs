@@ -5,21 +5,21 @@
 //! loop. This task reacts to network events and timers, and stops on SIGINT or SIGTERM.
 
 pub(crate) mod identity;
+pub(crate) mod settings;
 
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
-use bootstrap::identity::HotkeyPair;
+use anyhow::Context;
 use bootstrap::{Metagraph, PeerIdStr, RunConfig};
-use p2p::{identity::Keypair, Event, Heartbeat, LiveView, Multiaddr, PeerId, Role};
+use p2p::{Event, Heartbeat, LiveView, Multiaddr, PeerId, Role};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::cli::{Fault, NodeArgs};
+use crate::cli::NodeArgs;
 use crate::metrics::NodeMetrics;
 use crate::router::{Next, Router, RouterParts};
 use crate::schedule::unix_ms;
@@ -27,8 +27,10 @@ use crate::services::consensus::api::Orchestration;
 use crate::services::consensus::api::{ConsensusHandle, EpochProgress};
 use crate::services::inbox::ServiceGone;
 use crate::services::miner::api::MinerHandle;
-use crate::services::miner::api::{Miner, MinerConfig, MinerFaults};
+use crate::services::miner::api::{Miner, MinerConfig};
 use crate::services::observe::api::{NodeView, StatusSource};
+use identity::NodeIdentity;
+use settings::{own_binding, NodeSettings, BINDING_LIFETIME};
 
 /// How long a stopping node waits for its compute thread.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -36,155 +38,35 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// How often the election is ticked.
 const TICK: Duration = Duration::from_millis(250);
 
-/// Loads `--run` (or the built-in defaults).
-fn load_run_config(args: &NodeArgs) -> anyhow::Result<RunConfig> {
-    let Some(path) = &args.run else {
-        return Ok(RunConfig::default());
-    };
-    let text = read_limited(path, bootstrap::MAX_RUN_CONFIG_BYTES as u64)
-        .with_context(|| format!("--run {}", path.display()))?;
-    RunConfig::from_toml_str(&text).with_context(|| format!("--run {}", path.display()))
-}
-
-/// Loads `--metagraph`, if given.
-fn load_metagraph(args: &NodeArgs) -> anyhow::Result<Option<Metagraph>> {
-    let Some(path) = &args.metagraph else {
-        return Ok(None);
-    };
-    let text = read_limited(path, bootstrap::metagraph::MAX_METAGRAPH_BYTES as u64)
-        .with_context(|| format!("--metagraph {}", path.display()))?;
-    Ok(Some(Metagraph::from_json_str(&text).with_context(
-        || format!("--metagraph {}", path.display()),
-    )?))
-}
-
-/// How long a node's own hotkey binding lives; it is renewed at half its life.
-const BINDING_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// Loads the hotkey of `--hotkey` or of the wallet flags, if any was given.
-fn load_hotkey(args: &crate::cli::WalletArgs) -> anyhow::Result<Option<HotkeyPair>> {
-    let path = match (&args.hotkey, &args.wallet, &args.wallet_path) {
-        (Some(path), _, _) => path.clone(),
-        (None, None, None) => return Ok(None),
-        (None, wallet, wallet_path) => {
-            let home = std::env::var_os("HOME")
-                .map(std::path::PathBuf::from)
-                .unwrap_or_default();
-            bootstrap::identity::hotkey_file_path(
-                &home,
-                wallet_path.as_deref(),
-                wallet.as_deref(),
-                args.hotkey_name.as_deref(),
-            )
-            .context("--wallet-path/--wallet/--hotkey-name")?
-        }
-    };
-    let pair = bootstrap::identity::load_hotkey_file(&path)
-        .with_context(|| format!("hotkey {}", path.display()))?;
-    Ok(Some(pair))
-}
-
-/// A binding of this node's peer id to its hotkey on `netuid`, good for [`BINDING_LIFETIME`].
-fn own_binding(
-    hotkey: &HotkeyPair,
-    keypair: &Keypair,
-    netuid: u16,
-) -> anyhow::Result<(p2p::HotkeyBinding, std::time::SystemTime)> {
-    let expires = std::time::SystemTime::now() + BINDING_LIFETIME;
-    let expires_at = expires
-        .duration_since(std::time::UNIX_EPOCH)
-        .context("the clock is before 1970")?
-        .as_secs();
-    let binding = p2p::HotkeyBinding::sign(hotkey, keypair, netuid, expires_at)
-        .context("signing the hotkey binding")?;
-    Ok((binding, expires))
-}
-
-/// Reads a text file, refusing one larger than `limit` before reading it.
-fn read_limited(path: &std::path::Path, limit: u64) -> anyhow::Result<String> {
-    let len = std::fs::metadata(path)?.len();
-    if len > limit {
-        bail!("file of {len} bytes is larger than the limit of {limit}");
-    }
-    Ok(std::fs::read_to_string(path)?)
-}
-
-/// Converts a libp2p peer id into the validated text form `bootstrap` uses.
-fn peer_str(peer: &PeerId) -> Option<PeerIdStr> {
-    PeerIdStr::parse(&peer.to_string()).ok()
-}
-
 /// Runs a node until a shutdown signal. Returns once everything it started has stopped.
 pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
-    let run_config = load_run_config(&args)?;
-    let metagraph = load_metagraph(&args)?;
-    let hotkey = load_hotkey(&args.wallet)?;
-    let keypair = match &args.data_dir {
-        Some(dir) => crate::app::identity::load_or_create(dir)?,
-        None => Keypair::generate_ed25519(),
-    };
-    let chain_source = match (&args.chain.subtensor, args.chain.netuid) {
-        (Some(url), Some(netuid)) => Some(crate::services::chain::api::StakeSource {
-            url: url.clone(),
-            netuid,
-            refresh: Duration::from_secs_f64(args.chain.stake_refresh_secs),
-            limits: crate::services::chain::api::RpcLimits {
-                call_timeout: Duration::from_secs_f64(args.chain.chain_timeout_secs),
-                ..Default::default()
-            },
-        }),
-        _ => None,
-    };
-    let mut binding = match (&hotkey, &chain_source) {
-        (Some(hotkey), Some(source)) => {
-            let (binding, expires) = own_binding(hotkey, &keypair, source.netuid)?;
-            tracing::info!(hotkey = %hotkey.hotkey(), netuid = source.netuid, "this node speaks for its hotkey");
-            Some((binding, expires))
-        }
-        (Some(_), None) => {
-            tracing::warn!("--hotkey has no effect without --subtensor: the stake comes from --metagraph, which names peer ids itself");
-            None
-        }
-        (None, Some(_)) => {
-            tracing::warn!("no --hotkey: with stake from the chain this node has none, so it cannot be elected, registered, or submit weights");
-            None
-        }
-        (None, None) => None,
-    };
-    let local_peer_id = keypair.public().to_peer_id();
-    // The spot checks' schedule is drawn from the private key: unpredictable to others.
-    let secret = blake3::derive_key(
-        "iota-p2p validator spot-check schedule v1",
-        &keypair
-            .to_protobuf_encoding()
-            .context("encoding the node key")?,
-    );
-    let me = peer_str(&local_peer_id).context("own peer id is not a valid peer id")?;
-    let role = if args.validator {
-        Role::Validator
-    } else {
-        Role::Miner
-    };
-    if role == Role::Validator && chain_source.is_none() {
-        match metagraph.as_ref().and_then(|m| m.by_peer_id(&me)) {
-            Some(n) if n.validator_permit => {}
-            Some(_) => tracing::warn!(
-                "this validator has no permit in the metagraph; it will never be elected"
-            ),
-            None => {
-                tracing::warn!("this validator is not in the metagraph; it will never be elected")
-            }
-        }
+    let settings = NodeSettings::from_args(&args)?;
+    let NodeIdentity {
+        keypair,
+        peer_id: local_peer_id,
+        me,
+        spot_check_secret: secret,
+    } = identity::of_node(settings.data_dir.as_deref())?;
+    let mut binding = settings.first_binding(&keypair)?;
+    if let Some(warning) = settings.permit_warning(&me) {
+        tracing::warn!("{warning}");
     }
+    let submitter = settings.submitter();
+    let NodeSettings {
+        run: run_config,
+        metagraph,
+        hotkey,
+        chain: chain_source,
+        role,
+        network,
+        faults,
+        heartbeat: heartbeat_interval,
+        data_dir,
+        compute,
+        metrics: metrics_addr,
+        weights: _,
+    } = settings;
     let topics = crate::wire::topics::Topics::of(&run_config.run_name);
-    let bootstrap_peers: BTreeSet<PeerId> = args
-        .bootstrap
-        .iter()
-        .filter_map(|a| match a.iter().last() {
-            Some(p2p::multiaddr::Protocol::P2p(peer)) => Some(peer),
-            _ => None,
-        })
-        .collect();
 
     let mut registry = Registry::default();
     let p2p_metrics = p2p::Metrics::new(&mut registry);
@@ -195,8 +77,8 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         .map(|_| crate::metrics::ChainMetrics::new(&mut registry));
     let binding_keypair = keypair.clone();
     let config = p2p::Config {
-        listen: args.listen.clone(),
-        bootstrap: args.bootstrap.clone(),
+        listen: network.listen.clone(),
+        bootstrap: network.bootstrap.clone(),
         topics: topics.all(),
         ..p2p::Config::default()
     };
@@ -208,7 +90,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         role,
         run_config.clone(),
         metagraph,
-        args.data_dir.as_deref(),
+        data_dir.as_deref(),
     );
     if let Some(source) = &chain_source {
         orchestration = orchestration.stake_from_chain(source.netuid);
@@ -231,19 +113,10 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 client.clone(),
                 MinerConfig {
                     run: run_config.clone(),
-                    data_dir: args.data_dir.clone(),
-                    device: args.device,
-                    head_window: usize::try_from(args.head_window).unwrap_or(1),
-                    faults: MinerFaults {
-                        huge_frames: args.fault.contains(&Fault::HugeFrames),
-                        inflate_samples: args.fault.contains(&Fault::InflateSamples),
-                        nan_merge: args.fault.contains(&Fault::NanMerge),
-                        compute_dies: args.fault.contains(&Fault::ComputeDies),
-                        noise: args.fault.contains(&Fault::Noise),
-                        lazy: args.fault.contains(&Fault::Lazy),
-                        lie_loss: args.fault.contains(&Fault::LieLoss),
-                        inflate: args.fault.contains(&Fault::Inflate),
-                    },
+                    data_dir: data_dir.clone(),
+                    device: compute.device,
+                    head_window: compute.head_window,
+                    faults: faults.miner,
                 },
                 pipeline_metrics.clone(),
                 merge.clone(),
@@ -265,15 +138,15 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
             let (handle, task) = crate::services::validator::api::spawn(
                 crate::services::validator::api::ValidatorParts {
                     merge: merge.clone(),
-                    data_dir: args.data_dir.clone(),
+                    data_dir: data_dir.clone(),
                     consensus: consensus.clone(),
                     client: client.clone(),
                     topic: topics.pipeline.clone(),
                     me: local_peer_id.to_string(),
                     run: run_config.clone(),
-                    device: args.device,
+                    device: compute.device,
                     secret,
-                    skew_weights: args.fault.contains(&Fault::SkewWeights),
+                    skew_weights: faults.skew_weights,
                 },
             )?;
             (Some(handle), Some(task))
@@ -289,19 +162,8 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
             consensus.clone(),
             metrics.clone(),
         )));
-        match (&validator, &hotkey) {
-            (Some(validator), Some(hotkey)) => {
-                let submitter = crate::services::chain::api::Submitter {
-                    url: source.url.clone(),
-                    netuid: source.netuid,
-                    version_key: args.chain.weights_version_key,
-                    policy: crate::services::chain::api::Policy {
-                        every_epochs: args.chain.weights_every,
-                        min_blocks: args.chain.weights_min_blocks,
-                    },
-                    hotkey: hotkey.clone(),
-                    limits: source.limits,
-                };
+        match (&validator, submitter) {
+            (Some(validator), Some(submitter)) => {
                 chain_tasks.push(tokio::spawn(crate::services::chain::api::submit_weights(
                     submitter,
                     validator.weights.clone(),
@@ -324,7 +186,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         validator: validator.as_ref().map(|v| v.weights.clone()),
     };
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let http = match args.metrics {
+    let http = match metrics_addr {
         Some(addr) => {
             let (bound, task) =
                 crate::services::observe::api::serve(addr, Arc::new(registry), status, async {
@@ -354,9 +216,9 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
         p2p_metrics,
         node_metrics: node_metrics.clone(),
         pipeline_metrics,
-        bootstrap_peers,
+        bootstrap_peers: network.bootstrap_peers,
     })?;
-    let mut heartbeat = tokio::time::interval(Duration::from_secs_f64(args.heartbeat_secs));
+    let mut heartbeat = tokio::time::interval(heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -408,7 +270,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 if let Err(error) = client.publish(&topics.heartbeat, beat.to_bytes()).await {
                     tracing::debug!(%error, "heartbeat not published");
                 }
-                if args.fault.contains(&Fault::ForgePlans) {
+                if faults.forge_plans {
                     forge_plan(&client, &topics.plan, &run_config, &me, counter).await;
                 }
                 let now = Instant::now().into_std();

@@ -75,7 +75,7 @@ pub fn main_entry() -> std::process::ExitCode {
             None => app::run(cli.node).await,
             Some(cli::Command::Keygen(args)) => keygen(&args),
             Some(cli::Command::Metagraph(args)) => {
-                services::chain::show::metagraph_command(&services::chain::show::Query {
+                services::chain::api::metagraph_command(&services::chain::api::MetagraphQuery {
                     subtensor: args.subtensor,
                     netuid: args.netuid,
                     json: args.json,

@@ -38,6 +38,44 @@ pub(crate) fn load_or_create(data_dir: &Path) -> anyhow::Result<Keypair> {
     Ok(keypair)
 }
 
+/// Who this node is: its key, its peer id in both forms, and the secret its spot checks'
+/// schedule is drawn from.
+pub(crate) struct NodeIdentity {
+    /// The node's key (the one in `--data-dir`, or a fresh one without it).
+    pub(crate) keypair: Keypair,
+    /// Its peer id.
+    pub(crate) peer_id: p2p::PeerId,
+    /// The same, in the validated text form `bootstrap` uses.
+    pub(crate) me: bootstrap::PeerIdStr,
+    /// Derived from the private key: unpredictable to others.
+    pub(crate) spot_check_secret: [u8; 32],
+}
+
+/// Loads (or creates) the identity of `data_dir`, or draws a fresh one without it.
+pub(crate) fn of_node(data_dir: Option<&Path>) -> anyhow::Result<NodeIdentity> {
+    let keypair = match data_dir {
+        Some(dir) => load_or_create(dir)?,
+        None => Keypair::generate_ed25519(),
+    };
+    let peer_id = keypair.public().to_peer_id();
+    // The spot checks' schedule is drawn from the private key: unpredictable to others.
+    let spot_check_secret = blake3::derive_key(
+        "iota-p2p validator spot-check schedule v1",
+        &keypair
+            .to_protobuf_encoding()
+            .context("encoding the node key")?,
+    );
+    let me = bootstrap::PeerIdStr::parse(&peer_id.to_string())
+        .ok()
+        .context("own peer id is not a valid peer id")?;
+    Ok(NodeIdentity {
+        keypair,
+        peer_id,
+        me,
+        spot_check_secret,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,5 +90,14 @@ mod tests {
         fs::write(identity_path(&dir), b"garbage").unwrap();
         assert!(load_or_create(&dir).is_err());
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_node_without_a_data_dir_gets_a_fresh_identity_with_its_own_secret() {
+        let one = of_node(None).unwrap();
+        let two = of_node(None).unwrap();
+        assert_eq!(one.me.to_string(), one.peer_id.to_string());
+        assert_ne!(one.peer_id, two.peer_id);
+        assert_ne!(one.spot_check_secret, two.spot_check_secret);
     }
 }

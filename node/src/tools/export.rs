@@ -33,26 +33,8 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<()> {
     let model = preset.config();
     let run_id = crate::run_spec::run_id(&run);
     let stages = run.stages;
-    let stores = dirs
-        .iter()
-        .map(|d| {
-            CheckpointStore::open(&d.join("checkpoints")).with_context(|| {
-                format!(
-                    "opening the checkpoints of {} (is its node still running?)",
-                    d.display()
-                )
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    // (stage, epoch) -> the stores holding a checkpoint of it, newest step first.
-    let mut held: BTreeMap<(u32, u64), Vec<(usize, Manifest)>> = BTreeMap::new();
-    for (i, store) in stores.iter().enumerate() {
-        for stage in 0..stages {
-            for m in store.list(run_id, stage)? {
-                held.entry((stage, m.epoch)).or_default().push((i, m));
-            }
-        }
-    }
+    let stores = open_stores(&dirs)?;
+    let held = held_checkpoints(&stores, run_id, stages)?;
     let epoch = match args.epoch {
         Some(epoch) => epoch,
         None => latest_complete(&held, stages).with_context(|| {
@@ -93,6 +75,50 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<()> {
         ("iota_run_hash".to_string(), run.hash().to_string()),
     ]);
     training::export::write(&args.out, &tensors, &config, metadata)?;
+    print_stages(&weights, epoch);
+    let params: usize = tensors.iter().map(|t| t.values.len()).sum();
+    println!(
+        "RESULT export epoch={epoch} stages={stages} params={params} out={}",
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// The checkpoint store of every data dir.
+fn open_stores(dirs: &[PathBuf]) -> anyhow::Result<Vec<CheckpointStore>> {
+    dirs.iter()
+        .map(|d| {
+            CheckpointStore::open(&d.join("checkpoints")).with_context(|| {
+                format!(
+                    "opening the checkpoints of {} (is its node still running?)",
+                    d.display()
+                )
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()
+}
+
+/// Which checkpoints the stores hold: (stage, epoch) -> the stores holding one of it (by
+/// index), with its manifest.
+fn held_checkpoints(stores: &[CheckpointStore], run_id: u64, stages: u32) -> anyhow::Result<Held> {
+    // (stage, epoch) -> the stores holding a checkpoint of it, newest step first.
+    let mut held: Held = BTreeMap::new();
+    for (i, store) in stores.iter().enumerate() {
+        for stage in 0..stages {
+            for m in store.list(run_id, stage)? {
+                held.entry((stage, m.epoch)).or_default().push((i, m));
+            }
+        }
+    }
+    Ok(held)
+}
+
+/// The checkpoints held, by (stage, epoch): the stores holding one (by index), newest step
+/// first.
+type Held = BTreeMap<(u32, u64), Vec<(usize, Manifest)>>;
+
+/// One line per stage: whose merged weights were exported, and which replicas agreed.
+fn print_stages(weights: &[StageWeights], epoch: u64) {
     for (stage, w) in weights.iter().enumerate() {
         println!(
             "stage {stage}: merged weights of epoch {epoch}, hash {}, agreed by {} replica(s): {}",
@@ -105,12 +131,6 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<()> {
                 .join(", ")
         );
     }
-    let params: usize = tensors.iter().map(|t| t.values.len()).sum();
-    println!(
-        "RESULT export epoch={epoch} stages={stages} params={params} out={}",
-        args.out.display()
-    );
-    Ok(())
 }
 
 /// The data dirs `from` names: each one holding `checkpoints/`, or each child of it that does

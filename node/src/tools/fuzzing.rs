@@ -96,14 +96,28 @@ pub fn pipeline_gossip(bytes: &[u8]) -> bool {
 /// Valid encodings of every message the functions above decode: request and reply bodies
 /// of each service, then gossip messages.
 pub fn pipeline_samples() -> Vec<Vec<u8>> {
-    let peers = |n: usize| {
-        (0..n)
-            .map(|i| format!("12D3KooWPeer{i}"))
-            .collect::<Vec<_>>()
-    };
-    let frame = b"IOTW\x01\x00\x01\x02 stand-in for an activation frame";
+    let frame = FRAME;
     let weights: Vec<f32> = (0..64).map(|i| i as f32 * 0.25 - 3.0).collect();
-    let bodies = [
+    forward_and_eval_bodies(frame)
+        .into_iter()
+        .chain(weights_and_confirmation_bodies(&weights))
+        .chain(spot_check_bodies(frame, &weights))
+        .chain(gossip_samples().iter().map(PipelineGossip::to_bytes))
+        .flatten()
+        .collect()
+}
+
+/// A stand-in for an activation frame (the decoders here do not look into it).
+const FRAME: &[u8] = b"IOTW\x01\x00\x01\x02 stand-in for an activation frame";
+
+/// `n` peer ids as they appear in pathways.
+fn peers(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("12D3KooWPeer{i}")).collect()
+}
+
+/// Forward and evaluation requests and replies.
+fn forward_and_eval_bodies(frame: &[u8]) -> Vec<Option<Vec<u8>>> {
+    vec![
         body(
             Service::Forward,
             &ForwardHeader {
@@ -146,6 +160,12 @@ pub fn pipeline_samples() -> Vec<Vec<u8>> {
             &EvalReply::Failed("no stage yet".into()),
             b"",
         ),
+    ]
+}
+
+/// Weights and merge-confirmation requests and replies.
+fn weights_and_confirmation_bodies(weights: &[f32]) -> Vec<Option<Vec<u8>>> {
+    vec![
         body(
             Service::Weights,
             &WeightsRequest {
@@ -164,7 +184,7 @@ pub fn pipeline_samples() -> Vec<Vec<u8>> {
                 total: weights.len() as u64,
                 offset: 0,
             },
-            &messages::f32_bytes(&weights),
+            &messages::f32_bytes(weights),
         ),
         body(
             Service::Weights,
@@ -191,6 +211,12 @@ pub fn pipeline_samples() -> Vec<Vec<u8>> {
             b"",
         ),
         body(Service::Confirmation, &ConfirmationReply::Pending, b""),
+    ]
+}
+
+/// Spot-check requests and replies.
+fn spot_check_bodies(frame: &[u8], weights: &[f32]) -> Vec<Option<Vec<u8>>> {
+    vec![
         body(
             Service::SpotCheck,
             &SpotCheckRequest {
@@ -208,16 +234,15 @@ pub fn pipeline_samples() -> Vec<Vec<u8>> {
                 output_len: frame.len() as u64,
                 weights_len: weights.len() as u64,
             },
-            &[
-                frame.as_slice(),
-                frame.as_slice(),
-                &messages::f32_bytes(&weights),
-            ]
-            .concat(),
+            &[frame, frame, &messages::f32_bytes(weights)].concat(),
         ),
         body(Service::SpotCheck, &SpotCheckReply::NotHeld, b""),
         body(Service::SpotCheck, &SpotCheckReply::Superseded, b""),
-    ];
+    ]
+}
+
+/// One pipeline gossip message of each kind.
+fn gossip_samples() -> [PipelineGossip; 4] {
     let records = (0..16)
         .map(|i| LossRecord {
             sample: i,
@@ -225,7 +250,7 @@ pub fn pipeline_samples() -> Vec<Vec<u8>> {
             loss: 3.0 - i as f32 / 8.0,
         })
         .collect();
-    let gossip = [
+    [
         PipelineGossip::Losses {
             epoch: 4,
             tokens_per_sample: 1024,
@@ -246,12 +271,7 @@ pub fn pipeline_samples() -> Vec<Vec<u8>> {
             hash: "cd".repeat(32),
             wire_bytes: 1 << 20,
         },
-    ];
-    bodies
-        .into_iter()
-        .chain(gossip.iter().map(PipelineGossip::to_bytes))
-        .flatten()
-        .collect()
+    ]
 }
 
 /// `messages::encode`, `None` if the header does not serialise within its limit.

@@ -123,6 +123,70 @@ async fn drive(
     out: &Path,
     nodes: &mut Vec<NodeProcess>,
 ) -> anyhow::Result<()> {
+    let (cast, neurons) = cast(args, out)?;
+    let files = write_run_files(args, out, neurons)?;
+    let started = Instant::now();
+    start_nodes(binary, out, &cast, &files, nodes).await?;
+    let watcher = nodes
+        .first()
+        .context("local-swarm needs at least one node")?;
+    println!(
+        "local-swarm: dashboard of {} at {}/",
+        watcher.name,
+        watcher.metrics_url()
+    );
+    let epochs = u64::from(args.epochs);
+    let rows = follow(watcher, epochs, Duration::from_secs(args.timeout_secs)).await?;
+    let summary = report::Summary::new(&rows, epochs, &files.run, started.elapsed())?;
+    report::write(out, &rows, &summary, &files.run, nodes, args.reference_loss)?;
+    if !args.adversary.is_empty() {
+        report_adversaries(out, nodes, epochs, &cast).await?;
+    }
+    println!("local-swarm: report in {}", out.join("report.md").display());
+    println!("{}", summary.result_line());
+    Ok(())
+}
+
+/// Who the nodes are: their names (validators first), the miners' peer ids, and which of
+/// them misbehave on purpose.
+struct Cast {
+    /// `validator-<i>` then `miner-<i>`, in start-up order before the adversaries are held
+    /// back.
+    names: Vec<String>,
+    /// How many of `names` are validators.
+    validators: usize,
+    /// The miners' peer ids, in the order of their names.
+    miner_peers: Vec<PeerIdStr>,
+    /// The misbehaving miners, by index among the miners.
+    faults: std::collections::BTreeMap<usize, crate::cli::Fault>,
+    /// The misbehaving validators, by index among the validators.
+    validator_faults: std::collections::BTreeMap<usize, crate::cli::Fault>,
+    /// Each miner's role in the report (`honest` or its fault), by peer id.
+    roles: std::collections::BTreeMap<String, String>,
+    /// Each validator's role in the report, by peer id.
+    validator_roles: std::collections::BTreeMap<String, String>,
+}
+
+impl Cast {
+    /// Whether node `i` of [`Cast::names`] is a misbehaving miner.
+    fn is_adversary(&self, i: usize) -> bool {
+        i >= self.validators && self.faults.contains_key(&(i - self.validators))
+    }
+
+    /// The `--fault` value node `i` runs with, if any.
+    fn fault_of(&self, i: usize) -> Option<&'static str> {
+        let fault = if i < self.validators {
+            self.validator_faults.get(&i)
+        } else {
+            self.faults.get(&(i - self.validators))
+        };
+        fault.and_then(|f| crate::cli::fault_name(*f))
+    }
+}
+
+/// Creates every node's identity in `out`, places the adversaries (printing who they are),
+/// and returns the cast with the stake snapshot's neurons.
+fn cast(args: &LocalSwarmArgs, out: &Path) -> anyhow::Result<(Cast, Vec<LocalNeuron>)> {
     let names: Vec<String> = (0..args.validators)
         .map(|i| format!("validator-{i}"))
         .chain((0..args.miners).map(|i| format!("miner-{i}")))
@@ -142,9 +206,10 @@ async fn drive(
             validator_permit: validator,
         });
     }
+    let validators = args.validators as usize;
     let miner_peers: Vec<PeerIdStr> = neurons
         .iter()
-        .skip(args.validators as usize)
+        .skip(validators)
         .map(|n| n.peer_id.clone())
         .collect();
     let (validator_adversaries, miner_adversaries): (Vec<_>, Vec<_>) = args
@@ -152,21 +217,21 @@ async fn drive(
         .iter()
         .partition(|a| a.fault == crate::cli::Fault::SkewWeights);
     let faults = adversary::place(&miner_adversaries, miner_peers.len())?;
-    let validator_faults = adversary::place(&validator_adversaries, args.validators as usize)?;
+    let validator_faults = adversary::place(&validator_adversaries, validators)?;
     let role_of = |fault: Option<&crate::cli::Fault>| {
         fault
             .and_then(|f| crate::cli::fault_name(*f))
             .unwrap_or("honest")
             .to_string()
     };
-    let roles: std::collections::BTreeMap<String, String> = miner_peers
+    let roles = miner_peers
         .iter()
         .enumerate()
         .map(|(i, peer)| (peer.to_string(), role_of(faults.get(&i))))
         .collect();
-    let validator_roles: std::collections::BTreeMap<String, String> = neurons
+    let validator_roles = neurons
         .iter()
-        .take(args.validators as usize)
+        .take(validators)
         .enumerate()
         .map(|(i, n)| (n.peer_id.to_string(), role_of(validator_faults.get(&i))))
         .collect();
@@ -176,6 +241,35 @@ async fn drive(
     for (i, fault) in &faults {
         println!("  miner-{i} is an adversary: {}", role_of(Some(fault)));
     }
+    let cast = Cast {
+        names,
+        validators,
+        miner_peers,
+        faults,
+        validator_faults,
+        roles,
+        validator_roles,
+    };
+    Ok((cast, neurons))
+}
+
+/// The files every node of the run reads, and the run configuration they hold.
+struct RunFiles {
+    /// The stake snapshot (`--metagraph`).
+    metagraph: std::path::PathBuf,
+    /// The run configuration (`--run`).
+    run_path: std::path::PathBuf,
+    /// What `run_path` holds.
+    run: RunConfig,
+}
+
+/// Writes the stake snapshot and the run configuration (the swarm's own, with `--run`'s
+/// fields over it) into `out`.
+fn write_run_files(
+    args: &LocalSwarmArgs,
+    out: &Path,
+    neurons: Vec<LocalNeuron>,
+) -> anyhow::Result<RunFiles> {
     let metagraph = Metagraph::for_local_run(neurons)?;
     let metagraph_path = out.join("metagraph.json");
     std::fs::write(&metagraph_path, metagraph.to_json())?;
@@ -200,42 +294,45 @@ async fn drive(
     run.validate()?;
     let run_path = out.join("run.toml");
     std::fs::write(&run_path, run.to_toml_string()?)?;
+    Ok(RunFiles {
+        metagraph: metagraph_path,
+        run_path,
+        run,
+    })
+}
 
-    let started = Instant::now();
+/// Starts every node, each bootstrapping from the first: the honest ones first, the
+/// adversaries once the honest miners are in a plan.
+async fn start_nodes(
+    binary: &Path,
+    out: &Path,
+    cast: &Cast,
+    files: &RunFiles,
+    nodes: &mut Vec<NodeProcess>,
+) -> anyhow::Result<()> {
     let mut bootstrap = None::<String>;
-    let validators = args.validators as usize;
-    let is_adversary = |i: usize| i >= validators && faults.contains_key(&(i - validators));
-    // Honest nodes first; adversaries once the honest miners are in a plan.
-    let order: Vec<usize> = (0..names.len())
-        .filter(|&i| !is_adversary(i))
-        .chain((0..names.len()).filter(|&i| is_adversary(i)))
+    let order: Vec<usize> = (0..cast.names.len())
+        .filter(|&i| !cast.is_adversary(i))
+        .chain((0..cast.names.len()).filter(|&i| cast.is_adversary(i)))
         .collect();
-    let honest_miners = miner_peers.len() - faults.len();
+    let honest_miners = cast.miner_peers.len() - cast.faults.len();
     for i in order {
-        let name = &names[i];
-        if is_adversary(i) && nodes.len() == names.len() - faults.len() {
+        let name = &cast.names[i];
+        if cast.is_adversary(i) && nodes.len() == cast.names.len() - cast.faults.len() {
             wait_for_plan(&nodes[0], honest_miners).await?;
         }
         let mut node_args = vec![
             "--data-dir".to_string(),
             out.join(name).display().to_string(),
             "--metagraph".into(),
-            metagraph_path.display().to_string(),
+            files.metagraph.display().to_string(),
             "--run".into(),
-            run_path.display().to_string(),
+            files.run_path.display().to_string(),
         ];
-        if (i as u32) < args.validators {
+        if i < cast.validators {
             node_args.push("--validator".into());
-            if let Some(fault) = validator_faults
-                .get(&i)
-                .and_then(|f| crate::cli::fault_name(*f))
-            {
-                node_args.extend(["--fault".to_string(), fault.to_string()]);
-            }
-        } else if let Some(fault) = faults
-            .get(&(i - args.validators as usize))
-            .and_then(|f| crate::cli::fault_name(*f))
-        {
+        }
+        if let Some(fault) = cast.fault_of(i) {
             node_args.extend(["--fault".to_string(), fault.to_string()]);
         }
         if let Some(addr) = &bootstrap {
@@ -253,23 +350,22 @@ async fn drive(
         }
         nodes.push(node);
     }
-    let watcher = nodes
-        .first()
-        .context("local-swarm needs at least one node")?;
-    println!(
-        "local-swarm: dashboard of {} at {}/",
-        watcher.name,
-        watcher.metrics_url()
-    );
+    Ok(())
+}
 
-    // Follow the run: one line per finished epoch, until the held-out loss after the last
-    // epoch is known.
+/// Follows the run through `watcher`'s `/status`: one line per finished epoch, until the
+/// held-out loss after the last epoch is known (or `timeout` runs out). Returns the epochs'
+/// rows as the watcher last reported them.
+async fn follow(
+    watcher: &NodeProcess,
+    epochs: u64,
+    timeout: Duration,
+) -> anyhow::Result<Vec<EpochStats>> {
     let printed = std::cell::Cell::new(0u64);
     let rows = std::cell::RefCell::new(Vec::<EpochStats>::new());
-    let epochs = u64::from(args.epochs);
     wait_for(
         "the run to finish its epochs",
-        Duration::from_secs(args.timeout_secs),
+        timeout,
         Duration::from_secs(1),
         || async {
             let status = watcher.status().await?;
@@ -298,57 +394,61 @@ async fn drive(
         },
     )
     .await?;
-    let rows = rows.into_inner();
-    let summary = report::Summary::new(&rows, epochs, &run, started.elapsed())?;
-    report::write(out, &rows, &summary, &run, nodes, args.reference_loss)?;
-    if !args.adversary.is_empty() {
-        // Let the last epoch's scores and their consensus settle before reading them.
-        let statuses = settled_weights(nodes, epochs, args.validators as usize).await;
-        let names: std::collections::BTreeMap<String, String> = nodes
-            .iter()
-            .map(|n| {
-                (
-                    crate::tools::launcher::peer_of(&n.listen_addr()),
-                    n.name.clone(),
-                )
-            })
-            .collect();
-        let status = statuses.first().cloned().unwrap_or_default();
-        let outcomes = adversary::outcomes(
-            &out.join(names_first(nodes)).join("weights"),
-            &status,
-            &names,
-            &roles,
-        );
-        let trust = adversary::validators(&status, &names, &validator_roles);
-        let agreeing = adversary::agreeing(&statuses);
-        std::fs::write(out.join("weights.svg"), adversary::svg(&outcomes))?;
-        std::fs::write(
-            out.join("weights.json"),
-            serde_json::to_vec_pretty(&serde_json::json!({
-                "consensus_epoch": status["consensus_epoch"],
-                "miners": outcomes,
-                "validators": trust,
-                "nodes": statuses.len(),
-                "agreeing_nodes": agreeing,
-            }))?,
-        )?;
-        let mut md = std::fs::read_to_string(out.join("report.md"))?;
-        md.push_str(&adversary::section(&outcomes));
-        md.push_str(&adversary::validators_section(
-            &trust,
-            agreeing,
-            statuses.len(),
-        ));
-        std::fs::write(out.join("report.md"), md)?;
-        println!("{}", adversary::result_line(&outcomes));
-        println!(
-            "RESULT consensus agreeing_nodes={agreeing}/{}",
-            statuses.len()
-        );
-    }
-    println!("local-swarm: report in {}", out.join("report.md").display());
-    println!("{}", summary.result_line());
+    Ok(rows.into_inner())
+}
+
+/// What the validators made of the adversaries: `weights.svg`, `weights.json`, a section of
+/// the report, and the `RESULT` lines.
+async fn report_adversaries(
+    out: &Path,
+    nodes: &[NodeProcess],
+    epochs: u64,
+    cast: &Cast,
+) -> anyhow::Result<()> {
+    // Let the last epoch's scores and their consensus settle before reading them.
+    let statuses = settled_weights(nodes, epochs, cast.validators).await;
+    let names: std::collections::BTreeMap<String, String> = nodes
+        .iter()
+        .map(|n| {
+            (
+                crate::tools::launcher::peer_of(&n.listen_addr()),
+                n.name.clone(),
+            )
+        })
+        .collect();
+    let status = statuses.first().cloned().unwrap_or_default();
+    let outcomes = adversary::outcomes(
+        &out.join(names_first(nodes)).join("weights"),
+        &status,
+        &names,
+        &cast.roles,
+    );
+    let trust = adversary::validators(&status, &names, &cast.validator_roles);
+    let agreeing = adversary::agreeing(&statuses);
+    std::fs::write(out.join("weights.svg"), adversary::svg(&outcomes))?;
+    std::fs::write(
+        out.join("weights.json"),
+        serde_json::to_vec_pretty(&serde_json::json!({
+            "consensus_epoch": status["consensus_epoch"],
+            "miners": outcomes,
+            "validators": trust,
+            "nodes": statuses.len(),
+            "agreeing_nodes": agreeing,
+        }))?,
+    )?;
+    let mut md = std::fs::read_to_string(out.join("report.md"))?;
+    md.push_str(&adversary::section(&outcomes));
+    md.push_str(&adversary::validators_section(
+        &trust,
+        agreeing,
+        statuses.len(),
+    ));
+    std::fs::write(out.join("report.md"), md)?;
+    println!("{}", adversary::result_line(&outcomes));
+    println!(
+        "RESULT consensus agreeing_nodes={agreeing}/{}",
+        statuses.len()
+    );
     Ok(())
 }
 

@@ -23,15 +23,16 @@
 
 use std::collections::BTreeMap;
 
-use subxt_core::config::substrate::BlakeTwo256;
-use subxt_core::config::transaction_extensions::{CheckMetadataHash, CheckMortality};
-use subxt_core::config::{DefaultExtrinsicParamsBuilder, Hasher, SubstrateConfig};
-use subxt_core::ext::codec::Encode;
-use subxt_core::ext::scale_value::{self, Composite, Primitive, Value, ValueDef};
+use subxt_core::config::{DefaultExtrinsicParamsBuilder, SubstrateConfig};
+use subxt_core::ext::scale_value::{self, Composite, Value};
 use subxt_core::tx::{ClientState, RuntimeVersion};
-use subxt_core::utils::{Era, H256};
+use subxt_core::utils::H256;
 use subxt_core::Metadata;
 use subxt_signer::sr25519;
+
+mod decode;
+
+pub use decode::{decode_set_weights, DecodedSetWeights};
 
 /// The pallet that holds `set_weights`.
 pub const PALLET: &str = "SubtensorModule";
@@ -364,206 +365,6 @@ impl TxEra {
     }
 }
 
-/// A decoded `set_weights` extrinsic.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DecodedSetWeights {
-    /// The signer's sr25519 public key (its account id).
-    pub signer_pubkey: [u8; 32],
-    /// The call.
-    pub call: SetWeights,
-    /// The account nonce it was signed with.
-    pub nonce: u64,
-    /// Its tip.
-    pub tip: u128,
-    /// Its era.
-    pub era: TxEra,
-    /// Whether the signature is the signer's over this extrinsic, this chain (genesis hash,
-    /// runtime version) and the era block hash given to [`decode_set_weights`].
-    pub signature_valid: bool,
-}
-
-/// Decodes one signed `SubtensorModule.set_weights` extrinsic (as [`signed_set_weights`] writes
-/// it: compact length in front) with the state's metadata, and checks its signature.
-///
-/// The signature of a mortal extrinsic covers the hash of its era's birth block, which the
-/// extrinsic does not carry: `era_block_hash` is that hash (the block numbered
-/// `era.birth(inclusion block)`; [`signed_set_weights`]'s `era_block.1`). It is ignored for an
-/// immortal extrinsic (the genesis hash is used).
-///
-/// A signature that does not verify is `signature_valid: false`, not an error; bytes that are not
-/// such an extrinsic are an error.
-pub fn decode_set_weights(
-    state: &ChainState,
-    extrinsic: &[u8],
-    era_block_hash: [u8; 32],
-) -> Result<DecodedSetWeights, DecodeError> {
-    let metadata = &state.client.metadata;
-    let extrinsics = subxt_core::blocks::decode_from::<SubstrateConfig>(
-        vec![extrinsic.to_vec()],
-        metadata.clone(),
-    )
-    .map_err(|e| DecodeError::Malformed(e.to_string()))?;
-    let details = extrinsics
-        .iter()
-        .next()
-        .ok_or_else(|| DecodeError::Malformed("no extrinsic".to_owned()))?;
-    if !details.is_signed() {
-        return Err(DecodeError::Unsigned);
-    }
-    let pallet = details
-        .pallet_name()
-        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
-    let call_name = details
-        .variant_name()
-        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
-    if pallet != PALLET || call_name != CALL {
-        return Err(DecodeError::WrongCall {
-            pallet: pallet.to_owned(),
-            call: call_name.to_owned(),
-        });
-    }
-
-    let signer_pubkey = match details.address_bytes() {
-        Some([0, rest @ ..]) => {
-            <[u8; 32]>::try_from(rest).map_err(|_| DecodeError::UnsupportedAddress)?
-        }
-        _ => return Err(DecodeError::UnsupportedAddress),
-    };
-    let signature = match details.signature_bytes() {
-        Some([1, rest @ ..]) => {
-            <[u8; 64]>::try_from(rest).map_err(|_| DecodeError::UnsupportedSignature)?
-        }
-        _ => return Err(DecodeError::UnsupportedSignature),
-    };
-
-    let extensions = details
-        .transaction_extensions()
-        .ok_or(DecodeError::Unsigned)?;
-    let nonce = extensions
-        .nonce()
-        .ok_or(DecodeError::Extension("CheckNonce"))?;
-    let tip = extensions
-        .tip()
-        .ok_or(DecodeError::Extension("ChargeTransactionPayment"))?;
-    let era = match extensions
-        .find::<CheckMortality<SubstrateConfig>>()
-        .map_err(|_| DecodeError::Extension("CheckMortality"))?
-    {
-        Some(Era::Mortal { period, phase }) => TxEra::Mortal { period, phase },
-        Some(Era::Immortal) | None => TxEra::Immortal,
-    };
-    let metadata_hash_enabled = extensions
-        .find::<CheckMetadataHash>()
-        .map_err(|_| DecodeError::Extension("CheckMetadataHash"))?
-        .is_some_and(|mode| mode.is_enabled());
-    if metadata_hash_enabled {
-        return Err(DecodeError::MetadataHashEnabled);
-    }
-
-    // The payload Substrate signs: the call, every extension's explicit bytes (as the extrinsic
-    // carries them), every extension's implicit bytes (recomputed here, in the runtime's order).
-    let mut payload = details.call_bytes().to_vec();
-    payload.extend_from_slice(details.transaction_extensions_bytes().unwrap_or_default());
-    let era_hash = match era {
-        TxEra::Immortal => state.genesis_hash(),
-        TxEra::Mortal { .. } => era_block_hash,
-    };
-    for extension in metadata
-        .extrinsic()
-        .transaction_extensions_to_use_for_encoding()
-    {
-        match extension.identifier() {
-            "CheckSpecVersion" => state.spec_version().encode_to(&mut payload),
-            "CheckTxVersion" => state.transaction_version().encode_to(&mut payload),
-            "CheckGenesis" => payload.extend_from_slice(&state.genesis_hash()),
-            "CheckMortality" => payload.extend_from_slice(&era_hash),
-            // `None`: no metadata hash (checked above).
-            "CheckMetadataHash" => payload.push(0),
-            // Every other extension has no implicit bytes (checked by `ChainState`).
-            _ => {}
-        }
-    }
-    let signature_valid = if payload.len() > MAX_UNHASHED_PAYLOAD {
-        let hash = BlakeTwo256.hash(&payload);
-        verify(&signature, hash.as_ref(), &signer_pubkey)
-    } else {
-        verify(&signature, &payload, &signer_pubkey)
-    };
-
-    let fields = details
-        .field_values()
-        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
-    let call = SetWeights {
-        netuid: field_uint(&fields, "netuid")?,
-        uids: field_u16s(&fields, "dests")?,
-        weights: field_u16s(&fields, "weights")?,
-        version_key: field_uint(&fields, "version_key")?,
-    };
-    Ok(DecodedSetWeights {
-        signer_pubkey,
-        call,
-        nonce,
-        tip,
-        era,
-        signature_valid,
-    })
-}
-
-/// sr25519 verification in Substrate's signing context.
-fn verify(signature: &[u8; 64], message: &[u8], pubkey: &[u8; 32]) -> bool {
-    sr25519::verify(
-        &sr25519::Signature(*signature),
-        message,
-        &sr25519::PublicKey(*pubkey),
-    )
-}
-
-/// The call argument `name`.
-fn field<'a>(
-    fields: &'a Composite<u32>,
-    name: &'static str,
-) -> Result<&'a Value<u32>, DecodeError> {
-    match fields {
-        Composite::Named(named) => named
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v)
-            .ok_or(DecodeError::Argument(name)),
-        Composite::Unnamed(_) => Err(DecodeError::Argument(name)),
-    }
-}
-
-/// An unsigned integer, looking through single-field wrappers (a newtype such as `NetUid`).
-fn as_uint(value: &Value<u32>) -> Option<u128> {
-    match &value.value {
-        ValueDef::Primitive(Primitive::U128(n)) => Some(*n),
-        ValueDef::Composite(inner) if inner.len() == 1 => inner.values().next().and_then(as_uint),
-        _ => None,
-    }
-}
-
-/// The unsigned-integer argument `name`, in the width the caller wants.
-fn field_uint<N: TryFrom<u128>>(
-    fields: &Composite<u32>,
-    name: &'static str,
-) -> Result<N, DecodeError> {
-    as_uint(field(fields, name)?)
-        .and_then(|n| N::try_from(n).ok())
-        .ok_or(DecodeError::Argument(name))
-}
-
-/// The `Vec<u16>` argument `name`.
-fn field_u16s(fields: &Composite<u32>, name: &'static str) -> Result<Vec<u16>, DecodeError> {
-    match &field(fields, name)?.value {
-        ValueDef::Composite(items) => items
-            .values()
-            .map(|v| as_uint(v).and_then(|n| u16::try_from(n).ok()))
-            .collect::<Option<Vec<u16>>>()
-            .ok_or(DecodeError::Argument(name)),
-        _ => Err(DecodeError::Argument(name)),
-    }
-}
-
 /// The chain's `(uids, weights)` for float weights, as the Bittensor SDK's
 /// `convert_weights_and_uids_for_emit` computes them: each weight divided by the largest, times
 /// `u16::MAX`, rounded half to even (Python's `round`); uids whose weight rounds to 0 are
@@ -593,6 +394,8 @@ pub fn weights_for_emit(
 
 #[cfg(test)]
 mod tests {
+    use subxt_core::ext::codec::Encode;
+
     use super::*;
 
     /// The shared chain fixtures, beside the workspace (never copied into it).

@@ -164,6 +164,15 @@ pub(crate) fn write(
         })
         .collect();
     let mut md = String::new();
+    overview(&mut md, run, summary);
+    epochs_table(&mut md, rows);
+    miners_table(&mut md, rows, &names);
+    std::fs::write(out.join("report.md"), md)?;
+    Ok(())
+}
+
+/// The report's title, the run's settings and the figures it ended with.
+fn overview(md: &mut String, run: &RunConfig, summary: &Summary) {
     let _ = writeln!(md, "# local-swarm report\n");
     let _ = writeln!(
         md,
@@ -196,6 +205,10 @@ pub(crate) fn write(
         summary.wire_bytes_per_sample_boundary, summary.compression
     );
     let _ = writeln!(md, "![loss](loss.svg)\n");
+}
+
+/// One row per epoch: samples, losses, and how many identical replicas each merge left.
+fn epochs_table(md: &mut String, rows: &[EpochStats]) {
     let _ = writeln!(md, "## Epochs\n");
     let _ = writeln!(md, "| epoch | samples | dropped | train loss | held-out loss at start | identical replicas after merge |");
     let _ = writeln!(md, "|---|---|---|---|---|---|");
@@ -227,6 +240,10 @@ pub(crate) fn write(
             }
         );
     }
+}
+
+/// The samples each miner's pathways carried over the run, by name and peer id.
+fn miners_table(md: &mut String, rows: &[EpochStats], names: &BTreeMap<String, String>) {
     let mut per_miner: BTreeMap<String, u64> = BTreeMap::new();
     for row in rows {
         for (peer, n) in &row.samples_by_miner {
@@ -240,8 +257,6 @@ pub(crate) fn write(
         let name = names.get(&peer).cloned().unwrap_or_default();
         let _ = writeln!(md, "| {name} | `{peer}` | {n} |");
     }
-    std::fs::write(out.join("report.md"), md)?;
-    Ok(())
 }
 
 /// An SVG line chart (plotters) of training and held-out loss per epoch, with the
