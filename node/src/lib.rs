@@ -35,6 +35,8 @@
 //! 5. **Application and tools** — `app` (settings, the services started and stopped, the
 //!    heartbeat), `cli`, and `tools`: `launcher`, `local-swarm`, `export`, fuzzing inputs.
 
+#![warn(missing_docs)]
+
 mod app;
 mod cli;
 mod fsio;
