@@ -36,6 +36,7 @@ mod metrics;
 mod router;
 pub(crate) mod service;
 mod transport;
+mod validate;
 
 #[cfg(test)]
 mod tests;

@@ -27,6 +27,7 @@ pub(crate) mod lifecycle;
 mod outer;
 mod service;
 mod snapshot;
+mod validate;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

@@ -21,6 +21,7 @@
 pub(crate) mod api;
 pub(crate) mod confirmation;
 pub(crate) mod spot;
+mod validate;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

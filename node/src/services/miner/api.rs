@@ -126,5 +126,7 @@ impl MinerHandle {
     }
 }
 
+/// The rules of the requests a miner serves.
+pub(crate) use super::validate::PipelineRequests;
 /// Starting the service.
 pub(crate) use super::{spawn, Miner, MinerConfig, MinerFaults};

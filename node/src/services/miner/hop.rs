@@ -198,9 +198,9 @@ pub(crate) async fn send_forward(
                     kind: FrameKind::Gradient,
                 };
                 if let Err(refusal) = shared.frames.check(grad, expect) {
-                    shared.metrics.response_rejected(refusal.reason());
+                    shared.metrics.response_rejected(refusal.label());
                     penalise(shared, &peer);
-                    last = format!("{peer}: gradient refused ({})", refusal.reason());
+                    last = format!("{peer}: gradient refused ({})", refusal.label());
                     continue;
                 }
                 if !loss.is_finite() || pathway.len() < stage as usize + 1 {

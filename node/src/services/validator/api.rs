@@ -192,5 +192,7 @@ impl ValidatorHandle {
 pub(crate) use super::confirmation::{decide, Decision};
 /// The spot-check reply parser, for the fuzzer.
 pub(crate) use super::spot::{parse_reply, Target};
+/// The rules of spot-check and confirmation requests.
+pub(crate) use super::validate::{confirmation_request, spot_check_request};
 /// Starting the service.
 pub(crate) use super::{spawn, ValidatorParts};
