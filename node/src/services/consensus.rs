@@ -6,7 +6,7 @@
 //! * `state` — the pure [`Orchestration`](api::Orchestration): election, planning, time
 //!   passed in; `pacing` — when the first and each next plan is due;
 //! * `validate` — the rules of the messages consensus owns (heartbeats, plans, pipeline
-//!   gossip), with their typed reasons and the plan book;
+//!   gossip), with their typed reasons; `plan_book` — the plans of the last few epochs;
 //! * `task` — the actor loop: judges, adopts, saves plans (`plan_store`), ticks, publishes;
 //! * `liveness`, `stats` — who is live, what the run did;
 //! * `chain_book`, `weights` — stake from the chain, the validators' weights consensus.
@@ -15,6 +15,7 @@ pub(crate) mod api;
 mod chain_book;
 mod liveness;
 mod pacing;
+mod plan_book;
 mod plan_store;
 mod state;
 mod stats;

@@ -328,8 +328,9 @@ pub(crate) use super::stats::RunStats;
 
 /// The rules of the messages consensus owns, and their typed reasons.
 #[cfg(test)]
-pub(crate) use super::validate::fixture;
+pub(crate) use super::plan_book::fixture;
+pub(crate) use super::plan_book::{stage_in, PlanBook};
 pub(crate) use super::validate::{
-    heartbeat_verdict, stage_in, waits_for_election, waits_for_plan, Freshness, PipelineReason,
-    PlanBook, PlanOutcome, PlanRejected,
+    heartbeat_verdict, waits_for_election, waits_for_plan, Freshness, PipelineReason, PlanOutcome,
+    PlanRejected,
 };

@@ -456,6 +456,13 @@ impl Orchestration {
         if !due {
             return None;
         }
+        self.plan_next(now, wall)
+    }
+
+    /// This orchestrator's plan of the next epoch, adopted and encoded, from the miners live
+    /// at `now`; `wall` is written into it as the start of the merge closing this epoch.
+    fn plan_next(&mut self, now: Duration, wall: SystemTime) -> Option<Vec<u8>> {
+        let tracker = self.tracker.as_mut()?;
         let timeout = self.run.heartbeat_timeout();
         let live_miners: BTreeSet<PeerIdStr> = self
             .miners

@@ -14,10 +14,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::liveness::{LivePeers, Liveness};
+use super::plan_book::PlanBook;
 use super::plan_store::PlanStore;
 use super::state::Orchestration;
 use super::stats::{EpochStats, RunStats};
-use super::validate::{plan_verdict, PipelineRules, PlanBook};
+use super::validate::{plan_verdict, PipelineRules};
 use crate::rules::Verdict;
 use crate::services::consensus::api::{ConsensusHandle, ConsensusMsg, ConsensusView};
 use crate::services::inbox::INBOX;

@@ -1,5 +1,5 @@
-use super::fixture::{book, on, peer, run};
 use super::*;
+use crate::services::consensus::plan_book::fixture::{book, on, peer, run};
 
 fn record(plan: &EpochPlan, head: usize, counter: u64, tail: &str) -> LossRecord {
     let heads = on(plan, 0);
