@@ -28,7 +28,7 @@ pub(crate) enum HeartbeatRejected {
     NotRegistered,
     /// The hotkey binding it carries does not verify (forged, replayed by another peer, for
     /// another subnet, of the wrong shape): the metric label says which.
-    BadBinding(&'static str),
+    BadBinding(BindingRejected),
     /// The hotkey binding it carries has expired, or expires too far ahead (a clock off).
     StaleBinding,
 }
@@ -41,7 +41,7 @@ impl Reason for HeartbeatRejected {
             HeartbeatRejected::NotAuthor => "heartbeat_not_author",
             HeartbeatRejected::NotFresh(reason) => reason.label(),
             HeartbeatRejected::NotRegistered => "miner_not_registered",
-            HeartbeatRejected::BadBinding(reason) => reason,
+            HeartbeatRejected::BadBinding(reason) => reason.label(),
             HeartbeatRejected::StaleBinding => "binding_stale",
         }
     }
@@ -313,6 +313,8 @@ impl ConsensusHandle {
         self.view.borrow().book.clone()
     }
 }
+
+pub(crate) use super::chain_book::BindingRejected;
 
 /// Starting the service: its pure core, the plan store, and the task around it.
 pub(crate) use super::plan_store::PlanStore;
