@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use bootstrap::{Metagraph, PeerIdStr, RunConfig};
-use p2p::{Event, Heartbeat, LiveView, Multiaddr, PeerId, Role};
+use p2p::{Event, Heartbeat, Multiaddr, PeerId, Role};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -23,8 +23,7 @@ use crate::cli::NodeArgs;
 use crate::metrics::NodeMetrics;
 use crate::router::{Next, Router, RouterParts};
 use crate::schedule::unix_ms;
-use crate::services::consensus::api::Orchestration;
-use crate::services::consensus::api::{ConsensusHandle, EpochProgress};
+use crate::services::consensus::api::{ConsensusHandle, ConsensusParts, Orchestration, PlanStore};
 use crate::services::inbox::ServiceGone;
 use crate::services::miner::api::MinerHandle;
 use crate::services::miner::api::{Miner, MinerConfig};
@@ -85,12 +84,13 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let (client, mut events, event_loop) =
         p2p::spawn(keypair, config, p2p_metrics.clone()).context("starting the network")?;
     let metagraph_for_hints = metagraph.clone();
+    let plan_store = data_dir.as_deref().map(PlanStore::new);
     let mut orchestration = Orchestration::new(
         me.clone(),
         role,
         run_config.clone(),
         metagraph,
-        data_dir.as_deref(),
+        plan_store.as_ref().and_then(PlanStore::load_or_warn),
     );
     if let Some(source) = &chain_source {
         orchestration = orchestration.stake_from_chain(source.netuid);
@@ -102,8 +102,12 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
 
     // The services, each a task behind a bounded inbox; they reach each other only through
     // the handles handed out here.
-    let (consensus, consensus_task) =
-        crate::services::consensus::api::spawn(orchestration, client.clone(), topics.plan.clone());
+    let (consensus, consensus_task) = crate::services::consensus::api::spawn(ConsensusParts {
+        orchestration,
+        store: plan_store,
+        client: client.clone(),
+        plan_topic: topics.plan.clone(),
+    });
     let (merge, merge_task) =
         crate::services::merge::api::spawn(client.clone(), &run_config, &mut registry);
     let miner: Option<(MinerHandle, tokio::task::JoinHandle<()>)> = match role {
@@ -273,10 +277,8 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 if faults.forge_plans {
                     forge_plan(&client, &topics.plan, &run_config, &me, counter).await;
                 }
-                let now = Instant::now().into_std();
-                router.live().prune(now);
-                let live_peers = sorted_live(router.live(), now);
-                let peer_dashboards = dashboards(router.live(), now);
+                let live_peers = agreed.live.peers.clone();
+                let peer_dashboards = agreed.live.dashboards.clone();
                 // Say why nothing happens, now and then, while nobody is elected.
                 let waiting = agreed.orchestrator.is_none()
                     && started.elapsed() >= NO_ORCHESTRATOR_HINT
@@ -300,7 +302,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
                         ));
                     }
                 }
-                if let Err(gone) = on_tick(&mut router, &consensus, miner.as_ref(), &node_metrics, &view).await {
+                if let Err(gone) = on_tick(&mut router, &consensus, miner.as_ref(), &me, &node_metrics, &view).await {
                     break Err(gone.into());
                 }
             }
@@ -365,49 +367,29 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     outcome
 }
 
-/// The clock-driven part of the loop: election, the orchestrator's plans, the miner's
-/// deadlines and loss records, and the status view refreshed.
+/// The clock-driven part of the loop: the miner's deadlines, the plans waiting for the
+/// election, the election and the orchestrator's plans, and the status view refreshed.
 async fn on_tick(
     router: &mut Router,
     consensus: &ConsensusHandle,
     miner: Option<&MinerHandle>,
+    me: &PeerIdStr,
     metrics: &NodeMetrics,
     view: &watch::Sender<NodeView>,
 ) -> Result<(), ServiceGone> {
-    let now = Instant::now().into_std();
-    let me = router.me().to_string();
-    let live_now: BTreeSet<String> = router
-        .live()
-        .live(now)
-        .iter()
-        .map(|(peer, _)| peer.to_string())
-        .chain(std::iter::once(me))
-        .collect();
     let agreed = consensus.view();
-    let progress = match agreed.current.as_ref() {
-        Some(plan) => {
-            let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
-            let stats = router.stats();
-            EpochProgress {
-                heads_done: stats.epoch_done(plan.epoch, &heads, &live_now),
-                // The merges that opened this epoch (closing the one before).
-                merged: plan
-                    .epoch
-                    .checked_sub(1)
-                    .and_then(|before| router.plan(before))
-                    .is_none_or(|before| stats.merges_done(before, &live_now)),
-            }
-        }
-        None => EpochProgress {
-            heads_done: false,
-            merged: true,
-        },
-    };
     if let Some(miner) = miner {
+        let live_now: BTreeSet<String> = agreed
+            .live
+            .peers
+            .iter()
+            .cloned()
+            .chain(std::iter::once(me.to_string()))
+            .collect();
         miner.tick(live_now.into_iter().collect()).await?;
     }
     router.retry_pending_plans().await?;
-    consensus.tick(progress).await?;
+    consensus.tick().await?;
     let stage_sizes = agreed
         .current
         .as_ref()
@@ -430,9 +412,15 @@ async fn on_tick(
     metrics
         .is_orchestrator
         .set(i64::from(agreed.is_orchestrator));
-    let epochs = router.stats().epochs();
+    let epochs = agreed.epochs.to_vec();
     if let Some(weights) = &agreed.weights {
-        metrics.set_weights(weights);
+        metrics.set_weights(
+            weights.miners.iter().map(|m| (m.peer_id.clone(), m.weight)),
+            weights
+                .validators
+                .iter()
+                .map(|v| (v.peer_id.clone(), v.trust)),
+        );
     }
     view.send_modify(|v| {
         v.consensus_epoch = agreed.weights.as_ref().map(|w| w.epoch);
@@ -523,32 +511,6 @@ fn role_name(role: Role) -> &'static str {
     }
 }
 
-/// The HTTP servers live peers announce, keyed by peer: only `http://<ip>:<port>` (what a
-/// node announces), anything else a peer says is dropped.
-fn dashboards(
-    live: &LiveView,
-    now: std::time::Instant,
-) -> std::collections::BTreeMap<String, String> {
-    live.live(now)
-        .iter()
-        .filter_map(|(peer, beat)| {
-            let url = beat.dashboard.as_deref()?;
-            let addr: std::net::SocketAddr = url.strip_prefix("http://")?.parse().ok()?;
-            Some((peer.to_string(), format!("http://{addr}")))
-        })
-        .collect()
-}
-
-fn sorted_live(live: &LiveView, now: std::time::Instant) -> Vec<String> {
-    let mut peers: Vec<String> = live
-        .live(now)
-        .iter()
-        .map(|(peer, _)| peer.to_string())
-        .collect();
-    peers.sort();
-    peers
-}
-
 /// `addr` with `/p2p/<peer>` appended unless it already names a peer.
 fn with_peer_id(addr: Multiaddr, peer: PeerId) -> Multiaddr {
     match addr.iter().last() {
@@ -584,48 +546,6 @@ pub(crate) async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_plain_http_addresses_peers_announce_reach_the_dashboard() {
-        let mut live = LiveView::new(Duration::from_secs(30));
-        let now = std::time::Instant::now();
-        let announced = [
-            Some("http://127.0.0.1:9100"),
-            Some("javascript:alert(1)"),
-            Some("http://evil.example:80"),
-            Some("http://127.0.0.1:9100/../admin"),
-            None,
-        ];
-        let mut kept = None;
-        for (i, url) in announced.into_iter().enumerate() {
-            let peer = p2p::identity::Keypair::generate_ed25519()
-                .public()
-                .to_peer_id();
-            if i == 0 {
-                kept = Some(peer.to_string());
-            }
-            let beat = Heartbeat {
-                peer_id: peer.to_string(),
-                role: Role::Miner,
-                counter: 1,
-                sent_at_ms: unix_ms(std::time::SystemTime::now()),
-                run_hash: "run".into(),
-                epoch: None,
-                stage: None,
-                dashboard: url.map(str::to_string),
-                binding: None,
-            };
-            live.observe(peer, beat, now);
-        }
-        let seen = dashboards(&live, now);
-        assert_eq!(
-            seen,
-            std::collections::BTreeMap::from([(
-                kept.unwrap(),
-                "http://127.0.0.1:9100".to_string()
-            )])
-        );
-    }
 
     #[test]
     fn a_waiting_node_says_why_nobody_is_elected() {

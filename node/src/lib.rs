@@ -17,7 +17,9 @@
 //!    configuration to the training crate), `schedule` (when a plan's merge starts and how
 //!    long it may take), `metrics`, `fsio` (files written whole), and `services::inbox` (the
 //!    bounded inbox every service's handle uses).
-//! 2. **Rules** — `rules`: who may say what and when, pure and unit-tested.
+//! 2. **Rules** — `rules`: what every message's rules answer with (a gossip verdict with a
+//!    typed reason, a request refusal) and the frame shapes the miner and the validator both
+//!    check; each message's own rules live in its service's `validate`.
 //! 3. **Services** (`services/<name>/`), each a task that owns its state behind a bounded
 //!    inbox and publishes what others may read as a watch value; its `api` holds its
 //!    messages, handle, views and typed reasons, the rest is its own:

@@ -79,23 +79,24 @@ impl NodeMetrics {
         m
     }
 
-    /// Shows the consensus of the latest epoch weighed (peers no longer in it are dropped).
-    pub(crate) fn set_weights(&self, weights: &crate::services::consensus::api::ConsensusWeights) {
+    /// Shows the consensus of the latest epoch weighed: each miner's weight and each
+    /// validator's trust, by peer id (peers no longer in it are dropped).
+    pub(crate) fn set_weights(
+        &self,
+        miners: impl IntoIterator<Item = (String, f64)>,
+        validators: impl IntoIterator<Item = (String, f64)>,
+    ) {
         self.miner_weight.clear();
-        for m in &weights.miners {
+        for (peer, weight) in miners {
             self.miner_weight
-                .get_or_create(&PeerLabels {
-                    peer: m.peer_id.clone(),
-                })
-                .set(m.weight);
+                .get_or_create(&PeerLabels { peer })
+                .set(weight);
         }
         self.validator_trust.clear();
-        for v in &weights.validators {
+        for (peer, trust) in validators {
             self.validator_trust
-                .get_or_create(&PeerLabels {
-                    peer: v.peer_id.clone(),
-                })
-                .set(v.trust);
+                .get_or_create(&PeerLabels { peer })
+                .set(trust);
         }
     }
 

@@ -36,6 +36,7 @@ mod metrics;
 mod router;
 mod task;
 mod transport;
+mod validate;
 
 #[cfg(test)]
 mod tests;

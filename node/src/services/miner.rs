@@ -39,6 +39,7 @@ mod stage;
 mod state;
 mod task;
 mod transition;
+mod validate;
 
 use std::sync::Mutex;
 use std::time::Duration;

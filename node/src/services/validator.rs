@@ -26,3 +26,4 @@ mod scoring;
 pub(crate) mod spot;
 mod task;
 mod timers;
+mod validate;

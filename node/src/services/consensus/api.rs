@@ -1,60 +1,55 @@
 //! What other parts of the node may use of the consensus service: its inbox messages, handle
-//! and view (heartbeats, the stake election, epoch plans).
+//! and view (heartbeats, the stake election, epoch plans, and the run's shared picture —
+//! liveness, the plan book, the run statistics), and the rules of the messages it owns.
 
-#![allow(unused_imports)]
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use bootstrap::{EpochPlan, PeerIdStr};
 use p2p::{Heartbeat, PeerId};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::rules::{Reason, Verdict};
 use crate::services::inbox::{ask, send, ServiceGone};
-use crate::wire::messages::{PipelineGossip, Service};
-// Consensus: heartbeats, the stake election, epoch plans.
+use crate::wire::messages::PipelineGossip;
 
 /// Why a heartbeat was not taken into account.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum HeartbeatRejected {
+    /// It does not decode.
+    Malformed,
     /// The heartbeat names another run configuration.
     WrongRun { theirs: String },
     /// The heartbeat's own peer id field does not match its signed author.
     NotAuthor,
     /// Too old, from the future, or not newer than the last one of its sender.
-    NotFresh(&'static str),
+    NotFresh(Freshness),
     /// A miner outside the metagraph while the run's open places are taken.
     NotRegistered,
     /// The hotkey binding it carries does not verify (forged, replayed by another peer, for
     /// another subnet, of the wrong shape): the metric label says which.
-    BadBinding(&'static str),
+    BadBinding(BindingRejected),
     /// The hotkey binding it carries has expired, or expires too far ahead (a clock off).
     StaleBinding,
 }
 
-impl HeartbeatRejected {
-    /// The metric label.
-    pub(crate) fn reason(&self) -> &'static str {
+impl Reason for HeartbeatRejected {
+    fn label(&self) -> &'static str {
         match self {
+            HeartbeatRejected::Malformed => "malformed_heartbeat",
             HeartbeatRejected::WrongRun { .. } => "wrong_run",
             HeartbeatRejected::NotAuthor => "heartbeat_not_author",
-            HeartbeatRejected::NotFresh(reason) => reason,
+            HeartbeatRejected::NotFresh(reason) => reason.label(),
             HeartbeatRejected::NotRegistered => "miner_not_registered",
-            HeartbeatRejected::BadBinding(reason) => reason,
+            HeartbeatRejected::BadBinding(reason) => reason.label(),
             HeartbeatRejected::StaleBinding => "binding_stale",
         }
     }
 }
 
-/// What happened to a plan received over gossip.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum PlanOutcome {
-    /// Accepted: it is now the current plan.
-    Accepted,
-    /// Dropped, with the metric label saying why.
-    Rejected(&'static str),
-}
-
-/// What consensus publishes: the state of the election and the plan in force.
-#[derive(Debug, Clone, Default)]
+/// What consensus publishes: the state of the election, the plan in force, and the run's
+/// shared picture. Republished whenever any of it changes.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct ConsensusView {
     /// The run configuration's hash, as heartbeats carry it.
     pub(crate) run_hash: String,
@@ -78,6 +73,12 @@ pub(crate) struct ConsensusView {
     pub(crate) bindings: BTreeMap<String, String>,
     /// With stake from the chain: hotkeys of its snapshot that have a verified binding.
     pub(crate) bound_hotkeys: usize,
+    /// The plans of the last few epochs (what requests and gossip are judged against).
+    pub(crate) book: Arc<PlanBook>,
+    /// Who is live, as of consensus's last tick.
+    pub(crate) live: Arc<LivePeers>,
+    /// What the run did, epoch by epoch, as of consensus's last tick.
+    pub(crate) epochs: Arc<Vec<EpochStats>>,
 }
 
 /// The subnet's neurons at one block, as the chain answered.
@@ -144,7 +145,7 @@ impl ConsensusView {
     }
 }
 
-/// Where the epoch in force stands, as the caller judges it from the gossip it accepted.
+/// Where the epoch in force stands, as consensus judges it from the gossip it accepted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct EpochProgress {
     /// Every live head reported its samples done.
@@ -156,22 +157,31 @@ pub(crate) struct EpochProgress {
 
 /// The consensus service's inbox.
 pub(crate) enum ConsensusMsg {
-    /// A heartbeat signed by `author`, received when this node's clock read `wall_ms`.
+    /// A heartbeat signed by `author` (`peer`), received when this node's clock read
+    /// `wall_ms`.
     Heartbeat {
+        peer: PeerId,
         author: PeerIdStr,
         beat: Box<Heartbeat>,
         wall_ms: u64,
         reply: oneshot::Sender<Result<(), HeartbeatRejected>>,
     },
-    /// A plan received over gossip from `author`.
+    /// A plan received over gossip from `author`: the verdict on it (adopted when accepted).
     Plan {
         author: PeerIdStr,
         data: Vec<u8>,
-        reply: oneshot::Sender<PlanOutcome>,
+        reply: oneshot::Sender<Verdict<PlanRejected>>,
+    },
+    /// Pipeline gossip signed by `author`: the verdict on it, and the message back (taken
+    /// into the run statistics, and weights into the consensus, when accepted).
+    Pipeline {
+        author: String,
+        message: Box<PipelineGossip>,
+        reply: oneshot::Sender<(Verdict<PipelineReason>, Box<PipelineGossip>)>,
     },
     /// The clock: advance the election, and plan the next epoch when this node is the
-    /// orchestrator and one is due (`progress`: the epoch's heads and merges, as heard).
-    Tick { progress: EpochProgress },
+    /// orchestrator and one is due (judged from the epoch's heads and merges, as heard).
+    Tick,
     /// A validator's weights for `epoch` (checked by the router, or this node's own).
     Weights {
         validator: String,
@@ -195,14 +205,16 @@ pub(crate) struct ConsensusHandle {
 }
 
 impl ConsensusHandle {
-    /// Asks consensus to take a heartbeat into account.
+    /// Asks consensus to take a heartbeat of `peer` (`author`) into account.
     pub(crate) async fn heartbeat(
         &self,
+        peer: PeerId,
         author: PeerIdStr,
         beat: Heartbeat,
         wall_ms: u64,
     ) -> Result<Result<(), HeartbeatRejected>, ServiceGone> {
         ask(&self.tx, "consensus", |reply| ConsensusMsg::Heartbeat {
+            peer,
             author,
             beat: Box::new(beat),
             wall_ms,
@@ -216,7 +228,7 @@ impl ConsensusHandle {
         &self,
         author: PeerIdStr,
         data: Vec<u8>,
-    ) -> Result<PlanOutcome, ServiceGone> {
+    ) -> Result<Verdict<PlanRejected>, ServiceGone> {
         ask(&self.tx, "consensus", |reply| ConsensusMsg::Plan {
             author,
             data,
@@ -225,9 +237,24 @@ impl ConsensusHandle {
         .await
     }
 
+    /// Asks consensus to judge pipeline gossip of `author`; gives the message back.
+    pub(crate) async fn pipeline(
+        &self,
+        author: String,
+        message: PipelineGossip,
+    ) -> Result<(Verdict<PipelineReason>, PipelineGossip), ServiceGone> {
+        let (verdict, message) = ask(&self.tx, "consensus", |reply| ConsensusMsg::Pipeline {
+            author,
+            message: Box::new(message),
+            reply,
+        })
+        .await?;
+        Ok((verdict, *message))
+    }
+
     /// Advances the election.
-    pub(crate) async fn tick(&self, progress: EpochProgress) -> Result<(), ServiceGone> {
-        send(&self.tx, "consensus", ConsensusMsg::Tick { progress }).await
+    pub(crate) async fn tick(&self) -> Result<(), ServiceGone> {
+        send(&self.tx, "consensus", ConsensusMsg::Tick).await
     }
 
     /// Hands consensus this node's own hotkey binding.
@@ -280,7 +307,32 @@ impl ConsensusHandle {
     pub(crate) fn view(&self) -> ConsensusView {
         self.view.borrow().clone()
     }
+
+    /// The plans of the last few epochs, as of the latest view.
+    pub(crate) fn book(&self) -> Arc<PlanBook> {
+        self.view.borrow().book.clone()
+    }
 }
 
-/// Starting the service: its pure core, and the task around it.
-pub(crate) use super::{spawn, Orchestration};
+pub(crate) use super::chain_book::BindingRejected;
+
+/// Starting the service: its pure core, the plan store, and the task around it.
+pub(crate) use super::plan_store::PlanStore;
+pub(crate) use super::state::Orchestration;
+pub(crate) use super::task::{spawn, ConsensusParts};
+
+/// The run's shared picture, as the view carries it.
+pub(crate) use super::liveness::LivePeers;
+pub(crate) use super::stats::EpochStats;
+/// The run statistics themselves, for the tools' tests.
+#[cfg(test)]
+pub(crate) use super::stats::RunStats;
+
+/// The rules of the messages consensus owns, and their typed reasons.
+#[cfg(test)]
+pub(crate) use super::plan_book::fixture;
+pub(crate) use super::plan_book::{stage_in, PlanBook};
+pub(crate) use super::validate::{
+    heartbeat_verdict, waits_for_election, waits_for_plan, Freshness, PipelineReason, PlanOutcome,
+    PlanRejected,
+};

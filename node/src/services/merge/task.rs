@@ -15,7 +15,7 @@ use p2p::PeerId;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use crate::rules::Verdict;
+use crate::rules::{Reason, Verdict};
 use crate::schedule::{max_samples, merge_start, phase_for};
 use crate::services::inbox::INBOX;
 use crate::services::merge::api::{AuditEvent, AuditFinding, AuditVerdict, FindingKind};
@@ -45,7 +45,7 @@ impl NetMerger {
     }
 
     /// Routes all-reduce gossip: from a member of that merge or a validator only (see
-    /// [`crate::rules::check_butterfly_author`]); the rest is the all-reduce's own checks.
+    /// [`super::validate::check_butterfly_author`]); the rest is the all-reduce's own checks.
     pub(crate) fn on_gossip(&self, author: PeerId, topic: &str, data: &[u8]) -> MergeGossip {
         if let Ok(message) = merge::butterfly::Gossip::decode(data) {
             let (epoch, stage) = message.merge();
@@ -53,11 +53,15 @@ impl NetMerger {
                 .readers
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            match crate::rules::check_butterfly_author(&readers, &author.to_string(), epoch, stage)
-            {
+            match super::validate::check_butterfly_author(
+                &readers,
+                &author.to_string(),
+                epoch,
+                stage,
+            ) {
                 Verdict::Accept => {}
-                Verdict::Reject(reason) => return MergeGossip::Refused(reason),
-                Verdict::Ignore(reason) => return MergeGossip::Ignored(reason),
+                Verdict::Reject(reason) => return MergeGossip::Refused(reason.label()),
+                Verdict::Ignore(reason) => return MergeGossip::Ignored(reason.label()),
             }
         }
         match self.router.route_gossip(&author, topic, data) {

@@ -162,3 +162,6 @@ impl MinerHandle {
         !self.tx.is_closed()
     }
 }
+
+/// The rules of the requests a miner serves.
+pub(crate) use super::validate::PipelineRequests;

@@ -226,10 +226,10 @@ async fn forward_once(
                 kind: FrameKind::Gradient,
             };
             if let Err(refusal) = ctx.frames.check(grad, expect) {
-                ctx.metrics.response_rejected(refusal.reason());
+                ctx.metrics.response_rejected(refusal.label());
                 return Err(HopFailure::penalised(format!(
                     "gradient refused ({})",
-                    refusal.reason()
+                    refusal.label()
                 )));
             }
             if !loss.is_finite() || pathway.len() < stage as usize + 1 {

@@ -2,4 +2,4 @@
 //! reports, and the run statistics' types.
 
 pub(crate) use super::http::serve;
-pub(crate) use super::status::{EpochStats, NodeView, RunStats, StatusSource};
+pub(crate) use super::status::{EpochStats, NodeView, StatusSource};

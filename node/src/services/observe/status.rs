@@ -9,8 +9,7 @@ use tokio::sync::watch;
 
 use serde::Serialize;
 
-mod stats;
-pub(crate) use stats::{EpochStats, RunStats};
+pub(crate) use crate::services::consensus::api::EpochStats;
 
 /// The parts of the status that the node loop publishes and the HTTP handler reads.
 #[derive(Debug, Clone, Default, Serialize)]

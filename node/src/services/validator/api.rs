@@ -196,3 +196,5 @@ pub(crate) use super::confirmation::{decide, Decision};
 pub(crate) use super::spot::{parse_reply, Target};
 /// Starting the service.
 pub(crate) use super::task::spawn;
+/// The rules of spot-check and confirmation requests.
+pub(crate) use super::validate::{confirmation_request, spot_check_request};

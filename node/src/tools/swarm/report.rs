@@ -339,7 +339,7 @@ mod tests {
     use std::time::Duration;
 
     use super::Summary;
-    use crate::services::observe::api::RunStats;
+    use crate::services::consensus::api::RunStats;
     use crate::wire::messages::{LossRecord, PipelineGossip};
 
     /// Epochs `0..=epochs` with loss records two seconds apart, and held-out losses at the

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use bootstrap::{Metagraph, PeerIdStr};
 use p2p::{BindingBook, BindingError, BookUpdate, HotkeyBinding, PeerId};
 
+use crate::rules::Reason;
 use crate::services::consensus::api::{ChainStake, HeartbeatRejected};
 
 /// The chain's side of the orchestration state.
@@ -166,21 +167,52 @@ impl ChainBook {
     }
 }
 
+/// Why a hotkey binding does not verify; [`Reason::label`] is its metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BindingRejected {
+    /// Not of the binding's shape.
+    Malformed,
+    /// For another subnet.
+    WrongNetuid,
+    /// Signed for another peer (replayed by this one).
+    NotSender,
+    /// The hotkey's signature is missing or does not verify.
+    BadHotkeySignature,
+    /// The peer's signature does not verify.
+    BadPeerSignature,
+    /// Refused for a reason this build does not name.
+    Invalid,
+}
+
+impl Reason for BindingRejected {
+    fn label(&self) -> &'static str {
+        match self {
+            BindingRejected::Malformed => "binding_malformed",
+            BindingRejected::WrongNetuid => "binding_wrong_netuid",
+            BindingRejected::NotSender => "binding_not_sender",
+            BindingRejected::BadHotkeySignature => "binding_bad_hotkey_signature",
+            BindingRejected::BadPeerSignature => "binding_bad_peer_signature",
+            BindingRejected::Invalid => "binding_invalid",
+        }
+    }
+}
+
 /// The heartbeat verdict for a binding that does not verify.
 fn rejection(error: BindingError) -> HeartbeatRejected {
-    match error {
-        BindingError::Time(_) => HeartbeatRejected::StaleBinding,
-        BindingError::Malformed { .. } => HeartbeatRejected::BadBinding("binding_malformed"),
-        BindingError::WrongNetuid { .. } => HeartbeatRejected::BadBinding("binding_wrong_netuid"),
-        BindingError::NotSender { .. } => HeartbeatRejected::BadBinding("binding_not_sender"),
+    let bad = match error {
+        BindingError::Time(_) => return HeartbeatRejected::StaleBinding,
+        BindingError::Malformed { .. } => BindingRejected::Malformed,
+        BindingError::WrongNetuid { .. } => BindingRejected::WrongNetuid,
+        BindingError::NotSender { .. } => BindingRejected::NotSender,
         BindingError::MissingHotkeySignature | BindingError::BadHotkeySignature => {
-            HeartbeatRejected::BadBinding("binding_bad_hotkey_signature")
+            BindingRejected::BadHotkeySignature
         }
         BindingError::PeerKey(_) | BindingError::BadPeerSignature => {
-            HeartbeatRejected::BadBinding("binding_bad_peer_signature")
+            BindingRejected::BadPeerSignature
         }
-        _ => HeartbeatRejected::BadBinding("binding_invalid"),
-    }
+        _ => BindingRejected::Invalid,
+    };
+    HeartbeatRejected::BadBinding(bad)
 }
 
 #[cfg(test)]
@@ -274,20 +306,20 @@ mod tests {
         let thief = peer(12);
         assert_eq!(
             book.on_binding(&id(&thief), &good, NOW),
-            Err(HeartbeatRejected::BadBinding("binding_not_sender"))
+            Err(HeartbeatRejected::BadBinding(BindingRejected::NotSender))
         );
         let mut forged = bind(&hotkey(3), &thief, NOW + 3600);
         forged.hotkey = hotkey(2).hotkey().to_string();
         assert_eq!(
             book.on_binding(&id(&thief), &forged, NOW),
             Err(HeartbeatRejected::BadBinding(
-                "binding_bad_hotkey_signature"
+                BindingRejected::BadHotkeySignature
             ))
         );
         let other_subnet = HotkeyBinding::sign(&hotkey(2), &thief, NETUID + 1, NOW + 3600).unwrap();
         assert_eq!(
             book.on_binding(&id(&thief), &other_subnet, NOW),
-            Err(HeartbeatRejected::BadBinding("binding_wrong_netuid"))
+            Err(HeartbeatRejected::BadBinding(BindingRejected::WrongNetuid))
         );
         let expired = bind(&hotkey(2), &miner, NOW - 1);
         assert_eq!(

@@ -1,16 +1,20 @@
-//! What the run did, epoch by epoch, as every node hears it over gossip: loss records, held-out
-//! losses, heads that finished, merged hashes. Validators use it to close epochs and to report
-//! progress; `local-swarm` reads it from `/status`.
+//! What the run did, epoch by epoch, as every node hears it over the pipeline gossip consensus
+//! accepted: loss records, held-out losses, heads that finished, merged hashes. Consensus
+//! judges from it where the epoch in force stands ([`RunStats::progress`]), so that the
+//! orchestrator closes epochs; `/status` shows it and `local-swarm` reads it from there.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use bootstrap::EpochPlan;
+
+use crate::services::consensus::api::{EpochProgress, PlanBook};
 use crate::wire::messages::PipelineGossip;
 
 /// One epoch as heard so far (also read back by `local-swarm` from `/status`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub(crate) struct EpochStats {
     /// The epoch.
@@ -141,6 +145,33 @@ impl RunStats {
                     .and_then(|m| m.get(&stage))
                     .is_some_and(|by_miner| !by_miner.is_empty())
         })
+    }
+
+    /// Where the epoch of `current` stands, as heard: whether every live head of its plan
+    /// reported its samples done, and whether the merges that opened it (closing the epoch
+    /// before, whose plan `book` may hold) are done. `live` holds the live peers and this
+    /// node.
+    pub(crate) fn progress(
+        &self,
+        current: Option<&EpochPlan>,
+        book: &PlanBook,
+        live: &BTreeSet<String>,
+    ) -> EpochProgress {
+        let Some(plan) = current else {
+            return EpochProgress {
+                heads_done: false,
+                merged: true,
+            };
+        };
+        let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
+        EpochProgress {
+            heads_done: self.epoch_done(plan.epoch, &heads, live),
+            merged: plan
+                .epoch
+                .checked_sub(1)
+                .and_then(|before| book.get(before))
+                .is_none_or(|before| self.merges_done(before, live)),
+        }
     }
 
     /// The epochs, oldest first.

@@ -1,0 +1,174 @@
+//! What arrived too early, kept in bounded queues to be checked again:
+//!
+//! * pipeline gossip of the next epoch, whose plan is not known yet: at most
+//!   [`MAX_PENDING`] messages (the oldest goes first), checked again when the next plan
+//!   arrives;
+//! * plans of permitted validators this node does not yet see as the orchestrator (it just
+//!   started, or the election is changing hands): at most [`MAX_PENDING_PLANS`], each for at
+//!   most [`PENDING_PLAN_PATIENCE`], checked again on every tick.
+//!
+//! Pure: time is passed in.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use bootstrap::PeerIdStr;
+use p2p::PeerId;
+
+use crate::wire::messages::PipelineGossip;
+
+/// Gossip of the next epoch kept until its plan arrives (then checked again).
+const MAX_PENDING: usize = 256;
+
+/// Plans of permitted validators kept while their author is not the orchestrator this node
+/// knows (it just started, or the election is changing hands).
+const MAX_PENDING_PLANS: usize = 4;
+
+/// How long such a plan is kept: a few heartbeats.
+const PENDING_PLAN_PATIENCE: Duration = Duration::from_secs(5);
+
+/// A plan kept for the election.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeptPlan {
+    /// Its author.
+    pub(crate) author: PeerIdStr,
+    /// The plan as received.
+    pub(crate) data: Vec<u8>,
+    /// When it was first kept.
+    pub(crate) at: Instant,
+}
+
+/// The queues of what arrived too early.
+#[derive(Debug, Default)]
+pub(crate) struct Reprocess {
+    gossip: VecDeque<(PeerId, PipelineGossip)>,
+    plans: VecDeque<KeptPlan>,
+    /// A new plan was handed to the services since the gossip was last checked again.
+    plan_arrived: bool,
+}
+
+impl Reprocess {
+    /// Keeps gossip of the next epoch, dropping the oldest beyond [`MAX_PENDING`].
+    pub(crate) fn keep_gossip(&mut self, author: PeerId, message: PipelineGossip) {
+        if self.gossip.len() >= MAX_PENDING {
+            self.gossip.pop_front();
+        }
+        self.gossip.push_back((author, message));
+    }
+
+    /// Gossip waiting for its plan.
+    pub(crate) fn gossip_len(&self) -> usize {
+        self.gossip.len()
+    }
+
+    /// Notes that a new plan arrived: the waiting gossip is due.
+    pub(crate) fn plan_arrived(&mut self) {
+        self.plan_arrived = true;
+    }
+
+    /// The waiting gossip, taken out, when a plan arrived since it was last taken.
+    pub(crate) fn gossip_due(&mut self) -> Vec<(PeerId, PipelineGossip)> {
+        if !std::mem::take(&mut self.plan_arrived) {
+            return Vec::new();
+        }
+        self.gossip.drain(..).collect()
+    }
+
+    /// Keeps a plan for the election, received at `now`, dropping the oldest beyond
+    /// [`MAX_PENDING_PLANS`].
+    pub(crate) fn keep_plan(&mut self, author: PeerIdStr, data: Vec<u8>, now: Instant) {
+        if self.plans.len() >= MAX_PENDING_PLANS {
+            if let Some(oldest) = self.plans.pop_front() {
+                tracing::warn!(author = %oldest.author, "kept plan dropped: too many plans waiting for the election");
+            }
+        }
+        self.plans.push_back(KeptPlan {
+            author,
+            data,
+            at: now,
+        });
+    }
+
+    /// Puts back a plan checked again that still waits for the election.
+    pub(crate) fn keep_plan_again(&mut self, plan: KeptPlan) {
+        self.plans.push_back(plan);
+    }
+
+    /// The kept plans to check again at `now`, taken out; those kept for longer than
+    /// [`PENDING_PLAN_PATIENCE`] are dropped.
+    pub(crate) fn plans_due(&mut self, now: Instant) -> Vec<KeptPlan> {
+        self.plans.retain(|plan| {
+            let waiting = now.saturating_duration_since(plan.at) < PENDING_PLAN_PATIENCE;
+            if !waiting {
+                tracing::warn!(author = %plan.author, "kept plan dropped: its author did not become the orchestrator here");
+            }
+            waiting
+        });
+        self.plans.drain(..).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(i: u8) -> PeerIdStr {
+        PeerIdStr::from_ed25519_public_key(&[i; 32])
+    }
+
+    fn message(epoch: u64) -> PipelineGossip {
+        PipelineGossip::HeadDone {
+            epoch,
+            samples: 1,
+            dropped: 0,
+        }
+    }
+
+    #[test]
+    fn early_gossip_is_bounded_and_checked_again_once_a_plan_arrives() {
+        let mut queue = Reprocess::default();
+        let author = p2p::identity::Keypair::generate_ed25519()
+            .public()
+            .to_peer_id();
+        for epoch in 0..(MAX_PENDING as u64 + 10) {
+            queue.keep_gossip(author, message(epoch));
+        }
+        assert_eq!(queue.gossip_len(), MAX_PENDING, "the oldest go first");
+        assert!(
+            queue.gossip_due().is_empty(),
+            "nothing is due before a plan"
+        );
+        queue.plan_arrived();
+        let due = queue.gossip_due();
+        assert_eq!(due.len(), MAX_PENDING);
+        assert_eq!(due[0].1, message(10));
+        assert_eq!(queue.gossip_len(), 0);
+        assert!(queue.gossip_due().is_empty(), "due once per plan");
+    }
+
+    #[test]
+    fn plans_waiting_for_the_election_are_few_and_kept_for_a_while() {
+        let mut queue = Reprocess::default();
+        let t0 = Instant::now();
+        for i in 0..(MAX_PENDING_PLANS as u8 + 2) {
+            queue.keep_plan(peer(i), vec![i], t0);
+        }
+        let due = queue.plans_due(t0 + Duration::from_secs(1));
+        assert_eq!(due.len(), MAX_PENDING_PLANS, "the oldest go first");
+        assert_eq!(due[0].author, peer(2));
+        for plan in due {
+            queue.keep_plan_again(plan);
+        }
+        assert_eq!(
+            queue
+                .plans_due(t0 + PENDING_PLAN_PATIENCE - Duration::from_millis(1))
+                .len(),
+            MAX_PENDING_PLANS
+        );
+        queue.keep_plan(peer(9), vec![9], t0);
+        assert!(
+            queue.plans_due(t0 + PENDING_PLAN_PATIENCE).is_empty(),
+            "dropped after the patience"
+        );
+    }
+}

@@ -1,0 +1,271 @@
+//! The consensus task: one task that owns the node's [`Orchestration`] and the run's shared
+//! picture (the plan book, the pipeline gossip's rules, liveness, the run statistics). It
+//! takes heartbeats, plans, pipeline gossip and clock ticks from its bounded inbox, answers
+//! each with its verdict, saves every plan the state adopts (the IO stays here, outside the
+//! state), publishes all of it as a watch value, and publishes this node's own plans when it
+//! orchestrates.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::liveness::{LivePeers, Liveness};
+use super::plan_book::PlanBook;
+use super::plan_store::PlanStore;
+use super::state::Orchestration;
+use super::stats::{EpochStats, RunStats};
+use super::validate::{plan_verdict, PipelineRules};
+use crate::rules::Verdict;
+use crate::services::consensus::api::{ConsensusHandle, ConsensusMsg, ConsensusView};
+use crate::services::inbox::INBOX;
+use crate::wire::messages::PipelineGossip;
+
+/// What the consensus task is started with.
+pub(crate) struct ConsensusParts {
+    /// The pure core, set up (and possibly continued from a stored plan).
+    pub(crate) orchestration: Orchestration,
+    /// Where adopted plans are saved, with a data dir.
+    pub(crate) store: Option<PlanStore>,
+    /// The network, for this node's own plans.
+    pub(crate) client: p2p::Client,
+    /// The plan topic.
+    pub(crate) plan_topic: String,
+}
+
+/// Starts the service; it runs until every handle is dropped.
+pub(crate) fn spawn(parts: ConsensusParts) -> (ConsensusHandle, JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(INBOX);
+    let publisher = Publisher {
+        client: parts.client,
+        topic: parts.plan_topic,
+    };
+    let (consensus, view) = Consensus::new(parts.orchestration, parts.store, publisher);
+    let task = tokio::spawn(run(consensus, rx));
+    (ConsensusHandle { tx, view }, task)
+}
+
+/// Publishes this node's own plans.
+struct Publisher {
+    client: p2p::Client,
+    topic: String,
+}
+
+impl Publisher {
+    /// Publishes from a task: the inbox keeps moving while the network loop is busy (once an
+    /// epoch, and only on the orchestrator).
+    fn publish(&self, bytes: Vec<u8>) {
+        let client = self.client.clone();
+        let topic = self.topic.clone();
+        tokio::spawn(async move {
+            if let Err(error) = client.publish(&topic, bytes).await {
+                tracing::warn!(%error, "plan not published");
+            }
+        });
+    }
+}
+
+/// Everything the task owns.
+struct Consensus {
+    orchestration: Orchestration,
+    store: Option<PlanStore>,
+    book: Arc<PlanBook>,
+    rules: PipelineRules,
+    liveness: Liveness,
+    live: Arc<LivePeers>,
+    stats: RunStats,
+    epochs: Arc<Vec<EpochStats>>,
+    started: Instant,
+    publisher: Publisher,
+    view: watch::Sender<ConsensusView>,
+}
+
+impl Consensus {
+    fn new(
+        orchestration: Orchestration,
+        store: Option<PlanStore>,
+        publisher: Publisher,
+    ) -> (Self, watch::Receiver<ConsensusView>) {
+        let mut book = PlanBook::default();
+        if let Some(plan) = orchestration.current() {
+            book.insert(plan.clone());
+        }
+        let mut rules = PipelineRules::new(orchestration.run());
+        // Who may publish weights: the validators of the metagraph in force at start.
+        rules.set_validators(orchestration.validators());
+        let (view, rx) = watch::channel(ConsensusView::default());
+        let consensus = Consensus {
+            liveness: Liveness::new(orchestration.run().heartbeat_timeout()),
+            orchestration,
+            store,
+            book: Arc::new(book),
+            rules,
+            live: Arc::default(),
+            stats: RunStats::default(),
+            epochs: Arc::default(),
+            started: Instant::now(),
+            publisher,
+            view,
+        };
+        consensus.publish();
+        (consensus, rx)
+    }
+
+    /// Handles one message. Whatever it changes in the view is published before its answer
+    /// goes out: whoever hears "accepted" reads the new plan.
+    fn on_message(&mut self, message: ConsensusMsg) {
+        let now = self.started.elapsed();
+        match message {
+            ConsensusMsg::Heartbeat {
+                peer,
+                author,
+                beat,
+                wall_ms,
+                reply,
+            } => {
+                let verdict = self
+                    .orchestration
+                    .on_heartbeat(&author, &beat, now, wall_ms);
+                if verdict.is_ok() {
+                    self.liveness
+                        .observe(peer, *beat, Instant::now().into_std());
+                }
+                // Liveness reaches the view on the next tick.
+                let _ = reply.send(verdict);
+            }
+            ConsensusMsg::Plan {
+                author,
+                data,
+                reply,
+            } => {
+                let outcome = self
+                    .orchestration
+                    .on_plan(&author, &data, now, SystemTime::now());
+                self.take_adopted();
+                let verdict = plan_verdict(outcome, self.orchestration.is_validator(&author));
+                if verdict == Verdict::Accept {
+                    let current = self.orchestration.current();
+                    tracing::info!(epoch = ?current.map(|p| p.epoch), stage = ?self.orchestration.stage(), "epoch plan accepted");
+                }
+                self.publish();
+                let _ = reply.send(verdict);
+            }
+            ConsensusMsg::Pipeline {
+                author,
+                message,
+                reply,
+            } => {
+                let verdict = self.rules.check(&self.book, &author, &message);
+                if verdict == Verdict::Accept {
+                    self.stats.observe(&author, &message, now);
+                    if let PipelineGossip::Weights { epoch, weights } = &*message {
+                        self.orchestration
+                            .on_weights(author, *epoch, weights.clone());
+                        self.publish();
+                    }
+                }
+                let _ = reply.send((verdict, message));
+            }
+            ConsensusMsg::Weights {
+                validator,
+                epoch,
+                weights,
+            } => {
+                self.orchestration.on_weights(validator, epoch, weights);
+                self.publish();
+            }
+            ConsensusMsg::OwnBinding { binding, wall_ms } => {
+                self.orchestration.on_own_binding(&binding, wall_ms);
+                self.publish();
+            }
+            ConsensusMsg::ChainStake(stake) => {
+                self.orchestration.on_chain_stake(*stake);
+                self.publish();
+            }
+            ConsensusMsg::Tick => self.tick(),
+        }
+    }
+
+    /// The clock: who is live, where the epoch stands, the election, and this node's plan.
+    fn tick(&mut self) {
+        self.live = Arc::new(self.liveness.snapshot(Instant::now().into_std()));
+        let live_now: BTreeSet<String> = self
+            .live
+            .peers
+            .iter()
+            .cloned()
+            .chain(std::iter::once(self.orchestration.me().to_string()))
+            .collect();
+        let progress = self
+            .stats
+            .progress(self.orchestration.current(), &self.book, &live_now);
+        let plan = self
+            .orchestration
+            .tick(self.started.elapsed(), SystemTime::now(), progress);
+        self.take_adopted();
+        self.epochs = Arc::new(self.stats.epochs());
+        self.publish();
+        if let Some(bytes) = plan {
+            self.publisher.publish(bytes);
+        }
+    }
+
+    /// Takes the plan the state adopted, if it is new, into the plan book and the store.
+    fn take_adopted(&mut self) {
+        let Some(plan) = self.orchestration.current() else {
+            return;
+        };
+        if self.book.get(plan.epoch).is_some() {
+            return;
+        }
+        if let Some(store) = &self.store {
+            if let Err(error) = store.save(plan) {
+                tracing::warn!(%error, "plan not persisted");
+            }
+        }
+        Arc::make_mut(&mut self.book).insert(plan.clone());
+    }
+
+    /// The view of everything.
+    fn view(&self) -> ConsensusView {
+        let o = &self.orchestration;
+        ConsensusView {
+            run_hash: o.run_hash().to_hex(),
+            current: o.current().cloned(),
+            orchestrator: o.orchestrator().map(|p| p.to_string()),
+            is_orchestrator: o.is_orchestrator(),
+            validators: o.validators(),
+            stage: o.stage(),
+            weights: o.consensus_weights().cloned(),
+            uids: o.uids(),
+            metagraph_generation: o.metagraph_generation(),
+            bindings: o.bindings(),
+            bound_hotkeys: o.bound_hotkeys(),
+            book: self.book.clone(),
+            live: self.live.clone(),
+            epochs: self.epochs.clone(),
+        }
+    }
+
+    /// Updates the watch value when anything in it changed: the view is derived whole and
+    /// compared whole, so no field can be forgotten.
+    fn publish(&self) {
+        let new = self.view();
+        self.view.send_if_modified(|current| {
+            if *current == new {
+                return false;
+            }
+            *current = new;
+            true
+        });
+    }
+}
+
+async fn run(mut consensus: Consensus, mut inbox: mpsc::Receiver<ConsensusMsg>) {
+    while let Some(message) = inbox.recv().await {
+        consensus.on_message(message);
+    }
+}

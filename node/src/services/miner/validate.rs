@@ -1,0 +1,236 @@
+//! The rules of the requests a miner serves — forwards, evaluations and weights — pure and
+//! unit-tested. The router applies them before the miner sees a request.
+//!
+//! * **Forward**: from the previous stage's miner in the plan of its epoch (current or the
+//!   one before), which is the pathway's last hop, and every pathway entry holds its stage
+//!   in that plan.
+//! * **Evaluation**: from a previous-stage miner of the current (or previous) plan.
+//! * **Weights**: from a replica of the requested stage in the current plan (a miner that
+//!   joins or changes stage).
+//!
+//! The frame each request carries is checked against [`crate::rules::FrameRules`] (shared:
+//! the validator's recomputations check frames too).
+
+use bootstrap::{PeerIdStr, RunConfig};
+use training::wire::FrameKind;
+
+use crate::rules::{Expect, FrameRules, Refusal};
+use crate::services::consensus::api::{stage_in, PlanBook};
+use crate::wire::messages::{self, EvalHeader, ForwardHeader, Service};
+
+/// The pipeline requests this node may serve, judged against the plans.
+#[derive(Debug, Clone)]
+pub(crate) struct PipelineRequests {
+    me: PeerIdStr,
+    frames: FrameRules,
+}
+
+impl PipelineRequests {
+    /// The rules for node `me` of `run`, whose frames carry `run_id`.
+    pub(crate) fn new(me: PeerIdStr, run: &RunConfig, run_id: u64) -> anyhow::Result<Self> {
+        Ok(PipelineRequests {
+            me,
+            frames: FrameRules::new(run, run_id)?,
+        })
+    }
+
+    /// Checks a forward request of `peer`: its header against the plans, its frame's shape.
+    pub(crate) fn forward(&self, book: &PlanBook, peer: &str, data: &[u8]) -> Result<(), Refusal> {
+        let (header, frame) = messages::decode::<ForwardHeader>(Service::Forward, data)
+            .map_err(|_| Refusal::FrameMalformed)?;
+        let stage = check_forward(book, self.me.as_str(), peer, &header)?;
+        self.frames.check(
+            frame,
+            Expect {
+                sample: Some(header.sample),
+                boundary: stage - 1,
+                kind: FrameKind::Activation,
+            },
+        )
+    }
+
+    /// Checks an evaluation request of `peer`.
+    pub(crate) fn eval(&self, book: &PlanBook, peer: &str, data: &[u8]) -> Result<(), Refusal> {
+        let (_header, frame) = messages::decode::<EvalHeader>(Service::Eval, data)
+            .map_err(|_| Refusal::FrameMalformed)?;
+        let stage = check_eval(book, self.me.as_str(), peer)?;
+        self.frames.check(
+            frame,
+            Expect {
+                sample: None,
+                boundary: stage - 1,
+                kind: FrameKind::Activation,
+            },
+        )
+    }
+
+    /// Checks a weights request of `peer`.
+    pub(crate) fn weights(&self, book: &PlanBook, peer: &str, data: &[u8]) -> Result<(), Refusal> {
+        let (request, _) = messages::decode::<messages::WeightsRequest>(Service::Weights, data)
+            .map_err(|_| Refusal::FrameMalformed)?;
+        check_weights(book, peer, request.stage)
+    }
+}
+
+/// Checks a forward request from `sender` against the plan of its epoch; returns this
+/// node's stage (the pathway's length) when it may be served.
+pub(crate) fn check_forward(
+    book: &PlanBook,
+    me: &str,
+    sender: &str,
+    header: &ForwardHeader,
+) -> Result<u32, Refusal> {
+    let plan = book.recent(header.epoch).ok_or(Refusal::WrongEpoch)?;
+    let stage = stage_in(plan, me).ok_or(Refusal::WrongStage)?;
+    if stage == 0 || header.pathway.len() != stage as usize {
+        return Err(Refusal::WrongStage);
+    }
+    if stage_in(plan, sender) != Some(stage - 1) {
+        return Err(Refusal::NotPreviousHop);
+    }
+    let pathway_ok = header.pathway.last().map(String::as_str) == Some(sender)
+        && header
+            .pathway
+            .iter()
+            .enumerate()
+            .all(|(s, peer)| stage_in(plan, peer) == Some(s as u32));
+    if !pathway_ok {
+        return Err(Refusal::BadPathway);
+    }
+    Ok(stage)
+}
+
+/// Checks an evaluation request from `sender`: it must hold the stage before this node's in
+/// the current (or previous) plan. Returns this node's stage.
+pub(crate) fn check_eval(book: &PlanBook, me: &str, sender: &str) -> Result<u32, Refusal> {
+    let current = book.current().ok_or(Refusal::WrongEpoch)?;
+    let stage = stage_in(current, me)
+        .filter(|&s| s > 0)
+        .ok_or(Refusal::WrongStage)?;
+    let allowed = [Some(current), book.recent(current.epoch.wrapping_sub(1))]
+        .into_iter()
+        .flatten()
+        .any(|plan| stage_in(plan, sender) == Some(stage - 1));
+    if allowed {
+        Ok(stage)
+    } else {
+        Err(Refusal::NotPreviousStage)
+    }
+}
+
+/// Checks a weights request for `stage` from `sender`: only a replica of that stage in the
+/// current plan (a miner that joins or changes stage) is served.
+pub(crate) fn check_weights(book: &PlanBook, sender: &str, stage: u32) -> Result<(), Refusal> {
+    let current = book.current().ok_or(Refusal::WrongEpoch)?;
+    if stage_in(current, sender) == Some(stage) {
+        Ok(())
+    } else {
+        Err(Refusal::NotAReplica)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::services::consensus::api::fixture::{book, on, peer};
+
+    #[test]
+    fn forwards_come_from_the_previous_hop_of_the_plan() {
+        let (book, _) = book(&[2, 3]);
+        let plan = book.current().unwrap().clone();
+        let head = on(&plan, 0)[0].clone();
+        let middle = on(&plan, 1)[0].clone();
+        let tail = on(&plan, 2)[0].clone();
+        let header = |epoch, pathway: Vec<String>| ForwardHeader {
+            epoch,
+            sample: 1,
+            pathway,
+            deadline_ms: u64::MAX,
+        };
+        let stranger = peer(99).to_string();
+        assert_eq!(
+            check_forward(&book, &middle, &head, &header(3, vec![head.clone()])),
+            Ok(1)
+        );
+        assert_eq!(
+            check_forward(
+                &book,
+                &middle,
+                &stranger,
+                &header(3, vec![stranger.clone()])
+            ),
+            Err(Refusal::NotPreviousHop)
+        );
+        // A plan member relaying someone else's pathway.
+        assert_eq!(
+            check_forward(&book, &middle, &head, &header(3, vec![stranger.clone()])),
+            Err(Refusal::BadPathway)
+        );
+        let other_head = on(&plan, 0)[1].clone();
+        assert_eq!(
+            check_forward(&book, &middle, &head, &header(3, vec![other_head])),
+            Err(Refusal::BadPathway)
+        );
+        // A tail is sent to by the middle stage, with a two-hop pathway.
+        assert_eq!(
+            check_forward(
+                &book,
+                &tail,
+                &middle,
+                &header(3, vec![head.clone(), middle.clone()])
+            ),
+            Ok(2)
+        );
+        assert_eq!(
+            check_forward(&book, &tail, &head, &header(3, vec![head.clone()])),
+            Err(Refusal::WrongStage)
+        );
+        // The epoch before the current one still counts; older and future ones do not.
+        let previous = book.recent(2).unwrap();
+        let prev_head = on(previous, 0)[0].clone();
+        let prev_middle = on(previous, 1)[0].clone();
+        assert_eq!(
+            check_forward(
+                &book,
+                &prev_middle,
+                &prev_head,
+                &header(2, vec![prev_head.clone()])
+            ),
+            Ok(1)
+        );
+        for epoch in [1, 4, u64::MAX] {
+            assert_eq!(
+                check_forward(&book, &middle, &head, &header(epoch, vec![head.clone()])),
+                Err(Refusal::WrongEpoch)
+            );
+        }
+    }
+
+    #[test]
+    fn evaluations_and_weights_are_served_only_to_the_plan() {
+        let (book, _) = book(&[0]);
+        let plan = book.current().unwrap().clone();
+        let head = on(&plan, 0)[0].clone();
+        let middle = on(&plan, 1)[0].clone();
+        let other_middle = on(&plan, 1)[1].clone();
+        let tail = on(&plan, 2)[0].clone();
+        let stranger = peer(99).to_string();
+        assert_eq!(check_eval(&book, &middle, &head), Ok(1));
+        assert_eq!(check_eval(&book, &tail, &middle), Ok(2));
+        assert_eq!(
+            check_eval(&book, &middle, &stranger),
+            Err(Refusal::NotPreviousStage)
+        );
+        assert_eq!(
+            check_eval(&book, &tail, &head),
+            Err(Refusal::NotPreviousStage)
+        );
+        assert_eq!(check_eval(&book, &head, &head), Err(Refusal::WrongStage));
+        assert_eq!(check_weights(&book, &other_middle, 1), Ok(()));
+        assert_eq!(
+            check_weights(&book, &stranger, 1),
+            Err(Refusal::NotAReplica)
+        );
+        assert_eq!(check_weights(&book, &head, 1), Err(Refusal::NotAReplica));
+    }
+}
