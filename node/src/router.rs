@@ -357,7 +357,12 @@ impl Router {
         let previous = self.book.current().cloned();
         self.book.insert(plan.clone());
         self.merge
-            .set_readers(self.readers(view.validators))
+            .set_readers(self.readers(
+                view.validators
+                    .iter()
+                    .filter_map(|v| PeerIdStr::parse(v).ok())
+                    .collect(),
+            ))
             .await?;
         if let Some(miner) = &self.miner {
             miner.plan(plan.clone()).await?;
@@ -380,7 +385,7 @@ impl Router {
 
     /// Who may fetch merge partitions now: each recent plan's stage members, and the
     /// validators of the metagraph.
-    fn readers(&self, validators: BTreeSet<String>) -> Readers {
+    fn readers(&self, validators: BTreeSet<PeerIdStr>) -> Readers {
         let mut readers = Readers {
             validators,
             ..Default::default()
@@ -392,7 +397,7 @@ impl Router {
                         .members
                         .entry((epoch, *stage))
                         .or_default()
-                        .insert(miner.to_string());
+                        .insert(miner.clone());
                 }
             }
         }

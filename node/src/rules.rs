@@ -544,7 +544,7 @@ pub(crate) fn check_spot_check(validators: &BTreeSet<String>, sender: &str) -> R
 /// gossip is ignored, neither delivered nor relayed.
 pub(crate) fn check_butterfly_author(
     readers: &Readers,
-    author: &str,
+    author: &PeerIdStr,
     epoch: u64,
     stage: u32,
 ) -> Verdict {

@@ -632,9 +632,9 @@ fn replayed_or_stale_heartbeats_are_refused_and_restarts_are_heard() {
 fn butterfly_gossip_comes_from_that_merges_members_or_validators() {
     let (book, peers) = book(&[4]);
     let plan = book.get(4).unwrap();
-    let members: BTreeSet<String> = on(plan, 1).into_iter().collect();
-    let outsider = peer(200).to_string();
-    let validator = peer(201).to_string();
+    let members: BTreeSet<PeerIdStr> = plan.miners_of(1).cloned().collect();
+    let outsider = peer(200);
+    let validator = peer(201);
     let readers = Readers {
         members: [((4, 1), members.clone())].into_iter().collect(),
         validators: [validator.clone()].into_iter().collect(),
@@ -653,7 +653,7 @@ fn butterfly_gossip_comes_from_that_merges_members_or_validators() {
         Verdict::Reject("butterfly_not_member")
     );
     // A member of stage 1 is not a member of stage 0's merge.
-    let on_stage0: BTreeSet<String> = on(plan, 0).into_iter().collect();
+    let on_stage0: BTreeSet<PeerIdStr> = plan.miners_of(0).cloned().collect();
     let readers0 = Readers {
         members: [((4, 0), on_stage0)].into_iter().collect(),
         ..Readers::default()
