@@ -109,7 +109,7 @@ pub(crate) async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let miner: Option<(MinerHandle, tokio::task::JoinHandle<()>)> = match role {
         Role::Miner => {
             let miner = Miner::new(
-                local_peer_id.to_string(),
+                crate::wire::peer::of(&local_peer_id),
                 client.clone(),
                 MinerConfig {
                     run: run_config.clone(),
@@ -404,7 +404,14 @@ async fn on_tick(
         },
     };
     if let Some(miner) = miner {
-        miner.tick(live_now.into_iter().collect()).await?;
+        miner
+            .tick(
+                live_now
+                    .iter()
+                    .filter_map(|p| PeerIdStr::parse(p).ok())
+                    .collect(),
+            )
+            .await?;
     }
     router.retry_pending_plans().await?;
     consensus.tick(progress).await?;

@@ -357,12 +357,14 @@ impl Router {
         let previous = self.book.current().cloned();
         self.book.insert(plan.clone());
         self.merge
-            .set_readers(self.readers(
-                view.validators
-                    .iter()
-                    .filter_map(|v| PeerIdStr::parse(v).ok())
-                    .collect(),
-            ))
+            .set_readers(
+                self.readers(
+                    view.validators
+                        .iter()
+                        .filter_map(|v| PeerIdStr::parse(v).ok())
+                        .collect(),
+                ),
+            )
             .await?;
         if let Some(miner) = &self.miner {
             miner.plan(plan.clone()).await?;

@@ -569,11 +569,8 @@ mod tests {
     fn a_miner_caught_once_stays_unpaid_for_its_probation() {
         let mut probation = Probation::new();
         let p = id(7);
-        let caught: BTreeMap<PeerIdStr, Proof> = [(
-            p.clone(),
-            Proof::SpotCheck(SpotFailure::LossNotReproduced),
-        )]
-        .into();
+        let caught: BTreeMap<PeerIdStr, Proof> =
+            [(p.clone(), Proof::SpotCheck(SpotFailure::LossNotReproduced))].into();
         let caught = apply_probation(&mut probation, caught, 3);
         assert_eq!(caught.len(), 1);
         // Not caught again in the next epochs: still unpaid, and weighed as caught.
