@@ -13,6 +13,7 @@
 //! byte strings and strings, so two values are equal exactly when the ids' bytes are; the text
 //! is the canonical form, and ordering is the text's byte order.
 
+use std::borrow::Borrow;
 use std::fmt;
 use std::str::FromStr;
 
@@ -190,6 +191,14 @@ impl From<PeerIdStr> for String {
 
 impl AsRef<str> for PeerIdStr {
     fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Maps and sets keyed by peer id can be searched with text (a peer named in a wire message):
+/// equality, order and hash are the text's, so the borrowed form agrees with the owned one.
+impl Borrow<str> for PeerIdStr {
+    fn borrow(&self) -> &str {
         &self.0
     }
 }

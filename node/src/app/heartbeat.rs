@@ -82,7 +82,7 @@ impl Heartbeats {
                     .live
                     .peers
                     .iter()
-                    .cloned()
+                    .map(ToString::to_string)
                     .chain([self.me.to_string()])
                     .collect();
                 let why = no_orchestrator_reason(self.settings.metagraph.as_ref(), &live);

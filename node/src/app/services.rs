@@ -268,7 +268,7 @@ fn start_miner(
         return Ok(None);
     }
     let miner = Miner::new(
-        identity.peer_id.to_string(),
+        identity.me.clone(),
         started.client.clone(),
         MinerConfig {
             run: settings.run.clone(),

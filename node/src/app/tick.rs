@@ -30,12 +30,12 @@ pub(crate) async fn on_tick(
 ) -> Result<(), ServiceGone> {
     let agreed = consensus.view();
     if let Some(miner) = miner {
-        let live_now: BTreeSet<String> = agreed
+        let live_now: BTreeSet<PeerIdStr> = agreed
             .live
             .peers
             .iter()
             .cloned()
-            .chain(std::iter::once(me.to_string()))
+            .chain(std::iter::once(me.clone()))
             .collect();
         miner.tick(live_now.into_iter().collect()).await?;
     }

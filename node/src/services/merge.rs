@@ -44,6 +44,7 @@ mod tests;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use bootstrap::PeerIdStr;
 use p2p::{Client, PeerId};
 use tokio::time::Instant;
 pub use training::butterfly;
@@ -108,7 +109,18 @@ pub fn plan_for(
     members: &[PeerId],
     len: usize,
 ) -> Result<Plan, PlanError> {
-    let ids: Vec<MemberId> = members.iter().map(PeerId::to_string).collect();
+    let members: Vec<PeerIdStr> = members.iter().map(crate::wire::peer::of).collect();
+    plan_of(epoch_seed, stage, &members, len)
+}
+
+/// [`plan_for`] with the members in the node's form.
+pub(crate) fn plan_of(
+    epoch_seed: u64,
+    stage: u32,
+    members: &[PeerIdStr],
+    len: usize,
+) -> Result<Plan, PlanError> {
+    let ids: Vec<MemberId> = members.iter().map(|m| m.as_str().to_owned()).collect();
     let partitions = partitions_for(ids.len(), len, DEFAULT_MAX_PARTITION_BYTES);
     butterfly::plan(epoch_seed ^ mix(u64::from(stage)), &ids, partitions, len)
 }

@@ -196,7 +196,7 @@ fn cast(args: &LocalSwarmArgs, out: &Path) -> anyhow::Result<(Cast, Vec<LocalNeu
         let keypair = crate::app::identity::load_or_create(&out.join(name))?;
         let validator = (i as u32) < args.validators;
         neurons.push(LocalNeuron {
-            peer_id: PeerIdStr::parse(&keypair.public().to_peer_id().to_string())?,
+            peer_id: crate::wire::peer::of(&keypair.public().to_peer_id()),
             // Validators get decreasing stake: 100, 50, 33, … TAO.
             stake: if validator {
                 100 * RAO_PER_TAO / (i as u64 + 1)

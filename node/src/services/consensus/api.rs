@@ -60,7 +60,7 @@ pub(crate) struct ConsensusView {
     /// Whether this node is the orchestrator.
     pub(crate) is_orchestrator: bool,
     /// Peer ids of the metagraph's validators with a permit.
-    pub(crate) validators: BTreeSet<String>,
+    pub(crate) validators: BTreeSet<PeerIdStr>,
     /// This node's stage in the plan in force.
     pub(crate) stage: Option<u32>,
     /// The consensus of the validators' weights for the latest epoch any were heard for.

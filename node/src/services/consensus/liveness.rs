@@ -3,6 +3,7 @@
 //! snapshot in its view on every tick; the miner paces its work by it, the orchestrator
 //! closes epochs by it, and `/status` shows it. Time is passed in.
 
+use bootstrap::PeerIdStr;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -12,7 +13,7 @@ use p2p::{Heartbeat, LiveView, PeerId};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct LivePeers {
     /// Peers whose heartbeats are fresh, sorted.
-    pub(crate) peers: Vec<String>,
+    pub(crate) peers: Vec<PeerIdStr>,
     /// The HTTP servers live peers announce, keyed by peer.
     pub(crate) dashboards: BTreeMap<String, String>,
 }
@@ -59,11 +60,11 @@ fn dashboards(live: &LiveView, now: Instant) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn sorted_live(live: &LiveView, now: Instant) -> Vec<String> {
-    let mut peers: Vec<String> = live
+fn sorted_live(live: &LiveView, now: Instant) -> Vec<PeerIdStr> {
+    let mut peers: Vec<PeerIdStr> = live
         .live(now)
         .iter()
-        .map(|(peer, _)| peer.to_string())
+        .map(|(peer, _)| crate::wire::peer::of(peer))
         .collect();
     peers.sort();
     peers

@@ -44,14 +44,14 @@ impl PlanBook {
     }
 
     /// Each kept plan's stage members, by (epoch, stage): who may read the merges.
-    pub(crate) fn members(&self) -> BTreeMap<(u64, u32), BTreeSet<String>> {
-        let mut members: BTreeMap<(u64, u32), BTreeSet<String>> = BTreeMap::new();
+    pub(crate) fn members(&self) -> BTreeMap<(u64, u32), BTreeSet<PeerIdStr>> {
+        let mut members: BTreeMap<(u64, u32), BTreeSet<PeerIdStr>> = BTreeMap::new();
         for (epoch, plan) in &self.plans {
             for (miner, stage) in &plan.assignment {
                 members
                     .entry((*epoch, *stage))
                     .or_default()
-                    .insert(miner.to_string());
+                    .insert(miner.clone());
             }
         }
         members

@@ -332,14 +332,14 @@ impl Orchestration {
     }
 
     /// Peer ids of the metagraph's validators with a permit.
-    pub(crate) fn validators(&self) -> std::collections::BTreeSet<String> {
+    pub(crate) fn validators(&self) -> std::collections::BTreeSet<PeerIdStr> {
         self.metagraph
             .as_ref()
             .map(|m| {
                 m.neurons()
                     .iter()
                     .filter(|n| n.validator_permit)
-                    .map(|n| n.peer_id.to_string())
+                    .map(|n| n.peer_id.clone())
                     .collect()
             })
             .unwrap_or_default()

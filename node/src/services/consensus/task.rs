@@ -196,7 +196,7 @@ impl Consensus {
             .live
             .peers
             .iter()
-            .cloned()
+            .map(ToString::to_string)
             .chain(std::iter::once(self.orchestration.me().to_string()))
             .collect();
         let progress = self

@@ -319,7 +319,7 @@ pub(crate) struct PipelineRules {
     tokens_per_sample: u64,
     epochs: BTreeMap<u64, Seen>,
     /// Peer ids of the metagraph's validators with a permit (who may publish weights).
-    validators: BTreeSet<String>,
+    validators: BTreeSet<PeerIdStr>,
     /// (epoch, validator) of the weights accepted within the window.
     weights_seen: BTreeSet<(u64, String)>,
 }
@@ -336,7 +336,7 @@ impl PipelineRules {
     }
 
     /// Who may publish weights: the metagraph's validators with a permit.
-    pub(crate) fn set_validators(&mut self, validators: BTreeSet<String>) {
+    pub(crate) fn set_validators(&mut self, validators: BTreeSet<PeerIdStr>) {
         self.validators = validators;
     }
 

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use bootstrap::EpochPlan;
+use bootstrap::{EpochPlan, PeerIdStr};
 use p2p::PeerId;
 use tokio::sync::{mpsc, oneshot};
 
@@ -19,7 +19,7 @@ pub(crate) struct MergeRequest {
     /// The epoch's seed (it draws the butterfly partners).
     pub(crate) seed: u64,
     /// The stage's replicas in the epoch's plan, sorted.
-    pub(crate) members: Vec<String>,
+    pub(crate) members: Vec<PeerIdStr>,
     /// This replica's weights.
     pub(crate) weights: Vec<f32>,
     /// Samples this replica processed in the epoch (its weight in the average).
@@ -35,9 +35,9 @@ pub(crate) struct MergeRequest {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Readers {
     /// (epoch, stage) → members.
-    pub(crate) members: BTreeMap<(u64, u32), BTreeSet<String>>,
+    pub(crate) members: BTreeMap<(u64, u32), BTreeSet<PeerIdStr>>,
     /// Validators with a permit.
-    pub(crate) validators: BTreeSet<String>,
+    pub(crate) validators: BTreeSet<PeerIdStr>,
 }
 
 /// What the merge service made of a gossip message.
@@ -195,7 +195,7 @@ pub(crate) struct AuditFinding {
     /// Epoch of the merge.
     pub(crate) epoch: u64,
     /// The accused member's peer id.
-    pub(crate) accused: String,
+    pub(crate) accused: PeerIdStr,
     /// What it did.
     pub(crate) kind: FindingKind,
 }

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use bootstrap::{EpochPlan, RunConfig};
+use bootstrap::{EpochPlan, PeerIdStr, RunConfig};
 use p2p::PeerId;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
@@ -23,6 +23,7 @@ use crate::services::merge::api::{
     MergeAnswer, MergeGossip, MergeHandle, MergeMsg, MergeRequest, Readers,
 };
 use crate::services::merge::{self, AuditParams, MergeParams, Router};
+use crate::wire::peer;
 
 /// Merges replicas, and audits merges, over the network.
 pub(crate) struct NetMerger {
@@ -55,7 +56,7 @@ impl NetMerger {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             match super::validate::check_butterfly_author(
                 &readers,
-                &author.to_string(),
+                &peer::of(&author),
                 epoch,
                 stage,
             ) {
@@ -80,17 +81,16 @@ impl NetMerger {
     }
 
     /// Whether `peer` may fetch partitions of the merge of `stage` closing `epoch`.
-    pub(crate) fn may_read(&self, peer: &PeerId, epoch: u64, stage: u32) -> bool {
-        let peer = peer.to_string();
+    pub(crate) fn may_read(&self, peer: &PeerIdStr, epoch: u64, stage: u32) -> bool {
         let readers = self
             .readers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        readers.validators.contains(&peer)
+        readers.validators.contains(peer)
             || readers
                 .members
                 .get(&(epoch, stage))
-                .is_some_and(|m| m.contains(&peer))
+                .is_some_and(|m| m.contains(peer))
     }
 
     /// Answers an all-reduce request; `None` when the body is for another service. A
@@ -107,7 +107,7 @@ impl NetMerger {
                     merge::butterfly::Request::Input { epoch, stage, .. }
                     | merge::butterfly::Request::Averaged { epoch, stage, .. } => (*epoch, *stage),
                 };
-                if !self.may_read(&peer, epoch, stage) {
+                if !self.may_read(&peer::of(&peer), epoch, stage) {
                     return Some(Err("not_a_merge_member"));
                 }
             }
@@ -137,10 +137,7 @@ impl NetMerger {
     ) {
         let start = merge_start(next);
         for stage in 0..closed.stages {
-            let members: Vec<PeerId> = closed
-                .miners_of(stage)
-                .filter_map(|p| p.as_str().parse().ok())
-                .collect();
+            let members: Vec<PeerIdStr> = closed.miners_of(stage).cloned().collect();
             if members.len() < 2 {
                 // Nothing merges: nothing to audit or confirm.
                 let findings = findings.clone();
@@ -177,7 +174,7 @@ impl NetMerger {
         &self,
         closed: &EpochPlan,
         stage: u32,
-        members: &[PeerId],
+        members: &[PeerIdStr],
         start: std::time::SystemTime,
         findings: &tokio::sync::mpsc::Sender<AuditEvent>,
     ) -> AuditVerdict {
@@ -185,7 +182,7 @@ impl NetMerger {
         let Some(len) = self.stage_len(stage) else {
             return AuditVerdict::Incomplete;
         };
-        let plan = match merge::plan_for(closed.seed, stage, members, len) {
+        let plan = match merge::plan_of(closed.seed, stage, members, len) {
             Ok(plan) => Arc::new(plan),
             Err(error) => {
                 tracing::warn!(%error, "no audit plan");
@@ -210,15 +207,21 @@ impl NetMerger {
             }
         };
         tracing::info!(stage, epoch = closed.epoch, ?report, "merge audited");
-        let capped = report.weights_capped.iter().map(|m| AuditFinding {
-            epoch: closed.epoch,
-            accused: m.clone(),
-            kind: FindingKind::InflatedSamples,
+        // The audit names members by the plan's text; each is one of `members`.
+        let member = |id: &str| members.iter().find(|m| m.as_str() == id).cloned();
+        let capped = report.weights_capped.iter().filter_map(|m| {
+            Some(AuditFinding {
+                epoch: closed.epoch,
+                accused: member(m)?,
+                kind: FindingKind::InflatedSamples,
+            })
         });
-        let found = report.misbehaviour.iter().map(|m| AuditFinding {
-            epoch: m.epoch,
-            accused: m.accused.clone(),
-            kind: FindingKind::Misbehaviour(m.kind),
+        let found = report.misbehaviour.iter().filter_map(|m| {
+            Some(AuditFinding {
+                epoch: m.epoch,
+                accused: member(&m.accused)?,
+                kind: FindingKind::Misbehaviour(m.kind),
+            })
         });
         for finding in found.chain(capped) {
             if findings.send(AuditEvent::Finding(finding)).await.is_err() {
@@ -266,16 +269,16 @@ impl NetMerger {
 
     /// Merges this replica's weights with the stage's other replicas.
     async fn merge(&self, request: MergeRequest) -> anyhow::Result<Vec<f32>> {
-        let members: Vec<PeerId> = request
-            .members
-            .iter()
-            .filter_map(|p| p.parse().ok())
-            .collect();
-        if members.len() <= 1 {
+        if request.members.len() <= 1 {
             return Ok(request.weights);
         }
         let len = request.weights.len();
-        let plan = Arc::new(merge::plan_for(request.seed, request.stage, &members, len)?);
+        let plan = Arc::new(merge::plan_of(
+            request.seed,
+            request.stage,
+            &request.members,
+            len,
+        )?);
         let params = MergeParams {
             stage: request.stage,
             epoch: request.epoch,

@@ -3,6 +3,8 @@
 //! merge this node holds no plan for is not judged: its gossip is ignored, neither delivered
 //! nor relayed.
 
+use bootstrap::PeerIdStr;
+
 use crate::rules::{Reason, Verdict};
 use crate::services::merge::api::Readers;
 
@@ -30,7 +32,7 @@ impl Reason for ButterflyReason {
 /// gossip is ignored, neither delivered nor relayed.
 pub(crate) fn check_butterfly_author(
     readers: &Readers,
-    author: &str,
+    author: &PeerIdStr,
     epoch: u64,
     stage: u32,
 ) -> Verdict<ButterflyReason> {
@@ -49,15 +51,15 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::services::consensus::api::fixture::{book, on, peer};
+    use crate::services::consensus::api::fixture::{book, peer};
 
     #[test]
     fn butterfly_gossip_comes_from_that_merges_members_or_validators() {
         let (book, peers) = book(&[4]);
         let plan = book.get(4).unwrap();
-        let members: BTreeSet<String> = on(plan, 1).into_iter().collect();
-        let outsider = peer(200).to_string();
-        let validator = peer(201).to_string();
+        let members: BTreeSet<PeerIdStr> = plan.miners_of(1).cloned().collect();
+        let outsider = peer(200);
+        let validator = peer(201);
         let readers = Readers {
             members: [((4, 1), members.clone())].into_iter().collect(),
             validators: [validator.clone()].into_iter().collect(),
@@ -76,7 +78,7 @@ mod tests {
             Verdict::Reject(ButterflyReason::NotMember)
         );
         // A member of stage 1 is not a member of stage 0's merge.
-        let on_stage0: BTreeSet<String> = on(plan, 0).into_iter().collect();
+        let on_stage0: BTreeSet<PeerIdStr> = plan.miners_of(0).cloned().collect();
         let readers0 = Readers {
             members: [((4, 0), on_stage0)].into_iter().collect(),
             ..Readers::default()

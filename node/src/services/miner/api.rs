@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use bootstrap::{EpochPlan, RunConfig};
+use bootstrap::{EpochPlan, PeerIdStr, RunConfig};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::services::inbox::{ask, send, ServiceGone};
@@ -107,7 +107,7 @@ pub(crate) enum MinerMsg {
         reply: oneshot::Sender<Vec<u8>>,
     },
     /// The clock: the peers live now; check deadlines, publish buffered loss records.
-    Tick { live: Vec<String> },
+    Tick { live: Vec<PeerIdStr> },
     /// Stop training and wait up to `grace` for the compute thread.
     Shutdown {
         grace: std::time::Duration,
@@ -148,7 +148,7 @@ impl MinerHandle {
     }
 
     /// The clock tick.
-    pub(crate) async fn tick(&self, live: Vec<String>) -> Result<(), ServiceGone> {
+    pub(crate) async fn tick(&self, live: Vec<PeerIdStr>) -> Result<(), ServiceGone> {
         send(&self.tx, "miner", MinerMsg::Tick { live }).await
     }
 

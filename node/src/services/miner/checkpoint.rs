@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use bootstrap::EpochPlan;
+use bootstrap::{EpochPlan, PeerIdStr};
 use training::checkpoint::CheckpointKey;
 use training::StageHandle;
 
@@ -66,7 +66,7 @@ async fn merge(
     worker: &StageHandle,
     start: SystemTime,
 ) -> anyhow::Result<Merged> {
-    let members: Vec<String> = plan.miners_of(stage).map(|p| p.to_string()).collect();
+    let members: Vec<PeerIdStr> = plan.miners_of(stage).cloned().collect();
     let mut weights = worker.flat_params().await?;
     // What this replica gives the merge: the steps it takes while the merge runs are kept
     // on top of the merge's result.

@@ -42,9 +42,7 @@ pub(crate) struct Miner {
 /// What never changes in a miner's life.
 pub(crate) struct Fixed {
     /// This miner's peer id.
-    pub(crate) me: String,
-    /// The same, as plans name miners.
-    pub(crate) peer: bootstrap::PeerIdStr,
+    pub(crate) me: bootstrap::PeerIdStr,
     /// The network.
     pub(crate) client: p2p::Client,
     /// The miner's settings.
@@ -72,7 +70,7 @@ pub(crate) struct Fixed {
 impl Miner {
     /// Sets up a miner: its corpus, held-out batches, frame rules and checkpoint store.
     pub(crate) fn new(
-        me: String,
+        me: bootstrap::PeerIdStr,
         client: p2p::Client,
         cfg: MinerConfig,
         metrics: PipelineMetrics,
@@ -91,11 +89,9 @@ impl Miner {
             Some(dir) => Some(CheckpointStore::open(&dir.join("checkpoints"))?),
             None => None,
         };
-        let peer = bootstrap::PeerIdStr::parse(&me)?;
         Ok(Miner {
             fixed: Fixed {
                 me,
-                peer,
                 client,
                 cfg,
                 consensus,

@@ -17,8 +17,7 @@ use crate::wire::messages::{ForwardHeader, PipelineGossip};
 
 /// Runs this head's part of `plan`'s epoch.
 pub(crate) async fn run_epoch(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle) {
-    let heads: Vec<String> = plan.miners_of(0).map(|p| p.to_string()).collect();
-    let Some(index) = heads.iter().position(|h| *h == ctx.me) else {
+    let Some(index) = plan.miners_of(0).position(|h| *h == ctx.me) else {
         return;
     };
     let topic = crate::wire::topics::Topics::of(&ctx.cfg.run.run_name).pipeline;
@@ -130,7 +129,7 @@ async fn one_sample(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle, id: u64
     let header = ForwardHeader {
         epoch: plan.epoch,
         sample: id,
-        pathway: vec![ctx.me.clone()],
+        pathway: vec![ctx.me.as_str().to_owned()],
         // The whole pathway, there and back, within one hop timeout.
         deadline_ms: now_ms()
             .saturating_add(u64::try_from(super::HOP_TIMEOUT.as_millis()).unwrap_or(u64::MAX)),

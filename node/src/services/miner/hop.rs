@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bootstrap::EpochPlan;
+use bootstrap::{EpochPlan, PeerIdStr};
 use rand::{Rng, SeedableRng};
 use training::wire::FrameKind;
 use training::worker::{EvalOutput, StageInput};
@@ -81,12 +81,12 @@ fn choose(
     stage: u32,
     sample: u64,
     attempt: usize,
-    tried: &BTreeSet<String>,
-) -> Option<String> {
-    let candidates: Vec<String> = plan
+    tried: &BTreeSet<PeerIdStr>,
+) -> Option<PeerIdStr> {
+    let candidates: Vec<PeerIdStr> = plan
         .miners_of(stage)
-        .map(|p| p.to_string())
-        .filter(|p| !tried.contains(p) && routing.live.contains(p))
+        .filter(|p| !tried.contains(*p) && routing.live.contains(*p))
+        .cloned()
         .collect();
     if candidates.is_empty() {
         return None;
@@ -120,8 +120,8 @@ fn choose_now(
     stage: u32,
     sample: u64,
     attempt: usize,
-    tried: &BTreeSet<String>,
-) -> Option<String> {
+    tried: &BTreeSet<PeerIdStr>,
+) -> Option<PeerIdStr> {
     let routing = ctx.views.routing.borrow();
     choose(&routing, plan, stage, sample, attempt, tried)
 }
@@ -172,7 +172,7 @@ pub(crate) async fn send_forward(
             break;
         };
         tried.insert(peer.clone());
-        let Ok(peer_id) = peer.parse::<p2p::PeerId>() else {
+        let Some(peer_id) = crate::wire::peer::to_libp2p(&peer) else {
             continue;
         };
         let started = Instant::now();
@@ -300,9 +300,7 @@ async fn admit(ctx: &Ctx, body: &[u8]) -> Result<Admitted, String> {
     if plan.epoch != header.epoch {
         return Err(format!("epoch {} is over here", header.epoch));
     }
-    if stage == 0
-        || header.pathway.len() != stage as usize
-        || plan.stage_of(&ctx.peer) != Some(stage)
+    if stage == 0 || header.pathway.len() != stage as usize || plan.stage_of(&ctx.me) != Some(stage)
     {
         return Err(format!("this miner holds stage {stage}"));
     }
@@ -328,7 +326,7 @@ async fn admit(ctx: &Ctx, body: &[u8]) -> Result<Admitted, String> {
 async fn serve_admitted(ctx: &Ctx, admitted: Admitted) -> Result<Vec<u8>, String> {
     ctx.metrics.samples_forward.inc();
     let mut pathway = admitted.header.pathway.clone();
-    pathway.push(ctx.me.clone());
+    pathway.push(ctx.me.as_str().to_owned());
     // The tail needs the sample's targets, and a subspace model's stages its tokens (they
     // rebuild the stream from them): every miner draws the batch from the sample id.
     let is_tail = admitted.stage + 1 == admitted.plan.stages;
@@ -481,7 +479,7 @@ pub(crate) async fn send_eval(
             break;
         };
         tried.insert(peer.clone());
-        let Ok(peer_id) = peer.parse::<p2p::PeerId>() else {
+        let Some(peer_id) = crate::wire::peer::to_libp2p(&peer) else {
             continue;
         };
         match tokio::time::timeout(HOP_TIMEOUT, ctx.client.request(peer_id, body.clone())).await {

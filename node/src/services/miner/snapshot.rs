@@ -239,8 +239,8 @@ pub(crate) async fn confirm(ctx: &Arc<Ctx>, stage: u32, epoch: u64, expected: &s
             .borrow()
             .validators
             .iter()
-            .filter(|v| **v != ctx.me)
-            .filter_map(|v| v.parse().ok())
+            .filter(|v| v.as_str() != ctx.me.as_str())
+            .filter_map(crate::wire::peer::to_libp2p)
             .collect();
         let mut asking = tokio::task::JoinSet::new();
         for validator in validators {
@@ -342,8 +342,8 @@ fn other_replicas<'a>(
     stage: u32,
 ) -> impl Iterator<Item = p2p::PeerId> + 'a {
     plan.miners_of(stage)
-        .filter(|peer| peer.as_str() != ctx.me)
-        .filter_map(|peer| peer.as_str().parse().ok())
+        .filter(|peer| **peer != ctx.me)
+        .filter_map(crate::wire::peer::to_libp2p)
 }
 
 /// Loads the snapshot hashing to `expected` from a replica of `stage` in `plan`, chunk by

@@ -46,9 +46,9 @@ pub(crate) struct InForce {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Routing {
     /// Peers live now (from heartbeats).
-    pub(crate) live: Vec<String>,
+    pub(crate) live: Vec<PeerIdStr>,
     /// Measured speed per peer.
-    pub(crate) throughput: HashMap<String, Throughput>,
+    pub(crate) throughput: HashMap<PeerIdStr, Throughput>,
 }
 
 /// What a stage build waiting for a merge hash looks at (see [`super::snapshot::look`]).
@@ -224,12 +224,12 @@ impl MinerState {
     }
 
     /// The peers live now.
-    pub(crate) fn set_live(&mut self, live: Vec<String>) {
+    pub(crate) fn set_live(&mut self, live: Vec<PeerIdStr>) {
         self.routing.live = live;
     }
 
     /// Records that `peer` answered a hop in `took`.
-    pub(crate) fn observe(&mut self, peer: String, took: Duration) {
+    pub(crate) fn observe(&mut self, peer: PeerIdStr, took: Duration) {
         let secs = took.as_secs_f64();
         self.routing
             .throughput
@@ -239,7 +239,7 @@ impl MinerState {
     }
 
     /// Records that `peer` failed a hop (it counts as very slow until it answers again).
-    pub(crate) fn penalise(&mut self, peer: String) {
+    pub(crate) fn penalise(&mut self, peer: PeerIdStr) {
         self.routing.throughput.insert(
             peer,
             Throughput {

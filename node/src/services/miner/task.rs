@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bootstrap::EpochPlan;
+use bootstrap::{EpochPlan, PeerIdStr};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{AbortHandle, JoinHandle};
 use training::StageHandle;
@@ -32,9 +32,9 @@ pub(crate) enum Note {
     /// A lifecycle event, made at `at` (time since the miner started).
     Phase { at: Duration, event: PhaseEvent },
     /// `peer` answered a hop in `took`.
-    HopAnswered { peer: String, took: Duration },
+    HopAnswered { peer: PeerIdStr, took: Duration },
     /// `peer` failed a hop.
-    HopFailed { peer: String },
+    HopFailed { peer: PeerIdStr },
     /// Loss records of `epoch` to gossip.
     Losses {
         epoch: u64,
@@ -196,7 +196,7 @@ impl Task {
             previous.abort();
         }
         let now = self.ctx.started.elapsed();
-        match self.state.plan_accepted(now, &plan, &self.ctx.peer) {
+        match self.state.plan_accepted(now, &plan, &self.ctx.me) {
             Ok(phase) => tracing::debug!(?phase, "epoch phase"),
             Err(error) => {
                 tracing::warn!(%error, "plan not entered");
@@ -229,7 +229,7 @@ impl Task {
     }
 
     /// The clock: deadlines, the live peers, buffered loss records, the status.
-    fn on_tick(&mut self, live: Vec<String>) {
+    fn on_tick(&mut self, live: Vec<PeerIdStr>) {
         if let Some(Overrun::Merge { epoch, late }) = self.state.tick(self.ctx.started.elapsed()) {
             tracing::warn!(
                 epoch,

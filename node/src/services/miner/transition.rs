@@ -44,7 +44,7 @@ async fn prepare(ctx: &Arc<Ctx>, plan: &EpochPlan) -> Prepared {
         // A miner that joined by loading the merge closing `prev` (or a later one) already
         // holds that merge's result: the merge ran without it.
         let holds_merge = before.merged_epoch.is_some_and(|m| m >= prev.epoch);
-        if prev.epoch < plan.epoch && prev.stage_of(&ctx.peer) == Some(stage) && !holds_merge {
+        if prev.epoch < plan.epoch && prev.stage_of(&ctx.me) == Some(stage) && !holds_merge {
             let start = crate::schedule::merge_start(plan);
             let param_count = usize::try_from(before.param_count).unwrap_or(usize::MAX);
             let budget = until(start) + crate::schedule::merge_budget(param_count);
@@ -56,7 +56,7 @@ async fn prepare(ctx: &Arc<Ctx>, plan: &EpochPlan) -> Prepared {
             checkpoint::merge_and_checkpoint(ctx, prev, stage, worker, start).await?;
         }
     }
-    let new_stage = plan.stage_of(&ctx.peer);
+    let new_stage = plan.stage_of(&ctx.me);
     ctx.ask(|done| Note::PlanInForce(Box::new(plan.clone()), done))
         .await?;
     let Some(stage) = new_stage else {

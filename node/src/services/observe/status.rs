@@ -17,7 +17,7 @@ pub(crate) struct NodeView {
     /// Addresses the node listens on, each ending in `/p2p/<peer id>`.
     pub(crate) listen_addrs: Vec<String>,
     /// Peers whose heartbeats are fresh, sorted.
-    pub(crate) live_peers: Vec<String>,
+    pub(crate) live_peers: Vec<bootstrap::PeerIdStr>,
     /// The HTTP servers (`http://<ip>:<port>`) live peers announce in their heartbeats: the
     /// dashboard reads their `/status` too.
     pub(crate) peer_dashboards: std::collections::BTreeMap<String, String>,
@@ -63,7 +63,7 @@ pub(crate) struct NodeView {
 /// JSON body of `GET /status`: identity and peer counts, then the node's view flattened in.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Status {
-    pub(crate) peer_id: String,
+    pub(crate) peer_id: bootstrap::PeerIdStr,
     pub(crate) role: &'static str,
     pub(crate) connected_peers: usize,
     pub(crate) routing_table_peers: usize,
@@ -108,7 +108,7 @@ impl StatusSource {
             annotate(consensus, own);
         }
         Ok(Status {
-            peer_id: self.client.local_peer_id().to_string(),
+            peer_id: crate::wire::peer::of(&self.client.local_peer_id()),
             role: self.role,
             connected_peers: connected.len(),
             routing_table_peers: routing.len(),

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use attribution::{clasp, EpochWork, Scores, Uid};
-use bootstrap::EpochPlan;
+use bootstrap::{EpochPlan, PeerIdStr};
 
 use super::api::{EpochWeights, MinerWeight, SpotCheckCounts};
 use super::ledger::Ledger;
@@ -86,7 +86,7 @@ impl std::fmt::Display for CatchReason {
 }
 
 /// Miners on probation: the first epoch each is paid again, and why.
-type Probation = BTreeMap<String, (u64, Proof)>;
+type Probation = BTreeMap<PeerIdStr, (u64, Proof)>;
 
 /// What the validator knows of the miners between two scorings: the ledger, the smoothed
 /// scores, who was caught and who is on probation, and the spot checks' tally.
@@ -96,7 +96,7 @@ pub(crate) struct Scoring {
     scores: Scores,
     /// Miners caught by spot checks or merge audits, per epoch, until it is scored (the
     /// first proof of each miner kept).
-    caught: BTreeMap<u64, BTreeMap<String, Proof>>,
+    caught: BTreeMap<u64, BTreeMap<PeerIdStr, Proof>>,
     probation: Probation,
     /// Spot checks ended since the last scoring.
     checks: SpotCheckCounts,
@@ -114,7 +114,7 @@ impl Scoring {
     }
 
     /// Notes that `proof` caught `peer` in `epoch` (a miner's first proof in an epoch stays).
-    pub(crate) fn caught(&mut self, epoch: u64, peer: String, proof: Proof) {
+    pub(crate) fn caught(&mut self, epoch: u64, peer: PeerIdStr, proof: Proof) {
         self.caught
             .entry(epoch)
             .or_default()
@@ -123,12 +123,17 @@ impl Scoring {
     }
 
     /// Counts a finished spot check of `peer`'s sample of `epoch`, and catches it if failed.
-    pub(crate) fn spot_checked(&mut self, epoch: u64, peer: String, outcome: Outcome) {
+    /// `peer` is the text a loss record names it by.
+    pub(crate) fn spot_checked(&mut self, epoch: u64, peer: &str, outcome: Outcome) {
         match outcome {
             Outcome::Pass => self.checks.passed += 1,
             Outcome::Fail(why) => {
                 self.checks.failed += 1;
-                self.caught(epoch, peer, Proof::SpotCheck(why));
+                // A check fails only on the miner's own answer: it was asked, so its id
+                // is one (a text that is not ends the check inconclusive before this).
+                if let Ok(peer) = PeerIdStr::parse(peer) {
+                    self.caught(epoch, peer, Proof::SpotCheck(why));
+                }
             }
             Outcome::Inconclusive(_) => self.checks.inconclusive += 1,
         }
@@ -148,7 +153,7 @@ impl Scoring {
 
     /// The catches of `epoch` and any earlier one not scored yet (a check that ended
     /// late), and the miners spot checks of later epochs already proved to lie.
-    fn take_catches(&mut self, epoch: u64) -> (BTreeMap<String, Proof>, BTreeSet<String>) {
+    fn take_catches(&mut self, epoch: u64) -> (BTreeMap<PeerIdStr, Proof>, BTreeSet<PeerIdStr>) {
         let mut caught = BTreeMap::new();
         while let Some(entry) = self.caught.first_entry() {
             if *entry.key() > epoch {
@@ -174,14 +179,14 @@ impl Scoring {
 /// caught once costs the whole probation). Returns why each miner is flagged.
 fn apply_probation(
     probation: &mut Probation,
-    caught: BTreeMap<String, Proof>,
+    caught: BTreeMap<PeerIdStr, Proof>,
     epoch: u64,
-) -> BTreeMap<String, CatchReason> {
+) -> BTreeMap<PeerIdStr, CatchReason> {
     for (peer, why) in &caught {
         probation.insert(peer.clone(), (epoch + PROBATION_EPOCHS, *why));
     }
     probation.retain(|_, (until, _)| *until > epoch);
-    let mut flagged: BTreeMap<String, CatchReason> = caught
+    let mut flagged: BTreeMap<PeerIdStr, CatchReason> = caught
         .into_iter()
         .map(|(peer, why)| (peer, CatchReason::Caught(why)))
         .collect();
@@ -199,7 +204,7 @@ pub(crate) fn weigh(
     plan: &EpochPlan,
     records: &[LossRecord],
     uids: &BTreeMap<String, Uid>,
-    caught: &BTreeMap<String, CatchReason>,
+    caught: &BTreeMap<PeerIdStr, CatchReason>,
     scores: &mut Scores,
 ) -> EpochWeights {
     weigh_distrusting(plan, records, uids, caught, &BTreeSet::new(), scores)
@@ -226,8 +231,8 @@ pub(crate) fn weigh_distrusting(
     plan: &EpochPlan,
     records: &[LossRecord],
     uids: &BTreeMap<String, Uid>,
-    caught: &BTreeMap<String, CatchReason>,
-    liars: &BTreeSet<String>,
+    caught: &BTreeMap<PeerIdStr, CatchReason>,
+    liars: &BTreeSet<PeerIdStr>,
     scores: &mut Scores,
 ) -> EpochWeights {
     let usable = usable(records, uids);
@@ -323,14 +328,14 @@ fn served(usable: &[Usable<'_>]) -> BTreeMap<Uid, (u32, u64)> {
 /// other miners on those pathways keep the credit for serving them.
 fn fit(
     usable: &[Usable<'_>],
-    caught: &BTreeMap<String, CatchReason>,
-    liars: &BTreeSet<String>,
+    caught: &BTreeMap<PeerIdStr, CatchReason>,
+    liars: &BTreeSet<PeerIdStr>,
 ) -> Effects {
     let distrusted = |record: &LossRecord| {
         record.pathway.last().is_some_and(|tail| {
-            liars.contains(tail)
+            liars.contains(tail.as_str())
                 || caught
-                    .get(tail)
+                    .get(tail.as_str())
                     .and_then(|why| why.proof())
                     .is_some_and(Proof::is_spot_check)
         })
@@ -357,24 +362,25 @@ fn fit(
 mod tests {
     use super::*;
 
-    fn peer(i: u8) -> String {
-        bootstrap::PeerIdStr::parse(
+    /// Miner `i`'s id.
+    fn id(i: u8) -> PeerIdStr {
+        crate::wire::peer::of(
             &p2p::identity::Keypair::ed25519_from_bytes([i; 32])
                 .unwrap()
                 .public()
-                .to_peer_id()
-                .to_string(),
+                .to_peer_id(),
         )
-        .unwrap()
-        .to_string()
+    }
+
+    /// Miner `i` as a loss record names it.
+    fn peer(i: u8) -> String {
+        id(i).into()
     }
 
     fn plan(epoch: u64) -> EpochPlan {
         let run = bootstrap::RunConfig::default();
-        let me = bootstrap::PeerIdStr::parse(&peer(100)).unwrap();
-        let miners = (0..6)
-            .map(|i| bootstrap::PeerIdStr::parse(&peer(i)).unwrap())
-            .collect();
+        let me = id(100);
+        let miners = (0..6).map(id).collect();
         let mut plan = bootstrap::next_plan(&run, &me, None, None, &miners).unwrap();
         plan.epoch = epoch;
         plan
@@ -475,8 +481,8 @@ mod tests {
             .unwrap();
         assert!(sibling.flagged, "{sibling:?}");
 
-        let caught: BTreeMap<String, CatchReason> = [(
-            liar.clone(),
+        let caught: BTreeMap<PeerIdStr, CatchReason> = [(
+            id(5),
             CatchReason::Caught(Proof::SpotCheck(SpotFailure::LossNotReproduced)),
         )]
         .into();
@@ -505,7 +511,7 @@ mod tests {
             &records,
             &uids(),
             &BTreeMap::new(),
-            &BTreeSet::from([liar.clone()]),
+            &BTreeSet::from([id(5)]),
             &mut Scores::default(),
         );
         let sibling = weights
@@ -562,17 +568,15 @@ mod tests {
     #[test]
     fn a_miner_caught_once_stays_unpaid_for_its_probation() {
         let mut probation = Probation::new();
-        let caught: BTreeMap<String, Proof> = [(
-            "p".to_string(),
-            Proof::SpotCheck(SpotFailure::LossNotReproduced),
-        )]
-        .into();
+        let p = id(7);
+        let caught: BTreeMap<PeerIdStr, Proof> =
+            [(p.clone(), Proof::SpotCheck(SpotFailure::LossNotReproduced))].into();
         let caught = apply_probation(&mut probation, caught, 3);
         assert_eq!(caught.len(), 1);
         // Not caught again in the next epochs: still unpaid, and weighed as caught.
         for epoch in 4..3 + PROBATION_EPOCHS {
             let caught = apply_probation(&mut probation, BTreeMap::new(), epoch);
-            let why = caught.get("p").unwrap_or_else(|| panic!("epoch {epoch}"));
+            let why = caught.get(&p).unwrap_or_else(|| panic!("epoch {epoch}"));
             assert_eq!(
                 why.to_string(),
                 "probation after spot_check: loss_not_reproduced"
@@ -585,8 +589,8 @@ mod tests {
         assert!(probation.is_empty());
         // A weighing on probation: weight 0, the reason shown.
         let mut scores = Scores::default();
-        let on_probation: BTreeMap<String, CatchReason> = [(
-            peer(3),
+        let on_probation: BTreeMap<PeerIdStr, CatchReason> = [(
+            id(3),
             CatchReason::Probation {
                 after: Proof::SpotCheck(SpotFailure::WeightsNeverStepped),
             },

@@ -285,7 +285,7 @@ impl Validator {
             tracing::warn!(epoch = target.epoch, peer = %target.peer, stage = target.stage, sample = target.sample, reason = why.label(), "a spot check caught a miner");
         }
         self.scoring
-            .spot_checked(target.epoch, target.peer, outcome);
+            .spot_checked(target.epoch, &target.peer, outcome);
     }
 
     /// Scores `plan`'s epoch and publishes the weights.

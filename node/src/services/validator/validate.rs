@@ -7,13 +7,17 @@
 //! * **Confirmation**: a validator's word on a merge, to anyone who asks (it is public: the
 //!   members gossiped the hashes); a node that is not a validator refuses.
 
+use bootstrap::PeerIdStr;
 use std::collections::BTreeSet;
 
 use crate::rules::Refusal;
 use crate::wire::messages::{self, ConfirmationRequest, Service};
 
 /// Checks that `sender` may spot-check this miner: a permitted validator of the metagraph.
-pub(crate) fn check_spot_check(validators: &BTreeSet<String>, sender: &str) -> Result<(), Refusal> {
+pub(crate) fn check_spot_check(
+    validators: &BTreeSet<PeerIdStr>,
+    sender: &str,
+) -> Result<(), Refusal> {
     if validators.contains(sender) {
         Ok(())
     } else {
@@ -23,7 +27,7 @@ pub(crate) fn check_spot_check(validators: &BTreeSet<String>, sender: &str) -> R
 
 /// Checks a spot-check request of `sender`: it decodes, and `sender` may ask.
 pub(crate) fn spot_check_request(
-    validators: &BTreeSet<String>,
+    validators: &BTreeSet<PeerIdStr>,
     sender: &str,
     data: &[u8],
 ) -> Result<(), Refusal> {
@@ -55,7 +59,7 @@ mod tests {
         let (book, _) = book(&[3]);
         let plan = book.get(3).unwrap();
         let validator = peer(200).to_string();
-        let validators: BTreeSet<String> = [validator.clone()].into();
+        let validators: BTreeSet<PeerIdStr> = [PeerIdStr::parse(&validator).unwrap()].into();
         assert_eq!(check_spot_check(&validators, &validator), Ok(()));
         // Neither a miner of the plan nor a stranger may ask for a miner's evidence.
         let miner = on(plan, 1)[0].clone();

@@ -304,7 +304,11 @@ fn weights_come_from_permitted_validators_once_an_epoch_and_well_formed() {
     let (book, _) = book_at(&[0, 1]);
     let mut rules = PipelineRules::new(&run());
     let validator = peer(150).to_string();
-    rules.set_validators([validator.clone()].into_iter().collect());
+    rules.set_validators(
+        [PeerIdStr::parse(&validator).unwrap()]
+            .into_iter()
+            .collect(),
+    );
     let weights = |epoch, weights: Vec<(u16, u16)>| PipelineGossip::Weights { epoch, weights };
     assert_eq!(
         rules.check(&book, peer(151).as_ref(), &weights(0, vec![(1, 65535)])),
