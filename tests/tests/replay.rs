@@ -52,7 +52,7 @@ const EPOCH_DEADLINE: Duration = Duration::from_secs(EPOCH_TIMEOUT_SECS - 5);
 const REPLAY_ROUNDS: usize = 20;
 /// Miners: one per stage of the default three.
 const MINERS: usize = 3;
-/// The heartbeat gate's refusals (node/src/rules.rs `HeartbeatGate`), counted as
+/// The heartbeat gate's refusals (node/src/services/consensus/validate.rs `HeartbeatGate`), counted as
 /// `iota_gossip_rejected_total{reason}`.
 const GATE: &[&str] = &["replayed_heartbeat", "stale_heartbeat"];
 
@@ -70,7 +70,7 @@ fn as_str(v: &[String]) -> Vec<&str> {
 }
 
 fn heartbeat_topic(run: &RunConfig) -> String {
-    // node/src/topics.rs
+    // node/src/wire/topics.rs
     format!("iota/{}/heartbeat/1", run.run_name)
 }
 
@@ -193,7 +193,7 @@ async fn a_replayed_heartbeat_does_not_keep_a_dead_orchestrator_elected() {
         neurons.push((keygen(&dir, name), 0, false));
     }
     let common = run_files(&dir, &neurons, &run);
-    // node/src/identity.rs: the protobuf-encoded keypair in <data dir>/identity.key.
+    // node/src/app/identity.rs: the protobuf-encoded keypair in <data dir>/identity.key.
     let key_a = Keypair::from_protobuf_encoding(
         &std::fs::read(dir.join("validator-a").join("identity.key")).unwrap(),
     )

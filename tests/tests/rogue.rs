@@ -23,7 +23,7 @@ const POLL: Duration = Duration::from_millis(500);
 const EPOCH_TIMEOUT_SECS: u64 = 120;
 /// A held-out loss nobody honest measures.
 const FORGED_LOSS: f64 = 0.1234;
-/// Request-response tags of the node's services (node/src/merge/rpc.rs).
+/// Request-response tags of the node's services (node/src/wire/rpc.rs).
 const FORWARD: u8 = 0x02;
 const EVAL: u8 = 0x03;
 const WEIGHTS: u8 = 0x04;
