@@ -179,7 +179,7 @@ pub(crate) struct RouterParts {
 impl Router {
     /// A router for `parts`; the plan consensus holds (a restart) counts as handed over.
     pub(crate) fn new(parts: RouterParts) -> anyhow::Result<Router> {
-        let me = PeerIdStr::parse(&parts.me.to_string())?;
+        let me = crate::wire::peer::of(&parts.me);
         let run_id = crate::run_spec::run_id(&parts.run);
         Ok(Router {
             reporter: Reporter::spawn(parts.client.clone()),
@@ -241,7 +241,7 @@ impl Router {
         topic: &str,
         data: Vec<u8>,
     ) -> Result<Judged, ServiceGone> {
-        let Ok(author_str) = PeerIdStr::parse(&author.to_string()) else {
+        let Some(author_str) = crate::wire::peer::try_of(&author) else {
             return Ok(Verdict::Reject(RouteReason::BadAuthor).into());
         };
         if topic == self.topics.heartbeat {
@@ -252,7 +252,7 @@ impl Router {
             let Some(message) = PipelineGossip::from_bytes(&data) else {
                 return Ok(Verdict::Reject(PipelineReason::Malformed).into());
             };
-            Ok(self.on_pipeline(author, message).await?.into())
+            Ok(self.on_pipeline(author, author_str, message).await?.into())
         } else {
             Ok(self.on_merge_gossip(author, topic, data).await?.into())
         }
@@ -335,7 +335,11 @@ impl Router {
             return Ok(());
         }
         for (author, message) in waiting {
-            let verdict = self.on_pipeline(author, message).await?;
+            // Kept only after `on_gossip` took the author as a valid id.
+            let Some(author_str) = crate::wire::peer::try_of(&author) else {
+                continue;
+            };
+            let verdict = self.on_pipeline(author, author_str, message).await?;
             if let Some(label) = verdict.label() {
                 self.metrics.p2p.reject(label);
             }
@@ -381,10 +385,11 @@ impl Router {
     async fn on_pipeline(
         &mut self,
         author: PeerId,
+        author_str: PeerIdStr,
         message: PipelineGossip,
     ) -> Result<Verdict<PipelineReason>, ServiceGone> {
         let consensus = &self.services.consensus;
-        let (verdict, message) = consensus.pipeline(author.to_string(), message).await?;
+        let (verdict, message) = consensus.pipeline(author_str, message).await?;
         if verdict == Verdict::Accept {
             self.hand_over_plan().await?;
             self.deliver_pipeline(message).await?;

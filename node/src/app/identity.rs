@@ -65,9 +65,7 @@ pub(crate) fn of_node(data_dir: Option<&Path>) -> anyhow::Result<NodeIdentity> {
             .to_protobuf_encoding()
             .context("encoding the node key")?,
     );
-    let me = bootstrap::PeerIdStr::parse(&peer_id.to_string())
-        .ok()
-        .context("own peer id is not a valid peer id")?;
+    let me = crate::wire::peer::of(&peer_id);
     Ok(NodeIdentity {
         keypair,
         peer_id,

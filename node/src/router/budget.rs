@@ -1,6 +1,7 @@
 //! The request budget: inbound requests are bounded per peer and in total before anything
 //! is decoded, so a flood of one peer cannot starve the others, nor all peers the node.
 
+use bootstrap::PeerIdStr;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -21,7 +22,7 @@ pub(crate) struct RequestBudget {
 
 #[derive(Debug, Default)]
 struct BudgetState {
-    per_peer: HashMap<String, usize>,
+    per_peer: HashMap<PeerIdStr, usize>,
     total: usize,
 }
 
@@ -29,12 +30,12 @@ struct BudgetState {
 #[derive(Debug)]
 pub(crate) struct BudgetSlot {
     inner: Arc<Mutex<BudgetState>>,
-    peer: String,
+    peer: PeerIdStr,
 }
 
 impl RequestBudget {
     /// Takes a slot for a request of `peer`, or refuses when it or everyone is at the bound.
-    pub(crate) fn acquire(&self, peer: &str) -> Result<BudgetSlot, Refusal> {
+    pub(crate) fn acquire(&self, peer: &PeerIdStr) -> Result<BudgetSlot, Refusal> {
         let mut state = self
             .inner
             .lock()
@@ -43,11 +44,11 @@ impl RequestBudget {
         if mine >= MAX_REQUESTS_PER_PEER || state.total >= MAX_REQUESTS_TOTAL {
             return Err(Refusal::TooManyRequests);
         }
-        state.per_peer.insert(peer.to_string(), mine + 1);
+        state.per_peer.insert(peer.clone(), mine + 1);
         state.total += 1;
         Ok(BudgetSlot {
             inner: self.inner.clone(),
-            peer: peer.to_string(),
+            peer: peer.clone(),
         })
     }
 }
@@ -72,21 +73,29 @@ impl Drop for BudgetSlot {
 mod tests {
     use super::*;
 
+    /// A distinct peer id for each `i`.
+    fn peer(i: u16) -> PeerIdStr {
+        let mut key = [0u8; 32];
+        key[..2].copy_from_slice(&i.to_le_bytes());
+        PeerIdStr::from_ed25519_public_key(&key)
+    }
+
     #[test]
     fn request_budget_bounds_each_peer_and_gives_slots_back() {
         let budget = RequestBudget::default();
+        let (a, b, fresh) = (peer(1000), peer(1001), peer(1002));
         let slots: Vec<BudgetSlot> = (0..MAX_REQUESTS_PER_PEER)
-            .map(|_| budget.acquire("a").unwrap())
+            .map(|_| budget.acquire(&a).unwrap())
             .collect();
-        assert_eq!(budget.acquire("a").unwrap_err(), Refusal::TooManyRequests);
-        assert!(budget.acquire("b").is_ok(), "another peer is not starved");
+        assert_eq!(budget.acquire(&a).unwrap_err(), Refusal::TooManyRequests);
+        assert!(budget.acquire(&b).is_ok(), "another peer is not starved");
         drop(slots);
-        assert!(budget.acquire("a").is_ok());
+        assert!(budget.acquire(&a).is_ok());
         let many: Vec<BudgetSlot> = (0..MAX_REQUESTS_TOTAL)
-            .map(|i| budget.acquire(&format!("p{i}")).unwrap())
+            .map(|i| budget.acquire(&peer(i as u16)).unwrap())
             .collect();
         assert_eq!(
-            budget.acquire("fresh").unwrap_err(),
+            budget.acquire(&fresh).unwrap_err(),
             Refusal::TooManyRequests
         );
         drop(many);

@@ -30,7 +30,11 @@ impl Router {
         id: RequestId,
         data: Vec<u8>,
     ) -> Result<(), ServiceGone> {
-        let peer_str = peer.to_string();
+        let Some(peer_str) = crate::wire::peer::try_of(&peer) else {
+            // Not an id libp2p derives from a key: nobody a plan can name.
+            self.refuse(id, Refusal::WrongStage).await;
+            return Ok(());
+        };
         let slot = match self.budget.acquire(&peer_str) {
             Ok(slot) => slot,
             Err(refusal) => {
@@ -55,12 +59,12 @@ impl Router {
         self.hand_over_plan().await?;
         let book = &self.adopted;
         let checked = match service {
-            Service::Forward => self.requests.forward(book, &peer_str, &data),
-            Service::Eval => self.requests.eval(book, &peer_str, &data),
-            Service::Weights => self.requests.weights(book, &peer_str, &data),
+            Service::Forward => self.requests.forward(book, peer_str.as_str(), &data),
+            Service::Eval => self.requests.eval(book, peer_str.as_str(), &data),
+            Service::Weights => self.requests.weights(book, peer_str.as_str(), &data),
             Service::SpotCheck => {
                 let view = self.services.consensus.view.borrow();
-                spot_check_request(&view.validators, &peer_str, &data)
+                spot_check_request(&view.validators, peer_str.as_str(), &data)
             }
             // Answered above.
             Service::Confirmation => Err(Refusal::FrameMalformed),

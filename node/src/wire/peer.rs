@@ -22,6 +22,12 @@ pub(crate) fn of(id: &p2p::PeerId) -> PeerIdStr {
         .expect("libp2p derives every peer id from a public key, a shape PeerIdStr accepts")
 }
 
+/// The node's form of a libp2p peer id that arrived from the network: `None` for a shape
+/// [`PeerIdStr`] refuses (which [`of`] would not expect), so a router can refuse it.
+pub(crate) fn try_of(id: &p2p::PeerId) -> Option<PeerIdStr> {
+    PeerIdStr::from_bytes(&id.to_bytes()).ok()
+}
+
 /// The libp2p form of a peer, to send it a request; `None` only if libp2p refuses bytes that
 /// [`PeerIdStr`] accepted (the two checks disagree), which the caller treats as unreachable.
 pub(crate) fn to_libp2p(peer: &PeerIdStr) -> Option<p2p::PeerId> {

@@ -175,7 +175,7 @@ pub(crate) enum ConsensusMsg {
     /// Pipeline gossip signed by `author`: the verdict on it, and the message back (taken
     /// into the run statistics, and weights into the consensus, when accepted).
     Pipeline {
-        author: String,
+        author: PeerIdStr,
         message: Box<PipelineGossip>,
         reply: oneshot::Sender<(Verdict<PipelineReason>, Box<PipelineGossip>)>,
     },
@@ -240,7 +240,7 @@ impl ConsensusHandle {
     /// Asks consensus to judge pipeline gossip of `author`; gives the message back.
     pub(crate) async fn pipeline(
         &self,
-        author: String,
+        author: PeerIdStr,
         message: PipelineGossip,
     ) -> Result<(Verdict<PipelineReason>, PipelineGossip), ServiceGone> {
         let (verdict, message) = ask(&self.tx, "consensus", |reply| ConsensusMsg::Pipeline {

@@ -158,12 +158,12 @@ impl Consensus {
                 message,
                 reply,
             } => {
-                let verdict = self.rules.check(&self.book, &author, &message);
+                let verdict = self.rules.check(&self.book, author.as_str(), &message);
                 if verdict == Verdict::Accept {
-                    self.stats.observe(&author, &message, now);
+                    self.stats.observe(author.as_str(), &message, now);
                     if let PipelineGossip::Weights { epoch, weights } = &*message {
                         self.orchestration
-                            .on_weights(author, *epoch, weights.clone());
+                            .on_weights(author.to_string(), *epoch, weights.clone());
                         self.publish();
                     }
                 }
