@@ -302,7 +302,7 @@ fn start_validator(
         consensus: started.consensus.clone(),
         client: started.client.clone(),
         topic: started.topics.pipeline.clone(),
-        me: identity.peer_id.to_string(),
+        me: identity.me.clone(),
         run: settings.run.clone(),
         device: settings.compute.device,
         secret: identity.spot_check_secret,

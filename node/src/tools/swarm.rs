@@ -528,7 +528,9 @@ fn not_ours(dir: &Path) -> anyhow::Result<Option<String>> {
     if !dir.is_dir() {
         return Ok(Some("no directory but a file".into()));
     }
-    const FILES: [&str; 6] = [
+    // `model` is the directory the run's export writes.
+    const FILES: [&str; 7] = [
+        "model",
         "report.md",
         "loss.svg",
         "weights.svg",
@@ -550,4 +552,26 @@ fn not_ours(dir: &Path) -> anyhow::Result<Option<String>> {
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_earlier_runs_output_with_its_exported_model_may_be_emptied_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("iota-swarm-out-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("model")).unwrap();
+        std::fs::create_dir_all(dir.join("miner-0")).unwrap();
+        std::fs::write(dir.join("report.md"), "# run").unwrap();
+        std::fs::write(dir.join("validator-0.log"), "").unwrap();
+        assert_eq!(
+            not_ours(&dir).unwrap(),
+            None,
+            "a whole earlier run, model included"
+        );
+        std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+        assert_eq!(not_ours(&dir).unwrap(), Some("notes.txt".to_string()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -184,7 +184,7 @@ pub(crate) enum ConsensusMsg {
     Tick,
     /// A validator's weights for `epoch` (checked by the router, or this node's own).
     Weights {
-        validator: String,
+        validator: PeerIdStr,
         epoch: u64,
         weights: Vec<(u16, u16)>,
     },
@@ -287,7 +287,7 @@ impl ConsensusHandle {
     /// Hands consensus a validator's weights for `epoch`.
     pub(crate) async fn weights(
         &self,
-        validator: String,
+        validator: PeerIdStr,
         epoch: u64,
         weights: Vec<(u16, u16)>,
     ) -> Result<(), ServiceGone> {

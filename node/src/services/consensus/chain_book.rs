@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use bootstrap::{Metagraph, PeerIdStr};
+use bootstrap::Metagraph;
 use p2p::{BindingBook, BindingError, BookUpdate, HotkeyBinding, PeerId};
 
 use crate::rules::Reason;
@@ -155,7 +155,7 @@ impl ChainBook {
         let built = Metagraph::from_chain(stake.netuid, stake.block, &stake.neurons, |hotkey| {
             self.book
                 .peer_of(hotkey)
-                .and_then(|peer| PeerIdStr::parse(&peer.to_base58()).ok())
+                .and_then(crate::wire::peer::try_of)
         });
         match built {
             Ok(metagraph) => Some(metagraph),
@@ -294,7 +294,7 @@ mod tests {
         let m = book.metagraph().unwrap();
         assert_eq!(m.len(), 1);
         let n = m
-            .by_peer_id(&PeerIdStr::parse(&id(&validator).to_base58()).unwrap())
+            .by_peer_id(&bootstrap::PeerIdStr::parse(&id(&validator).to_base58()).unwrap())
             .unwrap();
         assert_eq!(
             (n.uid, n.stake, n.validator_permit),

@@ -512,7 +512,12 @@ impl Orchestration {
     }
 
     /// Takes a validator's weights for `epoch` and recomputes the consensus.
-    pub(crate) fn on_weights(&mut self, validator: String, epoch: u64, weights: Vec<(u16, u16)>) {
+    pub(crate) fn on_weights(
+        &mut self,
+        validator: PeerIdStr,
+        epoch: u64,
+        weights: Vec<(u16, u16)>,
+    ) {
         if !self.weights.add(validator, epoch, weights) {
             return;
         }

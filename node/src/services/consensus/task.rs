@@ -163,7 +163,7 @@ impl Consensus {
                     self.stats.observe(author.as_str(), &message, now);
                     if let PipelineGossip::Weights { epoch, weights } = &*message {
                         self.orchestration
-                            .on_weights(author.to_string(), *epoch, weights.clone());
+                            .on_weights(author, *epoch, weights.clone());
                         self.publish();
                     }
                 }

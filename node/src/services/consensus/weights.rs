@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use attribution::{consensus, ValidatorWeights};
-use bootstrap::Metagraph;
+use bootstrap::{Metagraph, PeerIdStr};
 
 use crate::services::consensus::api::{ConsensusWeights, MinerConsensus, ValidatorTrust};
 
@@ -19,13 +19,13 @@ const KEEP_EPOCHS: usize = 3;
 /// Weight vectors by epoch, then by validator peer id.
 #[derive(Debug, Default)]
 pub(crate) struct WeightBook {
-    epochs: BTreeMap<u64, BTreeMap<String, Vector>>,
+    epochs: BTreeMap<u64, BTreeMap<PeerIdStr, Vector>>,
 }
 
 impl WeightBook {
     /// Takes `validator`'s vector for `epoch` (its first one counts; an epoch older than the
     /// kept ones is dropped). Returns whether anything changed.
-    pub(crate) fn add(&mut self, validator: String, epoch: u64, weights: Vector) -> bool {
+    pub(crate) fn add(&mut self, validator: PeerIdStr, epoch: u64, weights: Vector) -> bool {
         if self.epochs.len() >= KEEP_EPOCHS
             && self
                 .epochs
@@ -49,12 +49,8 @@ impl WeightBook {
     /// (their stake); `None` when there is none, or no heard validator has stake.
     pub(crate) fn consensus(&self, metagraph: &Metagraph) -> Option<ConsensusWeights> {
         let (&epoch, vectors) = self.epochs.last_key_value()?;
-        let stake_of = |peer: &str| {
-            bootstrap::PeerIdStr::parse(peer)
-                .ok()
-                .and_then(|p| metagraph.by_peer_id(&p).map(|n| n.stake))
-        };
-        let heard: Vec<(&String, u64, &Vector)> = vectors
+        let stake_of = |peer: &PeerIdStr| metagraph.by_peer_id(peer).map(|n| n.stake);
+        let heard: Vec<(&PeerIdStr, u64, &Vector)> = vectors
             .iter()
             .filter_map(|(peer, w)| Some((peer, stake_of(peer)?, w)))
             .collect();
@@ -102,7 +98,7 @@ impl WeightBook {
             .iter()
             .enumerate()
             .map(|(i, (peer, stake, _))| ValidatorTrust {
-                peer_id: (*peer).clone(),
+                peer_id: peer.to_string(),
                 stake: if total_stake > 0.0 {
                     *stake as f64 / total_stake
                 } else {
@@ -123,7 +119,7 @@ impl WeightBook {
 mod tests {
     use super::*;
 
-    fn metagraph() -> (Metagraph, Vec<String>) {
+    fn metagraph() -> (Metagraph, Vec<PeerIdStr>) {
         let peers: Vec<bootstrap::PeerIdStr> = (1..=5u8)
             .map(|i| {
                 bootstrap::PeerIdStr::parse(
@@ -150,18 +146,13 @@ mod tests {
                 validator_permit: i < 2,
             });
         let metagraph = Metagraph::for_local_run(neurons).unwrap();
-        (metagraph, peers.iter().map(|p| p.to_string()).collect())
+        (metagraph, peers)
     }
 
     #[test]
     fn every_node_computes_the_stake_weighted_consensus_and_the_deviant_loses_trust() {
         let (metagraph, peers) = metagraph();
-        let uid = |i: usize| {
-            metagraph
-                .by_peer_id(&bootstrap::PeerIdStr::parse(&peers[i]).unwrap())
-                .unwrap()
-                .uid
-        };
+        let uid = |i: usize| metagraph.by_peer_id(&peers[i]).unwrap().uid;
         let (a, b, c) = (uid(2), uid(3), uid(4));
         let mut book = WeightBook::default();
         // The big validator weighs the three miners equally; the small one puts everything
@@ -185,11 +176,11 @@ mod tests {
             assert!((m.incentive - incentive).abs() < 1e-9, "{m:?}");
             assert!(!m.peer_id.is_empty());
         }
-        let trust = |peer: &str| {
+        let trust = |peer: &PeerIdStr| {
             consensus
                 .validators
                 .iter()
-                .find(|v| v.peer_id == peer)
+                .find(|v| v.peer_id == peer.as_str())
                 .unwrap()
                 .trust
         };
@@ -203,7 +194,8 @@ mod tests {
     fn vectors_of_strangers_have_no_say_and_old_epochs_are_forgotten() {
         let (metagraph, peers) = metagraph();
         let mut book = WeightBook::default();
-        let stranger = "12D3KooWNtKk9kge2qJwFHP3zgffKj9bEFNSiG5DxGQEqsB6niD4".to_string();
+        let stranger =
+            PeerIdStr::parse("12D3KooWNtKk9kge2qJwFHP3zgffKj9bEFNSiG5DxGQEqsB6niD4").unwrap();
         assert!(book.add(stranger, 1, vec![(9, 65535)]));
         assert_eq!(
             book.consensus(&metagraph),

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use bootstrap::{EpochPlan, RunConfig};
+use bootstrap::{EpochPlan, PeerIdStr, RunConfig};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::services::consensus::api::ConsensusHandle;
@@ -103,7 +103,7 @@ pub(crate) struct ValidatorParts {
     /// The pipeline topic the weights go on.
     pub(crate) topic: String,
     /// This node's peer id.
-    pub(crate) me: String,
+    pub(crate) me: PeerIdStr,
     /// The run (spot checks recompute its stages).
     pub(crate) run: RunConfig,
     /// Where spot checks compute.

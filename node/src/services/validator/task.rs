@@ -99,7 +99,7 @@ struct Outbox {
     /// The pipeline topic.
     topic: String,
     /// This node's peer id.
-    peer: String,
+    peer: bootstrap::PeerIdStr,
     /// The latest weights, for `/status`.
     weights: watch::Sender<Option<EpochWeights>>,
     /// Misbehaviour on purpose: publish skewed weights (the hidden `skew-weights` fault).
