@@ -58,8 +58,8 @@ fn run_swarm(out: &Path, extra: &[&str]) {
 }
 
 /// Checks one adversary run: the adversary is flagged within 2 epochs of its first sample
-/// and weighs at most 1 % of the total; no honest miner is ever flagged, and each weighs
-/// within ±25 % of the honest mean; every node holds the same consensus.
+/// and weighs at most 1 % of the total; no honest miner is ever flagged, and each is paid
+/// per sample carried within ±10 % of the honest mean; every node holds the same consensus.
 fn assert_caught(weights: &Value, mode: &str) {
     let miners = weights["miners"].as_array().expect("miners");
     assert_eq!(miners.len(), 6, "{weights:#}");
@@ -95,18 +95,32 @@ fn assert_caught(weights: &Value, mode: &str) {
             "honest miner flagged: {m:#}"
         );
     }
-    let mean: f64 = honest
+    // Alike for like work: the honest miner that shares its stage with the adversary carries
+    // the stage alone before the adversary joins and after it is caught, so it earns more in
+    // total (up to ~1.3x the others); what must match is the pay per sample carried.
+    let per_sample = |m: &Value| {
+        let samples = m["samples"].as_f64().unwrap();
+        assert!(samples > 0.0, "honest miner carried no samples: {m:#}");
+        m["weight"].as_f64().unwrap() / samples
+    };
+    let mean: f64 = honest.iter().map(|m| per_sample(m)).sum::<f64>() / honest.len() as f64;
+    for m in &honest {
+        let rate = per_sample(m);
+        assert!(
+            (rate - mean).abs() <= 0.10 * mean,
+            "honest pay per sample {rate:.3e} is not within ±10 % of the honest mean {mean:.3e}: {m:#}"
+        );
+    }
+    let honest_share: f64 = honest
         .iter()
         .map(|m| m["weight"].as_f64().unwrap())
         .sum::<f64>()
-        / honest.len() as f64;
-    for m in &honest {
-        let w = m["weight"].as_f64().unwrap();
-        assert!(
-            (w - mean).abs() <= 0.25 * mean,
-            "honest weight {w:.4} is not within ±25 % of the honest mean {mean:.4}: {m:#}"
-        );
-    }
+        / total;
+    assert!(
+        honest_share >= 0.99,
+        "the honest miners keep only {:.2} % of the weight",
+        100.0 * honest_share
+    );
     assert_eq!(
         weights["agreeing_nodes"], weights["nodes"],
         "nodes disagree on the consensus: {weights:#}"
