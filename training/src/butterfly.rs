@@ -89,6 +89,7 @@ mod ledger;
 mod message;
 mod plan;
 mod protocol;
+pub mod robust;
 mod server;
 pub mod testing;
 mod transport;

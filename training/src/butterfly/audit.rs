@@ -165,6 +165,7 @@ async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditRepor
             .flat_map(|c| c.included.iter().map(String::as_str))
             .collect();
         let mut non_finite = effects.non_finite;
+        let mut inputs = effects.inputs;
         for member in 0..plan.members().len() {
             let (Some(commitment), false) = (
                 ledger.commitment(member),
@@ -183,9 +184,27 @@ async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditRepor
             };
             let (fetched, spent) = fetcher.input(&plan, &spec, p).await;
             traffic.add(spent);
-            if matches!(fetched, crate::butterfly::fetch::Fetched::NonFinite) {
-                non_finite.push((member, hash));
+            match fetched {
+                crate::butterfly::fetch::Fetched::NonFinite => non_finite.push((member, hash)),
+                crate::butterfly::fetch::Fetched::Values(values) => {
+                    inputs.insert(member, values.into());
+                }
+                _ => {}
             }
+        }
+        // An input far from the others is proof too: anyone can fetch the partition's
+        // committed inputs and apply the same rule (`robust::outliers`).
+        for (member, committed) in outliers_among(&ledger, &plan, p, &inputs) {
+            if !poisoned.insert(member) {
+                continue;
+            }
+            let evidence = Evidence::OutlierInput {
+                partition: p as u32,
+                committed,
+            };
+            let message = ledger.report(member, MisbehaviourKind::Outlier, evidence);
+            tracing::warn!(accused = %message.accused, partition = p, "audit found an outlier input");
+            publish_report(&*transport, &mut report, &mut traffic, message).await;
         }
         // A committed input that holds a NaN or an infinity is proof on its own: anyone
         // can fetch the bytes, check them against the commitment and see the value.
@@ -237,6 +256,36 @@ async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditRepor
     report
 }
 
+/// The members whose committed input of partition `p` is an outlier among `inputs` (every
+/// verified input of `p`), with their committed hashes.
+fn outliers_among(
+    ledger: &Ledger,
+    plan: &Plan,
+    p: usize,
+    inputs: &std::collections::BTreeMap<usize, Arc<[f32]>>,
+) -> Vec<(usize, crate::butterfly::Hash)> {
+    let mut members = Vec::new();
+    let mut contributions = Vec::new();
+    for (&member, values) in inputs {
+        let Some(commitment) = ledger.commitment(member) else {
+            continue;
+        };
+        let Some(&hash) = commitment.partition_hashes.get(p) else {
+            continue;
+        };
+        members.push((member, hash));
+        contributions.push(crate::butterfly::Contribution {
+            member: plan.member(member),
+            samples: commitment.samples,
+            values,
+        });
+    }
+    crate::butterfly::robust::outliers(&contributions)
+        .into_iter()
+        .map(|k| members[k])
+        .collect()
+}
+
 /// Keeps `message` in the audit's report and gossips it.
 async fn publish_report<T: Transport>(
     transport: &T,
@@ -280,7 +329,9 @@ async fn gather<T: Transport>(
                     }
                     // A member's word that an input is poisoned is checked, not taken.
                     Observed::Report(Misbehaviour {
-                        evidence: Evidence::NonFiniteInput { partition, .. },
+                        evidence:
+                            Evidence::NonFiniteInput { partition, .. }
+                            | Evidence::OutlierInput { partition, .. },
                         ..
                     }) if (partition as usize) < config.plan.partitions() => {
                         reported.insert(partition as usize);

@@ -128,8 +128,10 @@ pub enum AverageError {
 
 /// The samples-weighted average of `contributions`, bit-identical on every node.
 ///
-/// Weights are `samples_i / Σ samples` computed in `f64` and rounded once to `f32`; if every
-/// member reports zero samples, all weigh the same. The sum runs in ascending member id
+/// Weights are `c_i / Σ c` computed in `f64` and rounded once to `f32`, where `c_i` is the
+/// member's sample count capped at the lower median of the counts (so no member's own claim
+/// buys it more weight than a typical co-replica); if every count is zero, all weigh the
+/// same. The sum runs in ascending member id
 /// order, one `f32` multiply and add per value (no fused multiply-add), whatever order the
 /// contributions are given in.
 pub fn weighted_average(contributions: &[Contribution<'_>]) -> Result<Vec<f32>, AverageError> {
@@ -159,13 +161,19 @@ pub fn weighted_average(contributions: &[Contribution<'_>]) -> Result<Vec<f32>, 
     Ok(out)
 }
 
-fn weights(samples: impl Iterator<Item = u64> + Clone) -> Vec<f32> {
-    let total: u128 = samples.clone().map(u128::from).sum();
+/// Each member's weight: its sample count capped at the lower median of the counts
+/// ([`super::robust::capped_samples`]), over their sum.
+fn weights(samples: impl Iterator<Item = u64>) -> Vec<f32> {
+    let samples = super::robust::capped_samples(&samples.collect::<Vec<_>>());
+    let total: u128 = samples.iter().copied().map(u128::from).sum();
     if total == 0 {
-        let n = samples.count();
+        let n = samples.len();
         return vec![(1.0 / n as f64) as f32; n];
     }
-    samples.map(|s| (s as f64 / total as f64) as f32).collect()
+    samples
+        .iter()
+        .map(|&s| (s as f64 / total as f64) as f32)
+        .collect()
 }
 
 #[cfg(test)]
@@ -199,7 +207,7 @@ mod tests {
     }
 
     #[test]
-    fn average_is_weighted_by_samples_and_independent_of_input_order() {
+    fn average_is_weighted_by_capped_samples_and_independent_of_input_order() {
         let a = [1.0f32, 2.0];
         let b = [3.0f32, 6.0];
         let c = [0.1f32, 0.7];
@@ -228,8 +236,9 @@ mod tests {
             x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         );
+        // 1, 3 and 7 samples weigh 1, 3 and 3: no count above the lower median counts.
         for j in 0..2 {
-            let exact = (a[j] as f64 + 3.0 * b[j] as f64 + 7.0 * c[j] as f64) / 11.0;
+            let exact = (a[j] as f64 + 3.0 * b[j] as f64 + 3.0 * c[j] as f64) / 7.0;
             assert!((x[j] as f64 - exact).abs() < 1e-5, "{} vs {exact}", x[j]);
         }
     }

@@ -107,6 +107,7 @@ impl Gossip {
                     MisbehaviourKind::WrongAverage => 1,
                     MisbehaviourKind::Equivocation => 2,
                     MisbehaviourKind::NonFinite => 3,
+                    MisbehaviourKind::Outlier => 4,
                 });
                 encode_evidence(&mut w, &m.evidence);
             }
@@ -158,6 +159,7 @@ impl Gossip {
                     1 => MisbehaviourKind::WrongAverage,
                     2 => MisbehaviourKind::Equivocation,
                     3 => MisbehaviourKind::NonFinite,
+                    4 => MisbehaviourKind::Outlier,
                     tag => {
                         return Err(DecodeError::UnknownTag {
                             what: "misbehaviour kind",
@@ -217,6 +219,14 @@ fn encode_evidence(w: &mut Writer, evidence: &Evidence) {
             w.u32(*partition);
             w.hash(committed);
         }
+        Evidence::OutlierInput {
+            partition,
+            committed,
+        } => {
+            w.u8(6);
+            w.u32(*partition);
+            w.hash(committed);
+        }
         Evidence::ConflictingSlices {
             partition,
             round,
@@ -256,6 +266,10 @@ fn decode_evidence(r: &mut Reader<'_>) -> Result<Evidence, DecodeError> {
             second: r.hash()?,
         },
         5 => Evidence::NonFiniteInput {
+            partition: r.u32()?,
+            committed: r.hash()?,
+        },
+        6 => Evidence::OutlierInput {
             partition: r.u32()?,
             committed: r.hash()?,
         },

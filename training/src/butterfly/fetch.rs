@@ -15,7 +15,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::ledger::{Check, Ledger};
-use super::{weighted_average, Contribution, Hash, Plan, Request, Response, SliceHash, Transport};
+use super::{
+    robust, weighted_average, Contribution, Hash, Plan, Request, Response, SliceHash, Transport,
+};
 
 /// Bytes a piece of the protocol put on and took off the wire.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -95,6 +97,8 @@ pub(crate) struct CheckSideEffects {
     /// Members whose input matched their commitment but held a NaN or an infinity:
     /// (member, committed hash). They are also in `unreachable` (nothing to average).
     pub(crate) non_finite: Vec<(usize, Hash)>,
+    /// Every input fetched and verified (with those given in the cache).
+    pub(crate) inputs: BTreeMap<usize, Arc<[f32]>>,
 }
 
 impl<T: Transport> Fetcher<T> {
@@ -230,6 +234,7 @@ impl<T: Transport> Fetcher<T> {
                 Some(spec) => recheck(claim, &spec, &cache),
             })
             .collect();
+        effects.inputs = cache;
         (checked, effects)
     }
 }
@@ -255,15 +260,20 @@ fn recheck(claim: &SliceHash, spec: &[InputSpec], cache: &BTreeMap<usize, Arc<[f
         return unknown;
     };
     let hash = Hash::of_values(&average);
-    if hash == claim.result {
-        Checked {
-            check: Check::Reproduced,
-            values: Some(average),
-        }
-    } else {
+    if hash != claim.result {
         Checked {
             check: Check::Refuted(hash),
             values: None,
+        }
+    } else if !robust::outliers(&contributions).is_empty() {
+        Checked {
+            check: Check::AdmitsOutlier,
+            values: None,
+        }
+    } else {
+        Checked {
+            check: Check::Reproduced,
+            values: Some(average),
         }
     }
 }

@@ -60,6 +60,9 @@ pub(crate) enum Check {
     Reproduced,
     /// It does not; carries the hash that was recomputed.
     Refuted(Hash),
+    /// It does, but an included input is an outlier among the claim's inputs
+    /// ([`crate::butterfly::robust`]): the claim is not taken.
+    AdmitsOutlier,
     /// Some input could not be fetched or verified: no verdict.
     Unknown,
 }

@@ -78,6 +78,10 @@ pub enum MisbehaviourKind {
     /// A member committed, and served, values that are NaN or infinite: averaged in, one
     /// such value would poison the whole partition for every member.
     NonFinite,
+    /// A member's committed input of a partition is far from its co-replicas' (scaled,
+    /// random or otherwise poisoned; see [`crate::butterfly::robust`]): averaged in, it
+    /// would drag every replica with it.
+    Outlier,
 }
 
 /// The facts behind a report, enough for a third party to check with the inputs.
@@ -111,6 +115,14 @@ pub enum Evidence {
         /// Partition index.
         partition: u32,
         /// Hash in the member's commitment (of the bytes it served).
+        committed: Hash,
+    },
+    /// The accused member's committed input of `partition` is an outlier among the inputs
+    /// of the partition's claim (anyone can fetch them all and apply the rule).
+    OutlierInput {
+        /// Partition index.
+        partition: u32,
+        /// Hash in the member's commitment.
         committed: Hash,
     },
     /// The accused member gossiped two different commitments for one merge.

@@ -241,6 +241,9 @@ struct Held {
     pending: usize,
     /// The latest claim published: included set, round.
     current: Option<(BTreeSet<usize>, u32)>,
+    /// Members whose input is an outlier among the fetched ones ([`crate::butterfly::robust`]),
+    /// once every input is in.
+    outliers: Option<BTreeSet<usize>>,
 }
 
 /// The state of one run.

@@ -209,13 +209,15 @@ async fn honest_members_end_with_the_same_weighted_average() {
     let run = swarm.run_with(&everyone, Some(1.0), |_| {}).await;
     let expected = swarm.expected(|_| everyone.clone());
     assert_all_equal(&run.outcomes, &everyone, &expected);
-    // The bytes are the samples-weighted mean, to f32 rounding.
-    let total: u64 = swarm.samples.iter().sum();
+    // The bytes are the mean weighted by sample counts capped at their lower median (10,
+    // 17, 24, 31, 38 samples weigh 10, 17, 24, 24, 24), to f32 rounding.
+    let weight = |i: usize| swarm.samples[i].min(24) as f64;
+    let total: f64 = (0..5).map(weight).sum();
     for (j, v) in expected.iter().enumerate() {
         let exact: f64 = (0..5)
-            .map(|i| swarm.values[i][j] as f64 * swarm.samples[i] as f64)
+            .map(|i| swarm.values[i][j] as f64 * weight(i))
             .sum::<f64>()
-            / total as f64;
+            / total;
         assert!(
             (*v as f64 - exact).abs() < 1e-5,
             "value {j}: {v} vs {exact}"
@@ -618,4 +620,75 @@ fn merge_config_is_checked() {
         Merge::new(tampered, vec![0.0; 4]),
         Err(MergeError::Plan(VerifyError::Holders { partition: 0 }))
     ));
+}
+
+/// A swarm of `n` replicas that started from one vector and each moved by its own small
+/// step, as replicas of a stage do over an epoch.
+fn replica_swarm(n: usize, partitions: usize, len: usize) -> Swarm {
+    let mut swarm = Swarm::new(n, partitions, len);
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let start: Vec<f32> = (0..len).map(|_| rng.gen_range(-0.1f32..0.1)).collect();
+    for values in &mut swarm.values {
+        for (v, w) in values.iter_mut().zip(&start) {
+            *v = w + rng.gen_range(-0.02f32..0.02);
+        }
+    }
+    swarm
+}
+
+#[tokio::test]
+async fn a_member_whose_weights_are_scaled_is_left_out_of_every_partition() {
+    let mut swarm = replica_swarm(3, 3, 600);
+    let poisoner = 1;
+    swarm.values[poisoner].iter_mut().for_each(|w| *w *= 10.0);
+    swarm.samples[poisoner] = u64::MAX;
+    swarm.max_samples = 1000;
+    let everyone = swarm.all_but(&[]);
+    let honest = swarm.all_but(&[poisoner]);
+    let run = swarm.run_with(&everyone, Some(1.0), |_| {}).await;
+    // The honest members end with their own average: the poisoner's values weigh nothing.
+    let expected = swarm.expected(|_| honest.clone());
+    assert_all_equal(&run.outcomes, &honest, &expected);
+    // Both honest holders name it, and so does the validator's audit.
+    let outlier = (swarm.id(poisoner).to_string(), MisbehaviourKind::Outlier);
+    assert!(accused(&run.outcomes, &honest).contains(&outlier));
+    let audit = run.audit.expect("audit ran");
+    assert!(audit
+        .misbehaviour
+        .iter()
+        .any(|m| (m.accused.clone(), m.kind) == outlier));
+}
+
+#[tokio::test]
+async fn a_member_with_random_finite_weights_is_left_out_and_named() {
+    let mut swarm = replica_swarm(4, 4, 800);
+    let poisoner = 3;
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    swarm.values[poisoner]
+        .iter_mut()
+        .for_each(|w| *w = rng.gen_range(-0.1f32..0.1));
+    let everyone = swarm.all_but(&[]);
+    let honest = swarm.all_but(&[poisoner]);
+    let run = swarm.run_with(&everyone, Some(1.0), |_| {}).await;
+    let expected = swarm.expected(|_| honest.clone());
+    assert_all_equal(&run.outcomes, &honest, &expected);
+    let outlier = (swarm.id(poisoner).to_string(), MisbehaviourKind::Outlier);
+    assert!(accused(&run.outcomes, &honest).contains(&outlier));
+}
+
+#[tokio::test]
+async fn a_member_claiming_the_cap_weighs_no_more_than_its_co_replicas() {
+    // Two replicas: no majority to name an outlier, but the claim buys no weight.
+    let mut swarm = replica_swarm(2, 2, 200);
+    swarm.samples = vec![60, 1000];
+    swarm.max_samples = 1000;
+    let everyone = swarm.all_but(&[]);
+    let outcomes = swarm.run(&everyone).await;
+    let equal: Vec<f32> = (0..200)
+        .map(|j| 0.5 * swarm.values[0][j] + 0.5 * swarm.values[1][j])
+        .collect();
+    let merged = &outcome(&outcomes, 0).values;
+    for (m, e) in merged.iter().zip(&equal) {
+        assert!((m - e).abs() < 1e-6, "{m} is not the equal-weight mean {e}");
+    }
 }

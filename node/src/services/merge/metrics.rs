@@ -43,6 +43,7 @@ fn kind_label(kind: MisbehaviourKind) -> &'static str {
         MisbehaviourKind::WrongAverage => "wrong_average",
         MisbehaviourKind::Equivocation => "equivocation",
         MisbehaviourKind::NonFinite => "non_finite",
+        MisbehaviourKind::Outlier => "outlier",
         _ => "other",
     }
 }

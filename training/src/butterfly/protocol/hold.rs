@@ -14,8 +14,8 @@ use super::Runner;
 use crate::butterfly::fetch::{Fetched, InputSpec, Traffic};
 use crate::butterfly::ledger::narrow;
 use crate::butterfly::{
-    weighted_average, Contribution, Evidence, Gossip, Hash, MisbehaviourKind, SliceHash, Transport,
-    KEPT_ROUNDS,
+    robust, weighted_average, Contribution, Evidence, Gossip, Hash, MisbehaviourKind, SliceHash,
+    Transport, KEPT_ROUNDS,
 };
 
 /// Highest round a holder publishes, so every round it published stays servable.
@@ -157,8 +157,67 @@ impl<T: Transport> Runner<T> {
 
     /// Publishes a (new) claim for held partition `p` while its included set should change.
     async fn reconcile(&mut self, p: usize) {
+        self.find_outliers(p).await;
         while let Some((included, round)) = self.next_claim(p) {
             self.publish_claim(p, included, round).await;
+        }
+    }
+
+    /// Once every input of held partition `p` is in, names the members whose input is an
+    /// outlier among them: they are left out of every claim of `p` and reported. Both
+    /// holders fetch the same committed bytes, so both leave the same members out.
+    async fn find_outliers(&mut self, p: usize) {
+        let Some(held) = self.held.get(&p) else {
+            return;
+        };
+        if held.pending > 0 || held.outliers.is_some() {
+            return;
+        }
+        let allowed = self.ledger.on_time();
+        let plan = Arc::clone(&self.cfg.plan);
+        let mut members = Vec::new();
+        let mut contributions = Vec::new();
+        for (&m, values) in held.inputs.iter().filter(|(m, _)| allowed.contains(*m)) {
+            let Some(commitment) = self.ledger.commitment(m) else {
+                continue;
+            };
+            members.push((m, commitment.partition_hashes[p]));
+            contributions.push(Contribution {
+                member: plan.member(m),
+                samples: commitment.samples,
+                values,
+            });
+        }
+        if let Some(ratios) = robust::distance_ratios(&contributions) {
+            let largest = ratios.iter().copied().fold(0.0, f64::max);
+            tracing::debug!(
+                partition = p,
+                largest,
+                "distance to the median over the median distance"
+            );
+        }
+        let found: Vec<(usize, Hash)> = robust::outliers(&contributions)
+            .into_iter()
+            .map(|k| members[k])
+            .collect();
+        if let Some(held) = self.held.get_mut(&p) {
+            held.outliers = Some(found.iter().map(|&(m, _)| m).collect());
+        }
+        for (m, committed) in found {
+            if m == self.me {
+                tracing::warn!(partition = p, "this replica's own input is an outlier");
+                continue;
+            }
+            let report = self.ledger.report(
+                m,
+                MisbehaviourKind::Outlier,
+                Evidence::OutlierInput {
+                    partition: p as u32,
+                    committed,
+                },
+            );
+            tracing::warn!(accused = %report.accused, partition = p, "left an outlier out of the merge");
+            self.report(report).await;
         }
     }
 
@@ -171,11 +230,12 @@ impl<T: Transport> Runner<T> {
             return None;
         }
         let allowed = self.ledger.on_time();
+        let outliers = held.outliers.clone().unwrap_or_default();
         let fetched: BTreeSet<usize> = held
             .inputs
             .keys()
             .copied()
-            .filter(|m| allowed.contains(m))
+            .filter(|m| allowed.contains(m) && !outliers.contains(m))
             .collect();
         let Some((current, round)) = &held.current else {
             return Some((fetched, 0));
