@@ -240,6 +240,12 @@ pub(crate) enum Fault {
     InflateSamples,
     /// Commit and serve NaN weights in the merge.
     NanMerge,
+    /// Commit and serve its weights scaled ×10 in the merge, claiming every sample the
+    /// epoch could feed.
+    PoisonMerge,
+    /// Commit and serve random finite weights (of its weights' scale) in the merge,
+    /// claiming every sample the epoch could feed.
+    PoisonRandom,
     /// The stage's compute thread panics once the first epoch trains (as a failed allocation
     /// would end it): the node must exit with a clear error, not linger as a miner.
     ComputeDies,
@@ -348,7 +354,7 @@ pub(crate) struct LocalSwarmArgs {
     #[arg(long, default_value_t = 1200)]
     pub(crate) timeout_secs: u64,
     /// Miners that misbehave: MODE[:COUNT], repeatable. Modes: noise, lazy, lie-loss,
-    /// inflate, inflate-samples, nan-merge. The report shows what the validators made of them.
+    /// inflate, inflate-samples, nan-merge, poison-merge, poison-random. The report shows what the validators made of them.
     #[arg(long, value_name = "MODE[:COUNT]", value_parser = parse_adversary)]
     pub(crate) adversary: Vec<Adversary>,
     /// Held-out loss of the single-process reference after the same tokens, drawn in
@@ -534,7 +540,7 @@ pub(crate) fn parse_adversary(text: &str) -> Result<Adversary, String> {
 
 /// The modes `--adversary` takes.
 pub(crate) const MODES: &str =
-    "noise, lazy, lie-loss, inflate, inflate-samples, nan-merge (miners), skew-weights (a validator)";
+    "noise, lazy, lie-loss, inflate, inflate-samples, nan-merge, poison-merge, poison-random (miners), skew-weights (a validator)";
 
 /// The `--fault` value of a miner misbehaviour (`None` for faults that are not one).
 pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
@@ -545,6 +551,8 @@ pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
         Fault::Inflate => Some("inflate"),
         Fault::InflateSamples => Some("inflate-samples"),
         Fault::NanMerge => Some("nan-merge"),
+        Fault::PoisonMerge => Some("poison-merge"),
+        Fault::PoisonRandom => Some("poison-random"),
         Fault::SkewWeights => Some("skew-weights"),
         Fault::ForgePlans | Fault::HugeFrames | Fault::ComputeDies => None,
     }

@@ -61,8 +61,13 @@ fn run_swarm(out: &Path, extra: &[&str]) {
 /// and weighs at most 1 % of the total; no honest miner is ever flagged, and each is paid
 /// per sample carried within ±10 % of the honest mean; every node holds the same consensus.
 fn assert_caught(weights: &Value, mode: &str) {
+    assert_caught_among(weights, mode, 6, 5);
+}
+
+/// [`assert_caught`] for a swarm of `miners` miners, `honest_miners` of them honest.
+fn assert_caught_among(weights: &Value, mode: &str, miners_total: usize, honest_miners: usize) {
     let miners = weights["miners"].as_array().expect("miners");
-    assert_eq!(miners.len(), 6, "{weights:#}");
+    assert_eq!(miners.len(), miners_total, "{weights:#}");
     let total: f64 = miners.iter().map(|m| m["weight"].as_f64().unwrap()).sum();
     assert!(total > 0.0, "no consensus weights: {weights:#}");
     let adversary: Vec<&Value> = miners.iter().filter(|m| m["role"] == mode).collect();
@@ -88,7 +93,7 @@ fn assert_caught(weights: &Value, mode: &str) {
     );
 
     let honest: Vec<&Value> = miners.iter().filter(|m| m["role"] == "honest").collect();
-    assert_eq!(honest.len(), 5);
+    assert_eq!(honest.len(), honest_miners);
     for m in &honest {
         assert!(
             m["flagged"].as_array().unwrap().is_empty(),
@@ -132,6 +137,45 @@ fn a_noise_miner_is_caught_and_paid_nothing() {
     let out = scratch_dir("adversary-noise");
     let weights = swarm(&out, &["--adversary", "noise"]);
     assert_caught(&weights, "noise");
+}
+
+#[test]
+fn replicas_that_poison_their_merges_are_left_out_and_paid_nothing() {
+    // 6 honest miners hold 2 replicas of each stage; each poisoner joins a stage of its own
+    // as its third replica, where the merge can tell it from the other two: one commits its
+    // weights scaled ×10, the other random finite weights, both claiming every sample.
+    let out = scratch_dir("adversary-poison");
+    let weights = swarm(
+        &out,
+        &[
+            "--miners",
+            "8",
+            "--adversary",
+            "poison-merge",
+            "--adversary",
+            "poison-random",
+        ],
+    );
+    assert_caught_among(&weights, "poison-merge", 8, 6);
+    assert_caught_among(&weights, "poison-random", 8, 6);
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("merge_audit: Outlier"), "{report}");
+    // The merges kept the poison out: 4 epochs end near an honest swarm's held-out loss
+    // (2.16-2.20 measured), where merging the poison in ended at 2.90 (×10) and 3.34
+    // (random) (docs/BENCHMARKS.md).
+    let line = report
+        .lines()
+        .find(|l| l.starts_with("Held-out loss"))
+        .unwrap_or_else(|| panic!("no held-out line: {report}"));
+    let end: f64 = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .nth(1)
+        .unwrap_or_else(|| panic!("no held-out loss in {line:?}"));
+    assert!(
+        end < 2.5,
+        "held-out loss {end} after 4 epochs: poisoned merges? {line}"
+    );
 }
 
 #[test]

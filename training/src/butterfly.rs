@@ -69,8 +69,15 @@
 //!   A validator's [`audit`] recomputes a seeded random sample of partitions (rate
 //!   configurable) from the committed inputs and names both.
 //!
-//! Sample counts are taken as committed; they are public in the commitments, so validators
-//! can compare them with verified work.
+//! - *Poisoned input* (scaled, random or otherwise far from the co-replicas'): with three or
+//!   more inputs, a holder leaves out every input that [`robust::outliers`] names and
+//!   publishes a [`MisbehaviourKind::Outlier`] report; a disputed claim that admits one is
+//!   not taken ([`robust`]); the audit applies the same rule to every verified input of
+//!   the partitions it checks.
+//!
+//! Sample counts are public in the commitments, so validators can compare them with
+//! verified work; in the average each counts at most the lower median of the counts
+//! ([`robust::capped_samples`]), so a claim buys no more weight than a co-replica has.
 //!
 //! # Cost
 //!

@@ -229,6 +229,8 @@ fn faults(list: &[Fault]) -> Faults {
             huge_frames: on(Fault::HugeFrames),
             inflate_samples: on(Fault::InflateSamples),
             nan_merge: on(Fault::NanMerge),
+            poison_merge: on(Fault::PoisonMerge),
+            poison_random: on(Fault::PoisonRandom),
             compute_dies: on(Fault::ComputeDies),
             noise: on(Fault::Noise),
             lazy: on(Fault::Lazy),

@@ -37,6 +37,11 @@ pub(crate) struct MinerFaults {
     pub(crate) inflate_samples: bool,
     /// NaN weights committed and served in the merge.
     pub(crate) nan_merge: bool,
+    /// Weights scaled ×10 committed in the merge, with every sample claimed.
+    pub(crate) poison_merge: bool,
+    /// Random finite weights of the weights' scale committed in the merge, with every
+    /// sample claimed.
+    pub(crate) poison_random: bool,
     /// The compute thread crashes once the first epoch trains.
     pub(crate) compute_dies: bool,
     /// Activations and gradients replaced by random values of the right shape and scale.

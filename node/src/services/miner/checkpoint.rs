@@ -58,6 +58,23 @@ pub(crate) async fn merge_and_checkpoint(
 /// and what this replica gave the merge.
 type Merged = (Vec<f32>, Option<Vec<f32>>, Vec<f32>);
 
+/// The `poison-merge` and `poison-random` faults: `weights` scaled ×10, or replaced by
+/// uniform random values with the same root mean square.
+fn poison(weights: &mut [f32], random: bool) {
+    use rand::Rng;
+    if !random {
+        weights.iter_mut().for_each(|w| *w *= 10.0);
+        return;
+    }
+    let squares: f64 = weights.iter().map(|&w| f64::from(w) * f64::from(w)).sum();
+    let rms = (squares / weights.len().max(1) as f64).sqrt() as f32;
+    let bound = 3f32.sqrt() * rms.max(f32::MIN_POSITIVE);
+    let mut rng = rand::thread_rng();
+    weights
+        .iter_mut()
+        .for_each(|w| *w = rng.gen_range(-bound..=bound));
+}
+
 /// Runs the butterfly of `stage` in `plan` with this replica's weights (and basis vote).
 async fn merge(
     ctx: &Ctx,
@@ -81,6 +98,10 @@ async fn merge(
     }
     if faults.nan_merge {
         weights.iter_mut().step_by(97).for_each(|w| *w = f32::NAN);
+    }
+    if faults.poison_merge || faults.poison_random {
+        samples = u64::MAX;
+        poison(&mut weights, faults.poison_random);
     }
     // The outer step's basis (this replica's snapshot of the stage and its momentum) and its
     // vote, merged with the weights: every member learns whether all of them hold one basis.
