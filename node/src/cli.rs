@@ -257,6 +257,9 @@ pub(crate) enum Fault {
     LieLoss,
     /// As a tail, claim samples never served (one per sample served).
     Inflate,
+    /// Lie about losses as `lie-loss` does, and answer every spot check `Superseded`
+    /// (naming the merge its weights come from) instead of showing the evidence.
+    Dodge,
     /// As a validator, publish weights that give everything to the lowest uid it scored
     /// (a validator out of line with the others, whom consensus must discount).
     SkewWeights,
@@ -540,7 +543,7 @@ pub(crate) fn parse_adversary(text: &str) -> Result<Adversary, String> {
 
 /// The modes `--adversary` takes.
 pub(crate) const MODES: &str =
-    "noise, lazy, lie-loss, inflate, inflate-samples, nan-merge, poison-merge, poison-random (miners), skew-weights (a validator)";
+    "noise, lazy, lie-loss, inflate, inflate-samples, nan-merge, poison-merge, poison-random, dodge (miners), skew-weights (a validator)";
 
 /// The `--fault` value of a miner misbehaviour (`None` for faults that are not one).
 pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
@@ -549,6 +552,7 @@ pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
         Fault::Lazy => Some("lazy"),
         Fault::LieLoss => Some("lie-loss"),
         Fault::Inflate => Some("inflate"),
+        Fault::Dodge => Some("dodge"),
         Fault::InflateSamples => Some("inflate-samples"),
         Fault::NanMerge => Some("nan-merge"),
         Fault::PoisonMerge => Some("poison-merge"),

@@ -213,6 +213,15 @@ fn a_tail_that_lies_about_its_losses_is_caught_and_paid_nothing() {
     assert_caught(&weights, "lie-loss");
 }
 
+/// A tail that lies about its losses and answers every spot check `Superseded` (naming a
+/// merge it really holds) instead of showing the evidence: the dodges themselves catch it.
+#[test]
+fn a_tail_that_lies_and_dodges_its_checks_is_caught_and_paid_nothing() {
+    let out = scratch_dir("adversary-dodge");
+    let weights = swarm(&out, &["--adversary", "dodge"]);
+    assert_caught(&weights, "dodge");
+}
+
 #[test]
 fn a_lazy_miner_is_caught_and_paid_nothing() {
     let out = scratch_dir("adversary-lazy");

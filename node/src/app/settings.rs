@@ -234,8 +234,10 @@ fn faults(list: &[Fault]) -> Faults {
             compute_dies: on(Fault::ComputeDies),
             noise: on(Fault::Noise),
             lazy: on(Fault::Lazy),
-            lie_loss: on(Fault::LieLoss),
+            // A dodging miner has something to hide: it lies about its losses too.
+            lie_loss: on(Fault::LieLoss) || on(Fault::Dodge),
             inflate: on(Fault::Inflate),
+            dodge: on(Fault::Dodge),
         },
         skew_weights: on(Fault::SkewWeights),
         forge_plans: on(Fault::ForgePlans),
@@ -402,6 +404,12 @@ mod tests {
         assert!(!faults.miner.lazy && !faults.miner.nan_merge && !faults.miner.huge_frames);
         let none = NodeSettings::from_args(&args(&[])).unwrap().faults;
         assert!(!none.forge_plans && !none.skew_weights && !none.miner.noise);
+        assert!(!none.miner.dodge && !none.miner.lie_loss);
+        // A dodging miner lies about its losses too.
+        let dodge = NodeSettings::from_args(&args(&["--fault", "dodge"]))
+            .unwrap()
+            .faults;
+        assert!(dodge.miner.dodge && dodge.miner.lie_loss && !dodge.miner.noise);
     }
 
     #[test]

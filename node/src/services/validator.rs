@@ -14,12 +14,14 @@
 //! * All the while it spot-checks the miners at moments they cannot predict ([`spot`]): it
 //!   recomputes one of a miner's recent samples from the evidence the miner keeps. A miner
 //!   that fails a spot check, or that a merge audit names, gets quality 0 for the epoch and
-//!   the [`scoring::PROBATION_EPOCHS`] after it, and loses its smoothed score.
+//!   the [`scoring::PROBATION_EPOCHS`] after it, and loses its smoothed score. A check the
+//!   miner answers without evidence is a dodge, itself counted against it ([`dodges`]).
 //!
 //! Others use it through [`api`]; [`task`] owns its state and timers.
 
 pub(crate) mod api;
 pub(crate) mod confirmation;
+mod dodges;
 mod ledger;
 mod merges;
 mod scoring;

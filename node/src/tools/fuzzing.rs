@@ -71,10 +71,11 @@ pub fn spot_check_reply(body: &[u8]) -> bool {
         tail: true,
         ..target.clone()
     };
+    use crate::services::validator::api::Reply;
     let _ = crate::services::validator::api::parse_reply(body, &tail);
     match crate::services::validator::api::parse_reply(body, &target) {
-        Ok(evidence) => messages::f32_from_bytes(evidence.weights).is_some(),
-        Err(_) => false,
+        Ok(Reply::Evidence(evidence)) => messages::f32_from_bytes(evidence.weights).is_some(),
+        Ok(Reply::Superseded(_)) | Err(_) => false,
     }
 }
 
@@ -237,7 +238,14 @@ fn spot_check_bodies(frame: &[u8], weights: &[f32]) -> Vec<Option<Vec<u8>>> {
             &[frame, frame, &messages::f32_bytes(weights)].concat(),
         ),
         body(Service::SpotCheck, &SpotCheckReply::NotHeld, b""),
-        body(Service::SpotCheck, &SpotCheckReply::Superseded, b""),
+        body(
+            Service::SpotCheck,
+            &SpotCheckReply::Superseded {
+                epoch: Some(1),
+                hash: "ab".repeat(32),
+            },
+            b"",
+        ),
     ]
 }
 

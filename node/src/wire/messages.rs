@@ -217,8 +217,16 @@ pub(crate) enum SpotCheckReply {
     },
     /// The miner kept nothing of that sample (it never served it, or too long ago).
     NotHeld,
-    /// The miner served the sample, but a merge has replaced its weights since.
-    Superseded,
+    /// The miner served the sample, but its weights have been replaced since, by the ones it
+    /// holds now: the merge of its stage closing `epoch` (none: the run seed), whose merged
+    /// weights hash to `hash` (blake3, hex). The validator checks the claim against the
+    /// merge hashes the stage's replicas gossiped.
+    Superseded {
+        /// The epoch whose closing merge the miner's weights come from.
+        epoch: Option<u64>,
+        /// The hash of that merge's weights.
+        hash: String,
+    },
 }
 
 /// A joining replica asks a validator about the merge of `stage` that closed `epoch`.

@@ -52,6 +52,8 @@ pub(crate) struct MinerFaults {
     pub(crate) lie_loss: bool,
     /// A tail claiming, besides each sample it served, one it never saw.
     pub(crate) inflate: bool,
+    /// Every spot check answered `Superseded`, never with the evidence.
+    pub(crate) dodge: bool,
 }
 
 /// Where a miner is in its epoch.

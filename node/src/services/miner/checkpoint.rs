@@ -10,7 +10,7 @@ use bootstrap::{EpochPlan, PeerIdStr};
 use training::checkpoint::CheckpointKey;
 use training::StageHandle;
 
-use super::context::Ctx;
+use super::context::{Ctx, WeightsOrigin};
 use super::task::Note;
 use super::{hex, lock, outer, snapshot, stage};
 use crate::services::merge::api::MergeRequest;
@@ -26,11 +26,14 @@ pub(crate) async fn merge_and_checkpoint(
     start: SystemTime,
 ) -> anyhow::Result<()> {
     let (merged, momentum, given) = merge(ctx, plan, stage, worker, start).await?;
-    // Evidence of samples served with the weights being replaced no longer reproduces.
-    ctx.new_generation();
     // The merge's hash is that of the result every replica computed; the live weights also
     // hold the steps taken meanwhile.
     let hash = hex(&training::stage::hash_f32(&merged));
+    // Evidence of samples served with the weights being replaced no longer reproduces.
+    ctx.new_generation(WeightsOrigin {
+        epoch: Some(plan.epoch),
+        hash: hash.clone(),
+    });
     worker.apply_merge(given, merged.clone()).await?;
     // The checkpoint holds the merge's result, which every replica agrees on and which a
     // restart from it must hash to, with the optimizer's moments as they are now (the few

@@ -143,6 +143,19 @@ pub(crate) struct EvidenceStore {
     /// Counts the times the stage's weights were replaced wholesale (a new stage, a merge):
     /// evidence of an older generation no longer reproduces.
     pub(crate) generation: u64,
+    /// Where the weights of this generation came from (what a spot check of an older
+    /// generation's sample is told replaced them).
+    pub(crate) origin: WeightsOrigin,
+}
+
+/// Where a stage's weights came from: the merge closing `epoch` (none: the run seed), whose
+/// weights hash to `hash` (blake3, hex).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct WeightsOrigin {
+    /// The epoch whose closing merge it is.
+    pub(crate) epoch: Option<u64>,
+    /// The merged weights' hash.
+    pub(crate) hash: String,
 }
 
 /// What the miner's tasks share (see the module's doc for why each shared piece is shared).
@@ -210,10 +223,12 @@ impl Ctx {
         store.recent.keep(evidence);
     }
 
-    /// The stage's weights were replaced wholesale: evidence served so far no longer
-    /// reproduces.
-    pub(crate) fn new_generation(&self) {
-        lock(&self.evidence).generation += 1;
+    /// The stage's weights were replaced wholesale, by those of `origin`: evidence served
+    /// so far no longer reproduces.
+    pub(crate) fn new_generation(&self, origin: WeightsOrigin) {
+        let mut store = lock(&self.evidence);
+        store.generation += 1;
+        store.origin = origin;
     }
 
     /// The weights' generation now.

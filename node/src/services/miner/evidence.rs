@@ -7,12 +7,14 @@
 //! a sample it saw in the authenticated ledger; the miner answers with that evidence and its
 //! current weights, from which the validator recomputes the stage (see
 //! `crate::services::validator::spot`). The store is bounded by count and by bytes; a sample older
-//! than that is answered `NotHeld`.
+//! than that is answered `NotHeld`. A sample served with weights a merge (or a rebuilt stage)
+//! has replaced since is answered `Superseded`, naming the merge the weights now come from
+//! (its epoch and hash), which the validator checks against the merge hashes it heard.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::context::Ctx;
+use super::context::{Ctx, WeightsOrigin};
 use super::lock;
 use crate::wire::messages::{self, Service, SpotCheckReply, SpotCheckRequest};
 
@@ -94,6 +96,9 @@ pub(crate) async fn serve(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
     let Ok((request, _)) = messages::decode::<SpotCheckRequest>(Service::SpotCheck, body) else {
         return not_held();
     };
+    if ctx.cfg.faults.dodge {
+        return super::faults::dodge(ctx);
+    }
     let (evidence, generation) = {
         let store = lock(&ctx.evidence);
         let found = store.recent.find(request.epoch, request.sample).cloned();
@@ -109,18 +114,15 @@ pub(crate) async fn serve(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
     if evidence.stage != stage {
         return not_held();
     }
-    let superseded = || {
-        messages::encode(Service::SpotCheck, &SpotCheckReply::Superseded, &[]).unwrap_or_default()
-    };
     if evidence.generation != generation {
-        return superseded();
+        return superseded(ctx);
     }
     let Ok(weights) = worker.flat_params().await else {
         return not_held();
     };
     // A merge that began while the weights were read may have replaced them.
     if evidence.generation != ctx.generation() {
-        return superseded();
+        return superseded(ctx);
     }
     let header = SpotCheckReply::Evidence {
         stage,
@@ -133,6 +135,22 @@ pub(crate) async fn serve(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
     payload.extend_from_slice(&evidence.output);
     payload.extend_from_slice(&messages::f32_bytes(&weights));
     messages::encode(Service::SpotCheck, &header, &payload).unwrap_or_default()
+}
+
+/// A `Superseded` reply naming what replaced the weights: the merge the weights held now
+/// come from.
+pub(crate) fn superseded(ctx: &Ctx) -> Vec<u8> {
+    let origin = lock(&ctx.evidence).origin.clone();
+    superseded_reply(origin)
+}
+
+/// The `Superseded` reply naming `origin`.
+fn superseded_reply(origin: WeightsOrigin) -> Vec<u8> {
+    let header = SpotCheckReply::Superseded {
+        epoch: origin.epoch,
+        hash: origin.hash,
+    };
+    messages::encode(Service::SpotCheck, &header, &[]).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -149,6 +167,25 @@ mod tests {
             loss: None,
             generation: 0,
         }
+    }
+
+    #[test]
+    fn a_superseded_answer_names_the_merge_the_weights_come_from() {
+        let hash = "ab".repeat(32);
+        let reply = superseded_reply(WeightsOrigin {
+            epoch: Some(3),
+            hash: hash.clone(),
+        });
+        let (header, payload) =
+            messages::decode::<SpotCheckReply>(Service::SpotCheck, &reply).unwrap();
+        assert_eq!(
+            header,
+            SpotCheckReply::Superseded {
+                epoch: Some(3),
+                hash
+            }
+        );
+        assert!(payload.is_empty());
     }
 
     #[test]

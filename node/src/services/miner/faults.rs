@@ -1,6 +1,7 @@
 //! The miner's fault modes (the node's hidden `--fault` flags, for testing the other nodes'
 //! defences): the frames a `noise` or `huge-frames` miner sends, the loss a `lie-loss` tail
-//! reports and the samples an `inflate` tail claims. All off in a normal run.
+//! reports, the samples an `inflate` tail claims and what a `dodge` miner answers a spot
+//! check. All off in a normal run.
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
@@ -81,6 +82,13 @@ pub(crate) fn reported_loss(ctx: &Ctx, loss: f32) -> f32 {
     } else {
         loss
     }
+}
+
+/// What a `dodge` miner answers every spot check: that a merge replaced the weights the
+/// sample was served with, naming the merge its weights really come from (a claim the
+/// validator can check, and finds true at the start of an epoch), never the evidence.
+pub(crate) fn dodge(ctx: &Ctx) -> Vec<u8> {
+    super::evidence::superseded(ctx)
 }
 
 /// What an `inflate` tail claims besides `real`: a sample the same head draws near the end

@@ -10,7 +10,7 @@ use bootstrap::EpochPlan;
 use training::checkpoint::Manifest;
 use training::{StageHandle, StageState};
 
-use super::context::{until, Ctx};
+use super::context::{until, Ctx, WeightsOrigin};
 use super::task::Note;
 use super::transition::Superseded;
 use super::{hex, snapshot, JOIN_SLACK, MAX_IN_FLIGHT};
@@ -218,6 +218,9 @@ async fn settle(
 /// The stage's weights are now those of the merge of `epoch`, hashing to `hash`: a new
 /// generation of evidence.
 pub(crate) async fn set_weights(ctx: &Ctx, epoch: Option<u64>, hash: String) {
-    ctx.new_generation();
+    ctx.new_generation(WeightsOrigin {
+        epoch,
+        hash: hash.clone(),
+    });
     ctx.note(Note::Weights { epoch, hash }).await;
 }

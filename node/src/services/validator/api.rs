@@ -2,11 +2,13 @@
 //! and the weights it publishes, the confirmation a joiner makes of the validators' word,
 //! and the spot-check reply parser (for the fuzzer).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use bootstrap::{EpochPlan, PeerIdStr, RunConfig};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::dodges::Tally;
 use crate::services::consensus::api::ConsensusHandle;
 use crate::services::inbox::{ask, send, ServiceGone};
 use crate::services::merge::api::MergeHandle;
@@ -53,7 +55,7 @@ pub(crate) struct EpochWeights {
 }
 
 /// Spot checks by outcome.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct SpotCheckCounts {
     /// Recomputed and reproduced.
     pub(crate) passed: u64,
@@ -61,6 +63,14 @@ pub(crate) struct SpotCheckCounts {
     pub(crate) failed: u64,
     /// Not concluded (no answer, evidence superseded by a merge, …).
     pub(crate) inconclusive: u64,
+    /// Of the inconclusive ones, those the miner ended without evidence (`Superseded`,
+    /// `NotHeld`, an error, no answer): dodges, counted against it.
+    #[serde(default)]
+    pub(crate) dodged: u64,
+    /// Per miner (its peer id), the checks of the scored epoch's samples so far and its
+    /// dodges among them.
+    #[serde(default)]
+    pub(crate) miners: BTreeMap<String, Tally>,
 }
 
 /// The validator service's inbox: what other parts of the node tell or ask it. (Its own
@@ -193,7 +203,7 @@ impl ValidatorHandle {
 /// What a joiner makes of the validators' word on a merge.
 pub(crate) use super::confirmation::{decide, Decision};
 /// The spot-check reply parser, for the fuzzer.
-pub(crate) use super::spot::{parse_reply, Target};
+pub(crate) use super::spot::{parse_reply, Reply, Target};
 /// Starting the service.
 pub(crate) use super::task::spawn;
 /// The rules of spot-check and confirmation requests.

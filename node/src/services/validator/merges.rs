@@ -50,6 +50,12 @@ impl MergeBook {
             .unwrap_or_default()
     }
 
+    /// The hashes `stage`'s replicas gossiped for the merge closing `epoch` (what a
+    /// `Superseded` spot-check answer is checked against).
+    pub(crate) fn heard(&self, epoch: u64, stage: u32) -> Option<&BTreeSet<String>> {
+        self.merged.get(&(epoch, stage))
+    }
+
     /// This validator's word on the merge `request` asks about, with `running` the epoch
     /// running now (if known).
     pub(crate) fn answer(

@@ -7,7 +7,9 @@
 //! weights ([`attribution::weights`]).
 //!
 //! A miner is caught when a spot check or a merge audit proves it cheated ([`Proof`]); it
-//! then stays at quality 0 for [`PROBATION_EPOCHS`]. Why a miner weighs nothing is a
+//! then stays at quality 0 for [`PROBATION_EPOCHS`]. Spot checks it answered without
+//! evidence are counted against it ([`super::dodges`]); too many of them catch it as a
+//! failed check would (`spot_check: dodged_checks`). Why a miner weighs nothing is a
 //! [`CatchReason`], whose text (`clasp`, `spot_check: …`, `merge_audit: …`,
 //! `probation after …`) is what `/status`, the weights JSON and the report show.
 
@@ -17,6 +19,7 @@ use attribution::{clasp, EpochWork, Scores, Uid};
 use bootstrap::{EpochPlan, PeerIdStr};
 
 use super::api::{EpochWeights, MinerWeight, SpotCheckCounts};
+use super::dodges::DodgeBook;
 use super::ledger::Ledger;
 use super::spot::{Outcome, SpotFailure};
 use crate::services::merge::api::FindingKind;
@@ -100,6 +103,8 @@ pub(crate) struct Scoring {
     probation: Probation,
     /// Spot checks ended since the last scoring.
     checks: SpotCheckCounts,
+    /// Spot checks per miner and epoch, and the dodges among them.
+    dodges: DodgeBook,
 }
 
 impl Scoring {
@@ -122,21 +127,35 @@ impl Scoring {
             .or_insert(proof);
     }
 
-    /// Counts a finished spot check of `peer`'s sample of `epoch`, and catches it if failed.
-    /// `peer` is the text a loss record names it by.
-    pub(crate) fn spot_checked(&mut self, epoch: u64, peer: &str, outcome: Outcome) {
+    /// Counts a finished spot check of `peer`'s sample of `epoch`, and catches it if failed
+    /// or if it leaves the miner dodging far more checks than honest miners do; returns the
+    /// failure that caught it, if any. `peer` is the text a loss record names it by.
+    pub(crate) fn spot_checked(
+        &mut self,
+        epoch: u64,
+        peer: &str,
+        outcome: Outcome,
+    ) -> Option<SpotFailure> {
         match outcome {
             Outcome::Pass => self.checks.passed += 1,
-            Outcome::Fail(why) => {
-                self.checks.failed += 1;
-                // A check fails only on the miner's own answer: it was asked, so its id
-                // is one (a text that is not ends the check inconclusive before this).
-                if let Ok(peer) = PeerIdStr::parse(peer) {
-                    self.caught(epoch, peer, Proof::SpotCheck(why));
+            Outcome::Fail(_) => self.checks.failed += 1,
+            Outcome::Inconclusive(why) => {
+                self.checks.inconclusive += 1;
+                if why.against_miner() {
+                    self.checks.dodged += 1;
                 }
             }
-            Outcome::Inconclusive(_) => self.checks.inconclusive += 1,
         }
+        // A check reaches the miner only if its id is one (a text that is not ends the
+        // check inconclusive, on the validator's side, before it is asked).
+        let peer = PeerIdStr::parse(peer).ok()?;
+        let dodged = self.dodges.record(epoch, &peer, outcome);
+        let why = match outcome {
+            Outcome::Fail(why) => Some(why),
+            _ => dodged,
+        }?;
+        self.caught(epoch, peer, Proof::SpotCheck(why));
+        Some(why)
     }
 
     /// Scores `plan`'s epoch with the miners' `uids` in force now: its records, catches
@@ -148,6 +167,7 @@ impl Scoring {
         let mut weights =
             weigh_distrusting(plan, &records, uids, &caught, &liars, &mut self.scores);
         weights.spot_checks = std::mem::take(&mut self.checks);
+        weights.spot_checks.miners = self.dodges.epoch(plan.epoch);
         weights
     }
 
@@ -638,5 +658,41 @@ mod tests {
         );
         assert_eq!(CatchReason::Clasp.proof(), None);
         assert_eq!(CatchReason::Probation { after: spot }.proof(), Some(spot));
+    }
+    #[test]
+    fn a_miner_that_dodges_its_checks_is_caught_and_honest_misses_are_not() {
+        use super::super::spot::SpotInconclusive;
+        let mut scoring = Scoring::default();
+        scoring.losses(2, records(400, None));
+        let dodge = Outcome::Inconclusive(SpotInconclusive::Superseded);
+        // Peer 5 never shows evidence: every check of it ends in a dodge.
+        for _ in 0..6 {
+            scoring.spot_checked(2, &peer(5), dodge);
+        }
+        // Peer 4 missed one check among passes (a merge in flight), as honest miners may.
+        scoring.spot_checked(2, &peer(4), dodge);
+        for _ in 0..5 {
+            scoring.spot_checked(2, &peer(4), Outcome::Pass);
+        }
+        // Peer 3's checks ended on the validator's side only: nothing against it.
+        for why in [
+            SpotInconclusive::NoScratchStage,
+            SpotInconclusive::RecomputeFailed,
+            SpotInconclusive::RequestNotEncoded,
+            SpotInconclusive::NoSample,
+            SpotInconclusive::NoScratchStage,
+        ] {
+            scoring.spot_checked(2, &peer(3), Outcome::Inconclusive(why));
+        }
+        let weights = scoring.score(&plan(2), &uids());
+        for m in &weights.miners {
+            if m.peer_id == peer(5) {
+                assert!(m.flagged, "{m:?}");
+                assert_eq!(m.reason.as_deref(), Some("spot_check: dodged_checks"));
+                assert_eq!(m.weight, 0);
+            } else {
+                assert!(!m.flagged, "{m:?}");
+            }
+        }
     }
 }

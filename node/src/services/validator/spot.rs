@@ -14,8 +14,8 @@
 //! the merged weights an epoch starts from, but a miner's outputs come from weights that an
 //! epoch of optimizer steps moved away from them. So the forward is recomputed with the
 //! weights the miner holds when it answers, a few optimizer steps after the sample (its
-//! newest samples are asked for, and a merge since the sample makes the check
-//! inconclusive); the hash-agreed weights serve to catch a miner that never steps: weights
+//! newest samples are asked for; a merge since the sample leaves the miner nothing to show,
+//! and it answers `Superseded` naming that merge); the hash-agreed weights serve to catch a miner that never steps: weights
 //! whose hash is the epoch's starting hash (the run seed's, or a merge hash its stage
 //! gossiped for the epoch before) after [`lazy_threshold`] samples served in the epoch fail.
 //!
@@ -26,6 +26,12 @@
 //! must have cosine ≥ [`GRADIENT_COSINE_MIN`] and the same norm ratio. A tail that cannot
 //! show a sample it claimed fails. In the run's first epoch only the exact test is judged
 //! (see [`judge`]).
+//!
+//! **No evidence is evidence too.** A check the miner ends without evidence (`Superseded`,
+//! `NotHeld`, an error, no answer) concludes nothing about the sample, but it is a dodge,
+//! counted against the miner, which is checked again soon; a miner that dodges far more
+//! than honest miners do fails, and a `Superseded` naming a merge its stage's replicas did
+//! not announce is false (`super::dodges`).
 //!
 //! **Layout.** Everything here decides and is pure: the [`Schedule`], [`parse_reply`],
 //! [`judge`] and [`compare`]; [`Checker`] (`checker.rs`) does the IO around them, asking the
@@ -109,6 +115,9 @@ pub(crate) struct Measured {
     pub(crate) unchanged_weights: bool,
     /// Samples served in the epoch when the check was chosen.
     pub(crate) served: u64,
+    /// What the miner's `Superseded` answer claimed, if it answered so (the check's outcome
+    /// waits for the claim to be checked).
+    pub(crate) claim: Option<Claim>,
 }
 
 /// Why a spot check caught a miner: its work was not reproduced.
@@ -126,6 +135,12 @@ pub(crate) enum SpotFailure {
     EvidenceMalformed,
     /// A tail cannot show a sample it claimed a loss for.
     ClaimedSampleNotHeld,
+    /// It answered `Superseded` naming a merge of its stage whose replicas announced other
+    /// hashes only (see [`super::dodges::judge_claim`]).
+    SupersededFalse,
+    /// It answered far more of its checks without evidence than honest miners do (see
+    /// [`super::dodges`]).
+    DodgedChecks,
 }
 
 impl SpotFailure {
@@ -138,6 +153,8 @@ impl SpotFailure {
             SpotFailure::LossNotReproduced => "loss_not_reproduced",
             SpotFailure::EvidenceMalformed => "evidence_malformed",
             SpotFailure::ClaimedSampleNotHeld => "claimed_sample_not_held",
+            SpotFailure::SupersededFalse => "superseded_false",
+            SpotFailure::DodgedChecks => "dodged_checks",
         }
     }
 }
@@ -148,15 +165,21 @@ impl std::fmt::Display for SpotFailure {
     }
 }
 
-/// Why a spot check concluded nothing (no one is blamed).
+/// Why a spot check concluded nothing about the work. The miner's own answers (see
+/// [`SpotInconclusive::against_miner`]) are dodges, counted against it by
+/// [`super::dodges::DodgeBook`]; the validator's own failures count against no one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SpotInconclusive {
     /// The miner answered with an error (busy, …).
     Refused,
     /// A stage before the tail no longer holds the sample.
     NotHeld,
-    /// A merge since the sample replaced the weights it was computed with.
+    /// A merge since the sample replaced the weights it was computed with, and the merge it
+    /// named is one the stage's replicas announced.
     Superseded,
+    /// The miner answered `Superseded` naming a merge that cannot be checked: the run seed,
+    /// a merge older than the sample's epoch, or one nobody announced in time.
+    SupersededUnverified,
     /// The miner's peer id does not parse.
     BadPeer,
     /// The request could not be encoded.
@@ -178,12 +201,30 @@ impl SpotInconclusive {
             SpotInconclusive::Refused => "refused",
             SpotInconclusive::NotHeld => "not_held",
             SpotInconclusive::Superseded => "superseded",
+            SpotInconclusive::SupersededUnverified => "superseded_unverified",
             SpotInconclusive::BadPeer => "bad_peer",
             SpotInconclusive::RequestNotEncoded => "request_not_encoded",
             SpotInconclusive::NoAnswer => "no_answer",
             SpotInconclusive::NoScratchStage => "no_scratch_stage",
             SpotInconclusive::NoSample => "no_sample",
             SpotInconclusive::RecomputeFailed => "recompute_failed",
+        }
+    }
+
+    /// Whether the miner's answer (or its silence) ended the check, rather than the
+    /// validator's own failure: a dodge, which counts against the miner.
+    pub(crate) fn against_miner(self) -> bool {
+        match self {
+            SpotInconclusive::Refused
+            | SpotInconclusive::NotHeld
+            | SpotInconclusive::Superseded
+            | SpotInconclusive::SupersededUnverified
+            | SpotInconclusive::NoAnswer => true,
+            SpotInconclusive::BadPeer
+            | SpotInconclusive::RequestNotEncoded
+            | SpotInconclusive::NoScratchStage
+            | SpotInconclusive::NoSample
+            | SpotInconclusive::RecomputeFailed => false,
         }
     }
 }
@@ -272,6 +313,9 @@ pub(crate) struct Schedule {
     rng: rand_chacha::ChaCha20Rng,
     /// Miners still to check in this round, in random order.
     queue: Vec<String>,
+    /// A miner to check again outside the round, and whether the one pick of the round
+    /// that goes first has been made.
+    again: Option<(String, bool)>,
 }
 
 impl Schedule {
@@ -280,7 +324,15 @@ impl Schedule {
         Schedule {
             rng: rand_chacha::ChaCha20Rng::from_seed(secret),
             queue: Vec::new(),
+            again: None,
         }
+    }
+
+    /// Checks `peer` again soon, after one pick of the round: a miner that dodged a check
+    /// is asked again without waiting for the round to come back to it (it cannot tell a
+    /// recheck from a round's check), and the round goes on in between.
+    pub(crate) fn recheck(&mut self, peer: &str) {
+        self.again = Some((peer.to_string(), false));
     }
 
     /// Time until the next check.
@@ -296,12 +348,14 @@ impl Schedule {
                 *served.entry(peer.as_str()).or_default() += 1;
             }
         }
-        self.queue.retain(|p| served.contains_key(p.as_str()));
-        if self.queue.is_empty() {
-            self.queue = served.keys().map(|p| p.to_string()).collect();
-            self.queue.shuffle(&mut self.rng);
-        }
-        let peer = self.queue.pop()?;
+        let peer = match self.again.take() {
+            Some((peer, true)) if served.contains_key(peer.as_str()) => peer,
+            Some((peer, false)) => {
+                self.again = Some((peer, true));
+                self.next_in_round(&served)?
+            }
+            _ => self.next_in_round(&served)?,
+        };
         let recent: Vec<(usize, &LossRecord)> = records
             .iter()
             .rev()
@@ -319,6 +373,17 @@ impl Schedule {
             peer,
         })
     }
+
+    /// The next miner of the round among those that `served` the epoch (a new round, in a
+    /// new random order, once the last is done).
+    fn next_in_round(&mut self, served: &BTreeMap<&str, u64>) -> Option<String> {
+        self.queue.retain(|p| served.contains_key(p.as_str()));
+        if self.queue.is_empty() {
+            self.queue = served.keys().map(|p| p.to_string()).collect();
+            self.queue.shuffle(&mut self.rng);
+        }
+        self.queue.pop()
+    }
 }
 
 /// A spot check's reply, split: nothing copied yet.
@@ -334,9 +399,43 @@ pub(crate) struct Evidence<'a> {
     pub(crate) weights: &'a [u8],
 }
 
+/// What a miner's `Superseded` answer claims replaced the weights a sample was served with:
+/// the merge of its stage closing `epoch` (none: the run seed), whose weights hash to `hash`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claim {
+    /// The epoch the merge closed.
+    pub(crate) epoch: Option<u64>,
+    /// blake3 of the merged weights.
+    pub(crate) hash: [u8; 32],
+}
+
+/// A spot check's reply that is not its outcome yet.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Reply<'a> {
+    /// The evidence, to recompute.
+    Evidence(Evidence<'a>),
+    /// No evidence, and a claim of what replaced the weights, to check against the merges
+    /// heard ([`super::dodges::judge_claim`]).
+    Superseded(Claim),
+}
+
+/// 32 bytes from 64 hex digits.
+fn parse_hash(text: &str) -> Option<[u8; 32]> {
+    let digits = text.as_bytes();
+    if digits.len() != 64 {
+        return None;
+    }
+    let mut hash = [0u8; 32];
+    for (byte, pair) in hash.iter_mut().zip(digits.chunks_exact(2)) {
+        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(hash)
+}
+
 /// Splits a spot check's reply to `target`, checking every declared size against the bytes
-/// before anything is copied. A reply that is not evidence is the check's outcome.
-pub(crate) fn parse_reply<'a>(reply: &'a [u8], target: &Target) -> Result<Evidence<'a>, Outcome> {
+/// before anything is copied. A reply that is neither evidence nor a checkable `Superseded`
+/// claim is the check's outcome; a `Superseded` naming no hash is malformed.
+pub(crate) fn parse_reply<'a>(reply: &'a [u8], target: &Target) -> Result<Reply<'a>, Outcome> {
     let malformed = Outcome::Fail(SpotFailure::EvidenceMalformed);
     if reply.first() == Some(&crate::wire::rpc::ERROR) {
         return Err(Outcome::Inconclusive(SpotInconclusive::Refused));
@@ -357,8 +456,9 @@ pub(crate) fn parse_reply<'a>(reply: &'a [u8], target: &Target) -> Result<Eviden
             return Err(Outcome::Fail(SpotFailure::ClaimedSampleNotHeld))
         }
         SpotCheckReply::NotHeld => return Err(Outcome::Inconclusive(SpotInconclusive::NotHeld)),
-        SpotCheckReply::Superseded => {
-            return Err(Outcome::Inconclusive(SpotInconclusive::Superseded))
+        SpotCheckReply::Superseded { epoch, hash } => {
+            let hash = parse_hash(&hash).ok_or(malformed)?;
+            return Ok(Reply::Superseded(Claim { epoch, hash }));
         }
     };
     if stage != target.stage {
@@ -374,12 +474,12 @@ pub(crate) fn parse_reply<'a>(reply: &'a [u8], target: &Target) -> Result<Eviden
     }
     let (input, rest) = payload.split_at(input_len as usize);
     let (output, weights) = rest.split_at(output_len as usize);
-    Ok(Evidence {
+    Ok(Reply::Evidence(Evidence {
         stage,
         input,
         output,
         weights,
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -405,6 +505,7 @@ mod tests {
             gradient: false,
             unchanged_weights: false,
             served: 100,
+            claim: None,
         };
         let lazy = lazy_threshold(1);
         assert_eq!(judge(&honest, lazy, false), Outcome::Pass);
@@ -522,12 +623,12 @@ mod tests {
         let good = reply(1, [3, 2, 1], &payload);
         assert_eq!(
             parse_reply(&good, &target).unwrap(),
-            Evidence {
+            Reply::Evidence(Evidence {
                 stage: 1,
                 input: &payload[..3],
                 output: &payload[3..5],
                 weights: &payload[5..],
-            }
+            })
         );
         let malformed = Err(Outcome::Fail(SpotFailure::EvidenceMalformed));
         for bad in [
@@ -560,6 +661,86 @@ mod tests {
             ),
             Err(Outcome::Inconclusive(SpotInconclusive::Refused))
         );
+    }
+
+    #[test]
+    fn a_superseded_reply_must_name_a_merge_hash() {
+        let target = Target {
+            epoch: 2,
+            peer: "p".into(),
+            stage: 1,
+            tail: true,
+            sample: 9,
+            claimed_loss: 2.0,
+            served: 40,
+        };
+        let superseded = |epoch: Option<u64>, hash: &str| {
+            let header = SpotCheckReply::Superseded {
+                epoch,
+                hash: hash.into(),
+            };
+            messages::encode(Service::SpotCheck, &header, &[]).unwrap()
+        };
+        let hash = "0f".repeat(32);
+        assert_eq!(
+            parse_reply(&superseded(Some(1), &hash), &target),
+            Ok(Reply::Superseded(Claim {
+                epoch: Some(1),
+                hash: [15; 32]
+            }))
+        );
+        assert_eq!(
+            parse_reply(&superseded(None, &hash.to_uppercase()), &target),
+            Ok(Reply::Superseded(Claim {
+                epoch: None,
+                hash: [15; 32]
+            }))
+        );
+        // Naming nothing checkable is malformed, as is the bare answer older nodes sent.
+        let malformed = Err(Outcome::Fail(SpotFailure::EvidenceMalformed));
+        for bad in [
+            "",
+            "0f",
+            &"0g".repeat(32),
+            &"0f".repeat(33),
+            &"é".repeat(32),
+        ] {
+            assert_eq!(parse_reply(&superseded(Some(1), bad), &target), malformed);
+        }
+        let bare = [
+            &[crate::wire::rpc::SPOT_CHECK, 0, 0, 0, 12][..],
+            b"\"Superseded\"",
+        ]
+        .concat();
+        assert_eq!(parse_reply(&bare, &target), malformed);
+    }
+
+    #[test]
+    fn a_miner_that_dodged_is_checked_again_after_one_other() {
+        let records: Vec<LossRecord> = (0..40)
+            .map(|i| record(i, &[["h0", "h1"][i as usize % 2], "m", "t"], 3.0))
+            .collect();
+        let mut schedule = Schedule::new([9; 32]);
+        let first = schedule.pick(5, &records).unwrap().peer;
+        schedule.recheck(&first);
+        let other = schedule.pick(5, &records).unwrap().peer;
+        assert_ne!(other, first);
+        assert_eq!(schedule.pick(5, &records).unwrap().peer, first);
+        // A miner that keeps dodging is checked every other time, and the rounds go on.
+        let mut schedule = Schedule::new([9; 32]);
+        let mut others = BTreeSet::new();
+        for _ in 0..4 {
+            schedule.recheck("t");
+            others.insert(schedule.pick(5, &records).unwrap().peer);
+            assert_eq!(schedule.pick(5, &records).unwrap().peer, "t");
+        }
+        assert!(others.len() >= 3, "{others:?}");
+        // A miner with no record in the epoch is not checked again.
+        schedule.recheck("gone");
+        let picks: Vec<String> = (0..3)
+            .map(|_| schedule.pick(5, &records).unwrap().peer)
+            .collect();
+        assert!(!picks.contains(&"gone".to_string()), "{picks:?}");
     }
 
     #[test]
@@ -625,6 +806,8 @@ mod tests {
             (SpotFailure::LossNotReproduced, "loss_not_reproduced"),
             (SpotFailure::EvidenceMalformed, "evidence_malformed"),
             (SpotFailure::ClaimedSampleNotHeld, "claimed_sample_not_held"),
+            (SpotFailure::SupersededFalse, "superseded_false"),
+            (SpotFailure::DodgedChecks, "dodged_checks"),
         ];
         for (failure, label) in failures {
             assert_eq!(failure.to_string(), label);
@@ -637,6 +820,10 @@ mod tests {
             (SpotInconclusive::Refused, "refused"),
             (SpotInconclusive::NotHeld, "not_held"),
             (SpotInconclusive::Superseded, "superseded"),
+            (
+                SpotInconclusive::SupersededUnverified,
+                "superseded_unverified",
+            ),
             (SpotInconclusive::BadPeer, "bad_peer"),
             (SpotInconclusive::RequestNotEncoded, "request_not_encoded"),
             (SpotInconclusive::NoAnswer, "no_answer"),

@@ -15,9 +15,10 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use super::api::{EpochWeights, ValidatorHandle, ValidatorMsg, ValidatorParts};
+use super::dodges::Claims;
 use super::merges::MergeBook;
 use super::scoring::{Proof, Scoring};
-use super::spot::{Checker, Outcome, Schedule, Target};
+use super::spot::{Checker, Claim, Outcome, Schedule, Target};
 use super::timers::Deadlines;
 use crate::services::consensus::api::ConsensusHandle;
 use crate::services::inbox::{ServiceGone, INBOX};
@@ -55,6 +56,8 @@ pub(crate) fn spawn(parts: ValidatorParts) -> anyhow::Result<(ValidatorHandle, J
             schedule: Schedule::new(parts.secret),
             checker,
             running: JoinSet::new(),
+            claims: Claims::default(),
+            claims_wake: None,
         },
         running: None,
         timers: Deadlines::default(),
@@ -70,6 +73,8 @@ enum Timer {
     SpotTick,
     /// Score this epoch now: its last loss records have had time to arrive.
     Score(Box<EpochPlan>),
+    /// A `Superseded` claim's grace period ends.
+    Claims,
 }
 
 /// A finished spot check.
@@ -78,14 +83,21 @@ struct SpotCheckDone {
     target: Target,
     /// How it ended.
     outcome: Outcome,
+    /// The miner's `Superseded` claim, when it answered so: the outcome waits for it to be
+    /// checked against the merges heard.
+    claim: Option<Claim>,
 }
 
-/// The spot checks: when and whom, what computes them, the one in flight.
+/// The spot checks: when and whom, what computes them, the one in flight, and the
+/// `Superseded` claims waiting for the merge they name to be announced.
 struct SpotChecks {
     schedule: Schedule,
     checker: Arc<Checker>,
     /// The check in flight (one at a time).
     running: JoinSet<SpotCheckDone>,
+    claims: Claims,
+    /// When the task wakes up next for the claims (one timer at a time).
+    claims_wake: Option<Instant>,
 }
 
 /// Where an epoch's weights go: `/status`, `weights/<epoch>.json`, the pipeline topic and
@@ -169,7 +181,10 @@ impl Validator {
                 self.running = self.running.max(Some(epoch));
                 self.scoring.losses(epoch, records);
             }
-            ValidatorMsg::Merged { epoch, stage, hash } => self.merges.merged(epoch, stage, hash),
+            ValidatorMsg::Merged { epoch, stage, hash } => {
+                self.merges.merged(epoch, stage, hash);
+                self.judge_claims(Instant::now());
+            }
             ValidatorMsg::Confirmation { request, reply } => {
                 let _ = reply.send(self.merges.answer(&request, self.running));
             }
@@ -239,6 +254,10 @@ impl Validator {
                         return ControlFlow::Break(());
                     }
                 }
+                Timer::Claims => {
+                    self.spot.claims_wake = None;
+                    self.judge_claims(now);
+                }
             }
         }
         ControlFlow::Continue(())
@@ -274,18 +293,66 @@ impl Validator {
                 served = measured.served,
                 "spot check"
             );
-            SpotCheckDone { target, outcome }
+            SpotCheckDone {
+                target,
+                outcome,
+                claim: measured.claim,
+            }
         });
     }
 
-    /// Records a finished spot check.
+    /// A spot check finished: its outcome is recorded, or its `Superseded` claim waits to
+    /// be checked.
     fn checked(&mut self, done: SpotCheckDone) {
-        let SpotCheckDone { target, outcome } = done;
-        if let Outcome::Fail(why) = outcome {
-            tracing::warn!(epoch = target.epoch, peer = %target.peer, stage = target.stage, sample = target.sample, reason = why.label(), "a spot check caught a miner");
+        let SpotCheckDone {
+            target,
+            outcome,
+            claim,
+        } = done;
+        match claim {
+            Some(claim) => {
+                let now = Instant::now();
+                self.spot.claims.add(now, target, claim);
+                self.judge_claims(now);
+            }
+            None => self.record(target, outcome),
         }
-        self.scoring
+    }
+
+    /// Judges the `Superseded` claims that can be judged now, and wakes up for the next.
+    fn judge_claims(&mut self, now: Instant) {
+        let merges = &self.merges;
+        let judged = self
+            .spot
+            .claims
+            .resolve(now, |epoch, stage| merges.heard(epoch, stage));
+        for (target, outcome) in judged {
+            tracing::info!(epoch = target.epoch, peer = %target.peer, stage = target.stage, sample = target.sample, ?outcome, "superseded claim checked");
+            self.record(target, outcome);
+        }
+        if let Some(at) = self.spot.claims.next_deadline() {
+            if self.spot.claims_wake.is_none_or(|wake| wake > at) {
+                self.timers.push(at, Timer::Claims);
+                self.spot.claims_wake = Some(at);
+            }
+        }
+    }
+
+    /// Records a spot check's outcome; a miner that dodged it (and is not caught by it) is
+    /// checked again soon.
+    fn record(&mut self, target: Target, outcome: Outcome) {
+        let caught = self
+            .scoring
             .spot_checked(target.epoch, &target.peer, outcome);
+        match caught {
+            Some(why) => {
+                tracing::warn!(epoch = target.epoch, peer = %target.peer, stage = target.stage, sample = target.sample, reason = why.label(), "a spot check caught a miner");
+            }
+            None if matches!(outcome, Outcome::Inconclusive(why) if why.against_miner()) => {
+                self.spot.schedule.recheck(&target.peer);
+            }
+            None => {}
+        }
     }
 
     /// Scores `plan`'s epoch and publishes the weights.

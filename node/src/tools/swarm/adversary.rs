@@ -347,6 +347,7 @@ mod tests {
             }
         );
         assert_eq!(parse("lie-loss:2").unwrap().count, 2);
+        assert_eq!(parse("dodge").unwrap().fault, Fault::Dodge);
         for bad in ["nois", "noise:0", "noise:x", "forge-plans", "compute-dies"] {
             let error = parse(bad).unwrap_err();
             assert!(error.contains("--adversary"), "{error}");

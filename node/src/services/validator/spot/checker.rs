@@ -14,7 +14,7 @@ use training::worker::{EvalOutput, StageInput};
 use training::{Corpus, StageHandle};
 
 use super::{
-    compare, judge, lazy_threshold, parse_reply, Evidence, Measured, Outcome, SpotFailure,
+    compare, judge, lazy_threshold, parse_reply, Evidence, Measured, Outcome, Reply, SpotFailure,
     SpotInconclusive, Target,
 };
 use crate::rules::{Expect, FrameRules};
@@ -99,7 +99,13 @@ impl Checker {
         measured: &mut Measured,
     ) -> Result<(), Outcome> {
         let reply = self.ask(target).await?;
-        let evidence = parse_reply(&reply, target)?;
+        let evidence = match parse_reply(&reply, target)? {
+            Reply::Evidence(evidence) => evidence,
+            Reply::Superseded(claim) => {
+                measured.claim = Some(claim);
+                return Err(Outcome::Inconclusive(SpotInconclusive::Superseded));
+            }
+        };
         self.check_frames(target, &evidence)?;
         let mut stages = self.stages.lock().await;
         let scratch = self.scratch_for(&mut stages, evidence.stage).await?;
