@@ -3,4 +3,5 @@
 
 pub(crate) mod api;
 pub(crate) mod http;
+pub(crate) mod serve;
 pub(crate) mod status;
