@@ -1,11 +1,9 @@
 //! The node's libp2p behaviour: which protocols run on every connection. Built in
 //! `swarm.rs`; its events are handled in `event_loop.rs`.
 
-use libp2p::{
-    connection_limits, gossipsub, identify, kad, ping, request_response, swarm::NetworkBehaviour,
-};
+use libp2p::{connection_limits, gossipsub, identify, kad, ping, swarm::NetworkBehaviour};
 
-use crate::codec::Codec;
+use crate::rr;
 
 /// All protocols of a node.
 #[derive(NetworkBehaviour)]
@@ -21,6 +19,6 @@ pub(crate) struct Behaviour {
     pub(crate) ping: ping::Behaviour,
     /// Signed publish-subscribe for small messages (at most 64 KiB).
     pub(crate) gossipsub: gossipsub::Behaviour,
-    /// Large payloads (tensors) on `/iota/rr/1.0.0`.
-    pub(crate) rr: request_response::Behaviour<Codec>,
+    /// Large payloads (tensors) on `/iota/rr/1.0.0`, request bodies within a byte budget.
+    pub(crate) rr: rr::Behaviour,
 }

@@ -169,6 +169,10 @@ pub(crate) enum Command {
         addr: Multiaddr,
         reply: oneshot::Sender<Result<(), ClientError>>,
     },
+    SetMembers {
+        peers: Vec<PeerId>,
+        reply: oneshot::Sender<()>,
+    },
     Shutdown,
 }
 
@@ -305,6 +309,16 @@ impl Client {
         self.call(|reply| Command::Dial { addr, reply })
             .await
             .ok_or(ClientError::EventLoopStopped)?
+    }
+
+    /// Names the peers of the run (the application decides who they are): their inbound
+    /// requests may use the whole request byte budget, while every other peer's together may
+    /// hold at most half of it, so strangers cannot starve the run's own requests. Replaces
+    /// the previous set; requests already being read keep what they reserved.
+    pub async fn set_members(&self, peers: Vec<PeerId>) -> Result<(), ClientError> {
+        self.call(|reply| Command::SetMembers { peers, reply })
+            .await
+            .ok_or(ClientError::EventLoopStopped)
     }
 
     /// Stops the event loop (it also stops when every `Client` is dropped). Returns once the

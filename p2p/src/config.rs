@@ -39,6 +39,18 @@ pub struct Config {
     /// Most inbound connections still in their handshake (default
     /// [`DEFAULT_MAX_PENDING_INCOMING`]). Must be positive.
     pub max_pending_incoming: u32,
+    /// Most request-response streams open at once on one connection, inbound and outbound
+    /// together; an inbound stream beyond it is dropped before anything is read (default
+    /// [`DEFAULT_MAX_STREAMS_PER_CONNECTION`]). Must be positive.
+    pub max_streams_per_connection: usize,
+    /// Most bytes of inbound request bodies one peer may hold at once, reserved from each
+    /// frame's length prefix before its body is read and given back when the request has been
+    /// answered or has failed (default [`DEFAULT_MAX_REQUEST_BYTES_PER_PEER`]). At least
+    /// `max_frame_bytes`.
+    pub max_request_bytes_per_peer: u64,
+    /// The same for all peers together (default [`DEFAULT_MAX_REQUEST_BYTES_TOTAL`]). At least
+    /// `max_request_bytes_per_peer`.
+    pub max_request_bytes_total: u64,
 }
 
 /// Default [`Config::max_frame_bytes`].
@@ -61,6 +73,19 @@ pub const DEFAULT_MAX_CONNECTIONS_TOTAL: u32 = 512;
 /// retried with backoff).
 pub const DEFAULT_MAX_PENDING_INCOMING: u32 = 64;
 
+/// Default [`Config::max_streams_per_connection`]: 64, down from libp2p's 100. A peer may have
+/// 48 requests of its own in progress at the node's router; the rest is room for the node's
+/// own requests on the same connection (16 forwards in flight, merges, spot checks).
+pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: usize = 64;
+
+/// Default [`Config::max_request_bytes_per_peer`]: two maximum frames (128 MiB), so one peer
+/// may send a full frame while another of its requests is still being answered, and no more.
+pub const DEFAULT_MAX_REQUEST_BYTES_PER_PEER: u64 = 2 * DEFAULT_MAX_FRAME_BYTES as u64;
+
+/// Default [`Config::max_request_bytes_total`]: eight maximum frames (512 MiB) for all peers
+/// together, what inbound request bodies may hold of the node's memory at once.
+pub const DEFAULT_MAX_REQUEST_BYTES_TOTAL: u64 = 8 * DEFAULT_MAX_FRAME_BYTES as u64;
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -78,6 +103,9 @@ impl Default for Config {
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             max_connections_total: DEFAULT_MAX_CONNECTIONS_TOTAL,
             max_pending_incoming: DEFAULT_MAX_PENDING_INCOMING,
+            max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
+            max_request_bytes_per_peer: DEFAULT_MAX_REQUEST_BYTES_PER_PEER,
+            max_request_bytes_total: DEFAULT_MAX_REQUEST_BYTES_TOTAL,
         }
     }
 }

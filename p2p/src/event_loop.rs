@@ -38,6 +38,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::{
     behaviour::Behaviour,
+    budget::Reservation,
     client::{Command, Event, GossipId, RequestId, Verdict},
     discovery::{BootstrapSchedule, DiscoverySchedule},
     envelope::Envelope,
@@ -69,9 +70,17 @@ pub fn spawn(
     if config.max_connections_per_peer == 0
         || config.max_connections_total == 0
         || config.max_pending_incoming == 0
+        || config.max_streams_per_connection == 0
     {
         return Err(SpawnError::InvalidConfig(
-            "connection limits must be positive",
+            "connection and stream limits must be positive",
+        ));
+    }
+    if config.max_request_bytes_per_peer < config.max_frame_bytes as u64
+        || config.max_request_bytes_total < config.max_request_bytes_per_peer
+    {
+        return Err(SpawnError::InvalidConfig(
+            "request byte budgets must hold a maximum frame, and the total a peer's budget",
         ));
     }
     let local = keypair.public().to_peer_id();
@@ -164,8 +173,9 @@ pub(crate) struct EventLoop {
     metrics: Metrics,
     /// Our requests awaiting a response.
     outbound: HashMap<OutboundRequestId, ResponseReply>,
-    /// Peers' requests awaiting `Client::respond`.
-    inbound: HashMap<InboundRequestId, ResponseChannel<Vec<u8>>>,
+    /// Peers' requests awaiting `Client::respond`, each with the budget its body holds until
+    /// it is answered or has failed.
+    inbound: HashMap<InboundRequestId, (ResponseChannel<Vec<u8>>, Option<Reservation>)>,
     bootstrap: BootstrapSchedule,
     /// Our dials to bootstrap peers in flight; failures of other dials (kad's) to the same
     /// peers do not count against the backoff.
@@ -336,6 +346,10 @@ impl EventLoop {
             Command::Respond { id, data, reply } => {
                 let _ = reply.send(self.respond(id, data));
             }
+            Command::SetMembers { peers, reply } => {
+                self.swarm.behaviour_mut().rr.set_members(peers);
+                let _ = reply.send(());
+            }
             Command::Dial { addr, reply } => {
                 let _ = reply.send(self.swarm.dial(addr).map_err(ClientError::Dial));
             }
@@ -402,13 +416,13 @@ impl EventLoop {
     }
 
     fn respond(&mut self, id: RequestId, data: Vec<u8>) -> Result<(), ClientError> {
-        let channel = self
+        let (channel, reservation) = self
             .inbound
             .remove(&id.0)
             .ok_or(ClientError::UnknownRequest)?;
         if data.len() > self.max_frame_bytes {
             // Keep the request answerable with something smaller.
-            self.inbound.insert(id.0, channel);
+            self.inbound.insert(id.0, (channel, reservation));
             return Err(ClientError::TooLarge {
                 len: data.len(),
                 max: self.max_frame_bytes,

@@ -3,7 +3,9 @@
 //! One [`spawn`] call starts a node: a TCP + Noise + Yamux swarm running connection limits,
 //! Kademlia (`/iota/kad/1.0.0`, server mode), identify, ping, gossipsub (strict signing, every
 //! payload also in our own signed [`Envelope`], peer scoring on) and one request-response
-//! protocol (`/iota/rr/1.0.0`, length-prefixed frames with a size limit). The application
+//! protocol (`/iota/rr/1.0.0`, length-prefixed frames with a size limit, request bodies
+//! reserved against a per-peer and a total byte budget before they are read, a bounded number
+//! of streams per connection). The application
 //! talks to the node through a cloneable [`Client`] and receives [`Event`]s on a bounded
 //! channel; one event loop task owns the swarm. A gossip message is relayed only once the
 //! application reports [`Verdict::Accept`] for it; [`Verdict::Reject`] lowers the sender's
@@ -19,6 +21,7 @@
 
 mod behaviour;
 mod binding;
+mod budget;
 mod client;
 mod codec;
 mod config;
@@ -28,6 +31,7 @@ mod error;
 mod event_loop;
 mod liveness;
 mod metrics;
+mod rr;
 mod scoring;
 mod swarm;
 
@@ -36,10 +40,11 @@ pub use binding::{
     VerifiedBinding, MAX_BINDING_BYTES,
 };
 pub use client::{Client, Event, GossipId, RequestId, Verdict};
-pub use codec::{Codec, PROTOCOL as RR_PROTOCOL};
+pub use codec::PROTOCOL as RR_PROTOCOL;
 pub use config::{
     Config, DEFAULT_MAX_CONNECTIONS_PER_PEER, DEFAULT_MAX_CONNECTIONS_TOTAL,
-    DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_PENDING_INCOMING,
+    DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_PENDING_INCOMING, DEFAULT_MAX_REQUEST_BYTES_PER_PEER,
+    DEFAULT_MAX_REQUEST_BYTES_TOTAL, DEFAULT_MAX_STREAMS_PER_CONNECTION,
 };
 pub use discovery::{DISCOVERY_MAX, RETRY_INITIAL, RETRY_MAX};
 pub use envelope::{
@@ -53,4 +58,4 @@ pub use liveness::{
     Heartbeat, HeartbeatError, LiveView, Observation, Role, DEFAULT_EXPIRY as DEFAULT_LIVE_EXPIRY,
     MAX_HEARTBEAT_BYTES,
 };
-pub use metrics::{Direction, DroppedEvent, Metrics, RejectReason};
+pub use metrics::{Direction, DroppedEvent, Metrics, RejectReason, RequestRefusal};

@@ -57,6 +57,34 @@ impl DroppedEvent {
     }
 }
 
+/// Why an inbound request's frame was refused after its length prefix, before its body was
+/// read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RequestRefusal {
+    /// The requesting peer already holds its whole request byte budget.
+    PeerBudget,
+    /// All peers together already hold the node's whole request byte budget.
+    TotalBudget,
+    /// The peer is not one of the run's members (see [`crate::Client::set_members`]), and
+    /// such peers together already hold their share, half the node's budget.
+    StrangersBudget,
+    /// The stream's connection was never bound to a peer (cannot happen with this crate's
+    /// behaviour; refused rather than let through unaccounted).
+    Unbound,
+}
+
+impl RequestRefusal {
+    /// The `reason` label value used in `iota_rr_requests_refused_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestRefusal::PeerBudget => "peer_budget",
+            RequestRefusal::TotalBudget => "total_budget",
+            RequestRefusal::StrangersBudget => "strangers_budget",
+            RequestRefusal::Unbound => "unbound",
+        }
+    }
+}
+
 /// Which side opened a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Direction {
@@ -124,6 +152,13 @@ pub struct Metrics {
     /// `iota_rr_bytes_received_total`: request-response frame bytes (prefix included) read,
     /// counted when a frame has been fully read and accepted.
     rr_bytes_received: Counter,
+    /// `iota_rr_requests_refused_total{reason}`: inbound request frames refused after their
+    /// length prefix and before their body was read (the stream is reset), by
+    /// [`RequestRefusal`].
+    rr_requests_refused: Family<ReasonLabels, Counter>,
+    /// `iota_rr_request_bytes_reserved`: bytes of inbound request bodies reserved now, from
+    /// their length prefixes, by requests being read or awaiting their answer.
+    rr_request_bytes_reserved: Gauge,
     /// `iota_p2p_events_dropped_total{kind}`: events not delivered because the event channel
     /// and its overflow queue were full.
     events_dropped: Family<KindLabels, Counter>,
@@ -176,6 +211,16 @@ impl Metrics {
             "iota_rr_bytes_received",
             "Request-response frame bytes read",
             m.rr_bytes_received.clone(),
+        );
+        registry.register(
+            "iota_rr_requests_refused",
+            "Inbound request frames refused before their body was read, by reason",
+            m.rr_requests_refused.clone(),
+        );
+        registry.register(
+            "iota_rr_request_bytes_reserved",
+            "Bytes of inbound request bodies reserved now from their length prefixes",
+            m.rr_request_bytes_reserved.clone(),
         );
         registry.register(
             "iota_p2p_events_dropped",
@@ -245,6 +290,20 @@ impl Metrics {
         (self.rr_bytes_sent.get(), self.rr_bytes_received.get())
     }
 
+    /// Current value of `iota_rr_requests_refused_total{reason}`.
+    pub fn rr_requests_refused(&self, reason: RequestRefusal) -> u64 {
+        self.rr_requests_refused
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .get()
+    }
+
+    /// Current value of `iota_rr_request_bytes_reserved`.
+    pub fn rr_request_bytes_reserved(&self) -> u64 {
+        u64::try_from(self.rr_request_bytes_reserved.get()).unwrap_or(0)
+    }
+
     /// Current value of `iota_p2p_events_dropped_total{kind}`.
     pub fn events_dropped(&self, kind: DroppedEvent) -> u64 {
         self.events_dropped
@@ -296,6 +355,19 @@ impl Metrics {
 
     pub(crate) fn rr_received(&self, bytes: u64) {
         self.rr_bytes_received.inc_by(bytes);
+    }
+
+    pub(crate) fn rr_request_refused(&self, reason: RequestRefusal) {
+        self.rr_requests_refused
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn set_rr_request_bytes_reserved(&self, bytes: u64) {
+        self.rr_request_bytes_reserved
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn set_connected_peers(&self, n: usize) {

@@ -12,7 +12,9 @@ use libp2p::{
     kad, noise, ping, request_response, tcp, yamux, StreamProtocol, Swarm, SwarmBuilder,
 };
 
-use crate::{behaviour::Behaviour, codec, scoring, Config, Metrics, SpawnError};
+use crate::{
+    behaviour::Behaviour, budget::ByteBudget, codec, rr, scoring, Config, Metrics, SpawnError,
+};
 
 /// Kademlia protocol name; nodes of other networks do not join our routing tables.
 pub(crate) const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/iota/kad/1.0.0");
@@ -89,10 +91,28 @@ fn behaviour(key: &Keypair, config: &Config, metrics: &Metrics) -> Result<Behavi
             .with_max_pending_incoming(Some(config.max_pending_incoming)),
     );
 
-    let rr = request_response::Behaviour::with_codec(
-        codec::Codec::new(config.max_frame_bytes, metrics.clone()),
-        [(codec::PROTOCOL, request_response::ProtocolSupport::Full)],
-        request_response::Config::default().with_request_timeout(config.request_timeout),
+    let budget = ByteBudget::new(
+        config.max_request_bytes_per_peer,
+        config.max_request_bytes_total,
+        metrics.clone(),
+    );
+    let binder = codec::Binder::default();
+    let codec = codec::Codec::new(
+        config.max_frame_bytes,
+        budget.clone(),
+        binder.clone(),
+        metrics.clone(),
+    );
+    let rr = rr::Behaviour::new(
+        request_response::Behaviour::with_codec(
+            codec,
+            [(codec::PROTOCOL, request_response::ProtocolSupport::Full)],
+            request_response::Config::default()
+                .with_request_timeout(config.request_timeout)
+                .with_max_concurrent_streams(config.max_streams_per_connection),
+        ),
+        binder,
+        budget,
     );
 
     Ok(Behaviour {

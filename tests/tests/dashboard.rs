@@ -3,6 +3,10 @@
 //! show every miner of the plan under its stage, each miner's own sample count (read from the
 //! `/status` the miner announces in its heartbeats) and the held-out loss curve gaining a point
 //! as an epoch passes. The screenshot stays in the test's scratch directory.
+//!
+//! A second test (`tests/dashboard/trickle.mjs`, no swarm) serves the node's dashboard assets
+//! next to a stand-in `/status` naming one miner whose announced server trickles its body for
+//! ever: the page must keep following `/status`, and list an unverified peer without a link.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::path::Path;
@@ -19,14 +23,42 @@ fn dashboard_url(stdout: &Path) -> Option<String> {
         .map(|u| u.trim().to_string())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_dashboard_shows_the_stage_map_and_a_growing_loss_curve_in_chromium() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboard");
+/// Chromium and playwright-core are there, or the test says how to get them.
+fn browser_ready(root: &Path) {
     assert!(
         root.join("node_modules/playwright-core").is_dir()
             && Path::new("/usr/bin/chromium").exists(),
         "the dashboard test needs Chromium and playwright-core: run ./scripts/setup-browser.sh"
     );
+}
+
+#[test]
+fn the_page_keeps_following_when_a_peers_server_trickles_its_body() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboard");
+    browser_ready(&root);
+    let assets =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../node/src/services/observe/dashboard");
+    let screenshot = scratch_dir("dashboard-trickle").join("dashboard.png");
+    let check = Command::new("node")
+        .arg(root.join("trickle.mjs"))
+        .arg(&assets)
+        .arg(&screenshot)
+        .current_dir(&root)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    println!("{said}");
+    assert!(check.status.success(), "the page in Chromium: {said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_the_stage_map_and_a_growing_loss_curve_in_chromium() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboard");
+    browser_ready(&root);
     let dir = scratch_dir("dashboard");
     let stdout_path = dir.join("local-swarm.out");
     let mut swarm = Command::new(binary())

@@ -1,7 +1,9 @@
 //! The heartbeat: a task of its own that, every `--heartbeat-secs`, renews this node's hotkey
 //! binding when half its life is gone, publishes a [`Heartbeat`] (with
 //! the binding, the run hash, the node's epoch and stage, and its dashboard URL), refreshes
-//! the live peers in `/status`, and, while nobody is elected, says now and then why.
+//! the live peers in `/status` (each as the run knows it, with only the run's dashboards
+//! offered), tells the p2p layer who the run's members are (whose requests may use the whole
+//! request byte budget), and, while nobody is elected, says now and then why.
 //!
 //! It reads what consensus agreed from consensus's view and tells consensus only of a
 //! renewed binding; it ends (with [`ServiceGone`]) only when consensus has stopped.
@@ -20,7 +22,7 @@ use crate::metrics::ChainMetrics;
 use crate::schedule::unix_ms;
 use crate::services::consensus::api::{ConsensusHandle, ConsensusView};
 use crate::services::inbox::ServiceGone;
-use crate::services::observe::api::NodeView;
+use crate::services::observe::api::{run_peers, NodeView};
 use crate::wire::topics::Topics;
 
 /// How long a node waits for an orchestrator before it says why there is none, and how often
@@ -63,6 +65,7 @@ impl Heartbeats {
         let started = Instant::now();
         let mut last_hint: Option<Instant> = None;
         let mut counter = 0u64;
+        let mut members = BTreeSet::new();
         loop {
             interval.tick().await;
             counter += 1;
@@ -88,11 +91,38 @@ impl Heartbeats {
                 let why = no_orchestrator_reason(self.settings.metagraph.as_ref(), &live);
                 tracing::warn!("{why}");
             }
+            let run = run_peers(&agreed.live, &agreed.validators, agreed.current.as_ref());
             self.view.send_modify(|v| {
                 v.heartbeats_sent = counter;
                 v.live_peers = agreed.live.peers.clone();
-                v.peer_dashboards = agreed.live.dashboards.clone();
+                v.peers = run.peers;
+                v.peer_dashboards = run.dashboards;
             });
+            members = self.tell_members(&agreed, members).await;
+        }
+    }
+
+    /// Tells the p2p layer the run's members when they changed since `told`; returns what it
+    /// now knows.
+    async fn tell_members(
+        &self,
+        agreed: &ConsensusView,
+        told: BTreeSet<PeerIdStr>,
+    ) -> BTreeSet<PeerIdStr> {
+        let members = run_members(agreed);
+        if members == told {
+            return told;
+        }
+        let peers = members
+            .iter()
+            .filter_map(crate::wire::peer::to_libp2p)
+            .collect();
+        match self.client.set_members(peers).await {
+            Ok(()) => members,
+            Err(error) => {
+                tracing::debug!(%error, "run members not told to the network");
+                told
+            }
         }
     }
 
@@ -153,6 +183,18 @@ impl Heartbeats {
             .await;
         }
     }
+}
+
+/// The run's members (pure): the validators with a permit and the miners of every kept plan
+/// (a member of the epoch that just closed may still fetch merges and answer spot checks).
+fn run_members(agreed: &ConsensusView) -> BTreeSet<PeerIdStr> {
+    agreed
+        .book
+        .members()
+        .into_values()
+        .flatten()
+        .chain(agreed.validators.iter().cloned())
+        .collect()
 }
 
 /// Why no orchestrator is elected, for a node that waits on one (pure): `live` are the peers
@@ -216,6 +258,23 @@ async fn forge_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_run_members_are_the_permitted_validators_and_every_kept_plans_miners() {
+        use crate::services::consensus::api::fixture;
+        let (book, miners) = fixture::book(&[0, 1]);
+        let validator = fixture::peer(1);
+        let agreed = ConsensusView {
+            validators: BTreeSet::from([validator.clone()]),
+            current: book.current().cloned(),
+            book: std::sync::Arc::new(book),
+            ..ConsensusView::default()
+        };
+        let members = run_members(&agreed);
+        let expected: BTreeSet<PeerIdStr> = miners.into_iter().chain([validator]).collect();
+        assert_eq!(members, expected);
+        assert!(!members.contains(&fixture::peer(99)));
+    }
 
     #[test]
     fn a_waiting_node_says_why_nobody_is_elected() {

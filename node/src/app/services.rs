@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 
 use super::heartbeat::{self, Heartbeats};
 use super::identity::NodeIdentity;
+use super::open_files::{self, Budgets};
 use super::settings::NodeSettings;
 use crate::metrics::{ChainMetrics, NodeMetrics, PipelineMetrics};
 use crate::router::{Router, RouterParts};
@@ -29,7 +30,7 @@ use crate::services::consensus::api::{ConsensusHandle, ConsensusParts, Orchestra
 use crate::services::inbox::ServiceGone;
 use crate::services::merge::api::MergeHandle;
 use crate::services::miner::api::{Miner, MinerConfig, MinerHandle};
-use crate::services::observe::api::{NodeView, StatusSource};
+use crate::services::observe::api::{HttpLimits, NodeView, StatusSource};
 use crate::services::validator::api::{ValidatorHandle, ValidatorParts};
 use crate::wire::topics::Topics;
 
@@ -123,7 +124,10 @@ pub(crate) async fn start(settings: NodeSettings, identity: NodeIdentity) -> any
     }
     let topics = Topics::of(&settings.run.run_name);
     let mut metrics = Metrics::new(settings.chain.is_some());
-    let (client, events, event_loop) = start_network(&settings, &identity, &topics, &metrics)?;
+    let budgets = open_files::raise_and_derive();
+    let network = network_config(&settings, &topics, &budgets);
+    log_budgets(&budgets, &network);
+    let (client, events, event_loop) = start_network(network, &identity, &metrics)?;
     let mut tasks = Tasks::default();
     let own_binding = binding.as_ref().map(|(b, _)| b);
     let consensus = start_consensus(
@@ -151,7 +155,12 @@ pub(crate) async fn start(settings: NodeSettings, identity: NodeIdentity) -> any
         &mut tasks,
     );
     let (view, status) = node_view(&settings, &client, miner.as_ref(), validator.as_ref());
-    let (http, dashboard) = start_http(settings.metrics, metrics.registry, status).await?;
+    let http_limits = HttpLimits {
+        max_connections: budgets.http_connections,
+        ..HttpLimits::default()
+    };
+    let (http, dashboard) =
+        start_http(settings.metrics, metrics.registry, status, http_limits).await?;
     let router = Router::new(RouterParts {
         me: identity.peer_id,
         client: client.clone(),
@@ -197,19 +206,39 @@ pub(crate) async fn start(settings: NodeSettings, identity: NodeIdentity) -> any
     })
 }
 
-/// The network: listening, dialling the bootstrap peers, the run's topics subscribed.
-fn start_network(
-    settings: &NodeSettings,
-    identity: &NodeIdentity,
-    topics: &Topics,
-    metrics: &Metrics,
-) -> anyhow::Result<(p2p::Client, mpsc::Receiver<Event>, JoinHandle<()>)> {
-    let config = p2p::Config {
+/// The network's configuration: the node's addresses and topics, and connection limits that
+/// fit its open-file limit.
+fn network_config(settings: &NodeSettings, topics: &Topics, budgets: &Budgets) -> p2p::Config {
+    p2p::Config {
         listen: settings.network.listen.clone(),
         bootstrap: settings.network.bootstrap.clone(),
         topics: topics.all(),
+        max_connections_total: budgets.p2p_connections,
+        max_pending_incoming: budgets.pending_incoming,
         ..p2p::Config::default()
-    };
+    }
+}
+
+/// Says what the node may hold: connections, streams, request bytes.
+fn log_budgets(budgets: &Budgets, network: &p2p::Config) {
+    tracing::info!(
+        open_files = budgets.open_files,
+        p2p_connections = network.max_connections_total,
+        pending_handshakes = network.max_pending_incoming,
+        streams_per_connection = network.max_streams_per_connection,
+        request_bytes_per_peer = network.max_request_bytes_per_peer,
+        request_bytes_total = network.max_request_bytes_total,
+        http_connections = budgets.http_connections,
+        "budgets"
+    );
+}
+
+/// The network: listening, dialling the bootstrap peers, the run's topics subscribed.
+fn start_network(
+    config: p2p::Config,
+    identity: &NodeIdentity,
+    metrics: &Metrics,
+) -> anyhow::Result<(p2p::Client, mpsc::Receiver<Event>, JoinHandle<()>)> {
     p2p::spawn(identity.keypair.clone(), config, metrics.p2p.clone())
         .context("starting the network")
 }
@@ -382,18 +411,19 @@ fn node_view(
 /// The HTTP face with `--metrics`: its stop signal and task, and the URL to announce.
 type Http = Option<(oneshot::Sender<()>, JoinHandle<()>)>;
 
-/// Serves `/metrics`, `/status` and the dashboard on `addr`, if given.
+/// Serves `/metrics`, `/status` and the dashboard on `addr`, if given, within `limits`.
 async fn start_http(
     addr: Option<std::net::SocketAddr>,
     registry: Registry,
     status: StatusSource,
+    limits: HttpLimits,
 ) -> anyhow::Result<(Http, Option<String>)> {
     let Some(addr) = addr else {
         return Ok((None, None));
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let (bound, task) =
-        crate::services::observe::api::serve(addr, Arc::new(registry), status, async {
+        crate::services::observe::api::serve(addr, Arc::new(registry), status, limits, async {
             let _ = stopped.await;
         })
         .await?;

@@ -3,4 +3,6 @@
 
 pub(crate) mod api;
 pub(crate) mod http;
+pub(crate) mod peers;
+pub(crate) mod serve;
 pub(crate) mod status;

@@ -20,6 +20,7 @@ use super::EventLoop;
 use crate::{
     behaviour::BehaviourEvent,
     client::{Event, GossipId, RequestId, Verdict},
+    codec::RequestFrame,
     envelope::Envelope,
     metrics::Direction,
     swarm::KAD_PROTOCOL,
@@ -227,7 +228,7 @@ impl EventLoop {
         }
     }
 
-    fn on_rr_event(&mut self, event: request_response::Event<Vec<u8>, Vec<u8>>) {
+    fn on_rr_event(&mut self, event: request_response::Event<RequestFrame, Vec<u8>>) {
         match event {
             request_response::Event::Message {
                 peer,
@@ -239,11 +240,12 @@ impl EventLoop {
                     },
                 ..
             } => {
-                self.inbound.insert(request_id, channel);
+                self.inbound
+                    .insert(request_id, (channel, request.reservation));
                 self.deliver(Event::Request {
                     peer,
                     id: RequestId(request_id),
-                    data: request,
+                    data: request.data,
                 });
             }
             request_response::Event::Message {

@@ -1,6 +1,8 @@
 //! Test harness: in-process nodes on 127.0.0.1 port 0 and a polling `wait_for`.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod flood;
+
 use std::{
     future::Future,
     time::{Duration, Instant},

@@ -4,7 +4,9 @@
 //! into the binary: no CDN, no build step).
 //!
 //! Read-only: nothing here changes the node. The server is meant for an operator's loopback or
-//! private network; it listens only where `--metrics` says.
+//! private network; it listens only where `--metrics` says, and serves within the bounds of
+//! [`HttpLimits`] (connections, header and answer timeouts, requests in flight; see
+//! `serve.rs`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use axum::routing::get;
 use axum::Router;
 use prometheus_client::registry::Registry;
 
+use crate::services::observe::serve::{self, HttpLimits};
 use crate::services::observe::status::StatusSource;
 
 /// What the handlers read.
@@ -26,12 +29,13 @@ struct AppState {
     status: StatusSource,
 }
 
-/// Binds `addr` and serves until `shutdown` resolves. Returns the bound address (useful when
-/// `addr` has port 0) and the server task.
+/// Binds `addr` and serves within `limits` until `shutdown` resolves. Returns the bound address
+/// (useful when `addr` has port 0) and the server task.
 pub(crate) async fn serve(
     addr: SocketAddr,
     registry: Arc<Registry>,
     status: StatusSource,
+    limits: HttpLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr)
@@ -45,14 +49,7 @@ pub(crate) async fn serve(
         .route("/metrics", get(metrics))
         .route("/status", get(status_json))
         .with_state(AppState { registry, status });
-    let task = tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::warn!(%error, "metrics server stopped");
-        }
-    });
+    let task = tokio::spawn(serve::run(listener, app, limits, shutdown));
     Ok((bound, task))
 }
 

@@ -18,8 +18,12 @@ pub(crate) struct NodeView {
     pub(crate) listen_addrs: Vec<String>,
     /// Peers whose heartbeats are fresh, sorted.
     pub(crate) live_peers: Vec<bootstrap::PeerIdStr>,
-    /// The HTTP servers (`http://<ip>:<port>`) live peers announce in their heartbeats: the
-    /// dashboard reads their `/status` too.
+    /// The same peers, each as the run knows it: a validator with a permit, a miner of the
+    /// plan in force, or unverified (whatever its heartbeat claims).
+    pub(crate) peers: Vec<crate::services::observe::peers::LivePeer>,
+    /// The HTTP servers (`http://<ip>:<port>`) that live validators with a permit and miners
+    /// of the plan in force announce in their heartbeats: the dashboard reads their `/status`
+    /// too. An unverified peer's URL is never offered.
     pub(crate) peer_dashboards: std::collections::BTreeMap<String, String>,
     /// Heartbeats this node has published.
     pub(crate) heartbeats_sent: u64,

@@ -1,23 +1,37 @@
 // The node's dashboard: follows GET /status once a second and draws what the node knows of
-// the run, and the /status of every peer that announces its HTTP server (their own counts).
-// No library, no build step: the node serves this file as it is. Everything shown is set as
-// text, never as HTML: a peer's status is not trusted.
+// the run, and the /status of every validator and miner of the run whose HTTP server the node
+// offers (their own counts; the node offers no other peer's). No library, no build step: the
+// node serves this file as it is. Everything shown is set as text, never as HTML: a peer's
+// status is not trusted. Every fetch is bounded in time as a whole, its body included, so a
+// server that trickles its answer cannot hold the page.
 "use strict";
 
 // The latest /status of each peer that announced one (peer id -> status).
 const peerStatus = new Map();
+
+// How long one fetch may take, headers and body together.
+const OWN_TIMEOUT_MS = 5000;
+const PEER_TIMEOUT_MS = 2000;
+
+// GET `url` as JSON within `ms`: the abort covers reading the body as well as the headers.
+async function fetchJson(url, ms) {
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(), ms);
+  try {
+    const response = await fetch(url, { cache: "no-store", signal: controller.signal });
+    if (!response.ok) throw new Error(`${url}: ${response.status}`);
+    return await response.json();
+  } finally {
+    clearTimeout(timer);
+  }
+}
 
 async function followPeers(status) {
   const urls = status.peer_dashboards || {};
   await Promise.all(
     Object.entries(urls).map(async ([peer, url]) => {
       try {
-        const controller = new AbortController();
-        const timer = setTimeout(() => controller.abort(), 2000);
-        const response = await fetch(`${url}/status`, { cache: "no-store", signal: controller.signal });
-        clearTimeout(timer);
-        if (!response.ok) return;
-        const theirs = await response.json();
+        const theirs = await fetchJson(`${url}/status`, PEER_TIMEOUT_MS);
         // Only a status that names the peer it was announced by.
         if (theirs && theirs.peer_id === peer) peerStatus.set(peer, theirs);
       } catch (_) {
@@ -128,6 +142,28 @@ function drawMiners(status) {
   }
 }
 
+// Every live peer as the node knows it: a validator with a permit, a miner of the plan, or
+// unverified (whatever it claims). Only the first two come with their server's address.
+function drawPeers(status) {
+  const body = document.querySelector("#peers tbody");
+  body.replaceChildren();
+  const urls = status.peer_dashboards || {};
+  for (const p of status.peers || []) {
+    const row = el("tr", { "data-peer": p.peer_id });
+    row.append(el("td", { class: "peer", title: p.peer_id }, short(p.peer_id)));
+    row.append(el("td", { class: "kind" }, String(p.kind)));
+    const cell = el("td", { class: "url" });
+    const url = p.kind === "unverified" ? undefined : urls[p.peer_id];
+    if (typeof url === "string" && /^http:\/\/[0-9a-fA-F.:\[\]]+$/.test(url)) {
+      cell.append(el("a", { href: url, rel: "noreferrer" }, url));
+    } else {
+      cell.textContent = "–";
+    }
+    row.append(cell);
+    body.append(row);
+  }
+}
+
 function drawValidators(status) {
   const body = document.querySelector("#validators tbody");
   body.replaceChildren();
@@ -157,14 +193,13 @@ function draw(status) {
   drawLoss(epochs);
   drawMiners(status);
   drawValidators(status);
+  drawPeers(status);
 }
 
 async function follow() {
   const error = document.getElementById("error");
   try {
-    const response = await fetch("/status", { cache: "no-store" });
-    if (!response.ok) throw new Error(`/status: ${response.status}`);
-    const status = await response.json();
+    const status = await fetchJson("/status", OWN_TIMEOUT_MS);
     await followPeers(status);
     draw(status);
     error.hidden = true;
