@@ -111,13 +111,17 @@ impl Orchestration {
         self
     }
 
-    /// A good read of the chain's neurons.
-    pub(crate) fn on_chain_stake(&mut self, stake: crate::services::consensus::api::ChainStake) {
+    /// A good read of the chain's neurons, taken at `wall_ms` (this node's clock).
+    pub(crate) fn on_chain_stake(
+        &mut self,
+        stake: crate::services::consensus::api::ChainStake,
+        wall_ms: u64,
+    ) {
         let Some(book) = &mut self.chain else {
             tracing::warn!("chain stake ignored: this node's stake is not from the chain");
             return;
         };
-        if book.on_stake(stake) == chain::Changed::Yes {
+        if book.on_stake(stake, wall_ms / 1000) == chain::Changed::Yes {
             self.rebuild_from_chain();
         }
     }
@@ -130,7 +134,7 @@ impl Orchestration {
         let Ok(me) = self.me.as_str().parse::<p2p::PeerId>() else {
             return;
         };
-        match book.on_binding(&me, binding, wall_ms / 1000) {
+        match book.on_own_binding(&me, binding, wall_ms / 1000) {
             Ok(chain::Changed::Yes) => self.rebuild_from_chain(),
             Ok(chain::Changed::No) => {}
             Err(rejected) => {
