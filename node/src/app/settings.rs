@@ -391,8 +391,8 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(
-            pinned.weights.genesis,
-            Some(crate::services::chain::extrinsic::FINNEY_GENESIS_HASH)
+            pinned.weights.genesis.map(hex::encode).as_deref(),
+            Some("2f0555cc76fc2840a25a6ea3b9637146806f1f44b090c175ffde2a7e5ab36c03")
         );
         assert!(
             <crate::cli::Cli as clap::Parser>::try_parse_from([
