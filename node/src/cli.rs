@@ -202,6 +202,12 @@ pub(crate) struct ChainArgs {
     /// `version_key` of the weights submitted (the subnet's `WeightsVersionKey`).
     #[arg(long, env = "IOTA_WEIGHTS_VERSION_KEY", default_value_t = 0)]
     pub(crate) weights_version_key: u64,
+
+    /// The chain's genesis hash (`0x` and 64 hex digits; finney's is
+    /// `0x2f0555cc76fc2840a25a6ea3b9637146806f1f44b090c175ffde2a7e5ab36c03`): the node signs
+    /// nothing for a `--subtensor` endpoint of another chain.
+    #[arg(long, env = "IOTA_CHAIN_GENESIS", value_name = "HEX", value_parser = parse_genesis)]
+    pub(crate) chain_genesis: Option<[u8; 32]>,
 }
 
 /// A Bittensor hotkey, given as a file or the wallet way (`<wallet-path>/<wallet>/hotkeys/<hotkey-name>`).
@@ -456,6 +462,14 @@ fn parse_device(s: &str) -> Result<training::Device, String> {
     training::parse_device(s).map_err(|e| e.to_string())
 }
 
+/// A genesis hash: `0x` (optional) and 64 hex digits.
+fn parse_genesis(s: &str) -> Result<[u8; 32], String> {
+    let mut hash = [0u8; 32];
+    hex::decode_to_slice(s.strip_prefix("0x").unwrap_or(s), &mut hash)
+        .map_err(|_| format!("{s:?} is not a block hash (0x and 64 hex digits)"))?;
+    Ok(hash)
+}
+
 /// Checks a chain node's URL (`ws://` or `http://`, a host, a port) before the node starts.
 fn parse_chain_url(s: &str) -> Result<String, String> {
     crate::services::chain::api::check_url(s)
@@ -489,6 +503,18 @@ mod tests {
         assert!(parse_bootstrap("not an address").is_err());
         let ok = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN";
         assert!(parse_bootstrap(ok).is_ok());
+    }
+
+    #[test]
+    fn a_genesis_hash_is_32_bytes_of_hex() {
+        let finney = "0x2f0555cc76fc2840a25a6ea3b9637146806f1f44b090c175ffde2a7e5ab36c03";
+        let bytes = parse_genesis(finney).unwrap();
+        assert_eq!(hex::encode(bytes), finney[2..]);
+        assert_eq!(bytes[..2], [0x2f, 0x05]);
+        assert_eq!(parse_genesis(&finney[2..]), parse_genesis(finney));
+        assert!(parse_genesis("0x2f05").is_err());
+        assert!(parse_genesis(&format!("{finney}00")).is_err());
+        assert!(parse_genesis(&finney.replace('f', "g")).is_err());
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! for every Ed25519 key); otherwise the record must carry it (`peer_public_key`), and it must
 //! hash to the peer id.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bootstrap::identity::{BindingClaim, BindingTimeError, HotkeyPair, SIGNATURE_LEN};
 use bootstrap::{Hotkey, PeerIdStr};
@@ -30,6 +30,9 @@ const MAX_PEER_SIGNATURE_BYTES: usize = 72;
 const MAX_PEER_PUBLIC_KEY_BYTES: usize = 128;
 /// Multihash code of the identity hash.
 const IDENTITY_MULTIHASH: u64 = 0x00;
+/// Most hotkeys a [`BindingBook`] holds unless told otherwise (a subnet has at most a few
+/// thousand uids).
+pub const MAX_BOOK_BINDINGS: usize = 4096;
 
 /// A hotkey binding as it travels: every field text or a number.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -351,14 +354,28 @@ fn check_len(field: &'static str, text: &str, max: usize) -> Result<(), BindingE
 ///   entangled ones the outcome can depend on arrival order (a binding turned away is not
 ///   remembered); bindings ride in every heartbeat, so a turned-away one is offered again.
 /// * Entries expire (`expires_at <= now`), with `now` passed in, on every insert and by
-///   [`expire`](Self::expire).
-#[derive(Debug, Clone, Default)]
+///   [`expire`](Self::expire); the expiry index makes that `O(log n)` per entry that lapses,
+///   so an insert costs `O(log n)`, never a scan of the book.
+/// * The book holds at most its capacity of hotkeys ([`MAX_BOOK_BINDINGS`] by default). A
+///   binding that would add a hotkey to a full book is turned away ([`BookUpdate::Full`]);
+///   hotkeys already in it still renew, rotate and switch, and room is made only by an entry
+///   lapsing or being [`remove`](Self::remove)d, so newcomers cannot push out those bound.
+#[derive(Debug, Clone)]
 pub struct BindingBook {
     by_hotkey: BTreeMap<Hotkey, Entry>,
     by_peer: HashMap<PeerId, Hotkey>,
+    /// Every entry by (expiry, hotkey), soonest first.
+    by_expiry: BTreeSet<(u64, Hotkey)>,
+    capacity: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+impl Default for BindingBook {
+    fn default() -> Self {
+        Self::with_capacity(MAX_BOOK_BINDINGS)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     peer: PeerId,
     expires_at: u64,
@@ -383,12 +400,24 @@ pub enum BookUpdate {
         /// The hotkey the peer keeps speaking for.
         holder: Hotkey,
     },
+    /// The binding would add a hotkey to a full book: nothing changed.
+    Full,
 }
 
 impl BindingBook {
-    /// An empty book.
+    /// An empty book of at most [`MAX_BOOK_BINDINGS`] hotkeys.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty book of at most `capacity` hotkeys.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            by_hotkey: BTreeMap::new(),
+            by_peer: HashMap::new(),
+            by_expiry: BTreeSet::new(),
+            capacity,
+        }
     }
 
     /// Adds a verified binding (after dropping what has expired at `now`); see the rules above.
@@ -397,7 +426,7 @@ impl BindingBook {
         if binding.expires_at <= now {
             return BookUpdate::Expired;
         }
-        let existing = self.by_hotkey.get(&binding.hotkey);
+        let existing = self.by_hotkey.get(&binding.hotkey).copied();
         if let Some(entry) = existing {
             let newer = (binding.expires_at, binding.peer.to_bytes())
                 > (entry.expires_at, entry.peer.to_bytes());
@@ -422,13 +451,22 @@ impl BindingBook {
                 evicted_hotkey = Some(holder.clone());
             }
         }
+        if existing.is_none() && evicted_hotkey.is_none() && self.by_hotkey.len() >= self.capacity {
+            return BookUpdate::Full;
+        }
         if let Some(holder) = &evicted_hotkey {
-            self.by_hotkey.remove(holder);
+            self.remove(holder);
+        }
+        if let Some(entry) = existing {
+            self.by_expiry
+                .remove(&(entry.expires_at, binding.hotkey.clone()));
         }
         if let Some(old) = replaced_peer {
             self.by_peer.remove(&old);
         }
         self.by_peer.insert(binding.peer, binding.hotkey.clone());
+        self.by_expiry
+            .insert((binding.expires_at, binding.hotkey.clone()));
         self.by_hotkey.insert(
             binding.hotkey,
             Entry {
@@ -442,20 +480,54 @@ impl BindingBook {
         }
     }
 
-    /// Drops every entry expired at `now` (`expires_at <= now`); returns their hotkeys.
-    pub fn expire(&mut self, now: u64) -> Vec<Hotkey> {
-        let gone: Vec<Hotkey> = self
-            .by_hotkey
-            .iter()
-            .filter(|(_, entry)| entry.expires_at <= now)
-            .map(|(hotkey, _)| hotkey.clone())
-            .collect();
-        for hotkey in &gone {
-            if let Some(entry) = self.by_hotkey.remove(hotkey) {
+    /// Drops every entry expired at `now` (`expires_at <= now`); returns their hotkeys and
+    /// peers, soonest expiry first. Costs `O(log n)` per entry dropped.
+    pub fn expire(&mut self, now: u64) -> Vec<(Hotkey, PeerId)> {
+        let mut gone = Vec::new();
+        while self
+            .by_expiry
+            .first()
+            .is_some_and(|(expires_at, _)| *expires_at <= now)
+        {
+            let Some((_, hotkey)) = self.by_expiry.pop_first() else {
+                break;
+            };
+            if let Some(entry) = self.by_hotkey.remove(&hotkey) {
                 self.by_peer.remove(&entry.peer);
+                gone.push((hotkey, entry.peer));
             }
         }
         gone
+    }
+
+    /// Drops the entry of `hotkey`; returns its peer.
+    pub fn remove(&mut self, hotkey: &Hotkey) -> Option<PeerId> {
+        let entry = self.by_hotkey.remove(hotkey)?;
+        self.by_expiry.remove(&(entry.expires_at, hotkey.clone()));
+        self.by_peer.remove(&entry.peer);
+        Some(entry.peer)
+    }
+
+    /// Drops every entry whose hotkey `keep` refuses; returns their hotkeys and peers.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Hotkey) -> bool) -> Vec<(Hotkey, PeerId)> {
+        let dropped: Vec<Hotkey> = self
+            .by_hotkey
+            .keys()
+            .filter(|hotkey| !keep(hotkey))
+            .cloned()
+            .collect();
+        dropped
+            .into_iter()
+            .filter_map(|hotkey| {
+                let peer = self.remove(&hotkey)?;
+                Some((hotkey, peer))
+            })
+            .collect()
+    }
+
+    /// The most hotkeys the book holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// The peer that speaks for `hotkey`.

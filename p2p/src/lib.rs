@@ -37,7 +37,7 @@ mod swarm;
 
 pub use binding::{
     BindingBook, BindingDecodeError, BindingError, BindingSignError, BookUpdate, HotkeyBinding,
-    VerifiedBinding, MAX_BINDING_BYTES,
+    VerifiedBinding, MAX_BINDING_BYTES, MAX_BOOK_BINDINGS,
 };
 pub use client::{Client, Event, GossipId, RequestId, Verdict};
 pub use codec::PROTOCOL as RR_PROTOCOL;

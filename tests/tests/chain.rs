@@ -162,6 +162,8 @@ async fn bound_hotkeys_elect_and_register_and_the_validator_sets_weights_on_chai
         "2",
         "--weights-min-blocks",
         "0",
+        "--chain-genesis",
+        &format!("0x{}", hex::encode(FINNEY_GENESIS_HASH)),
     ]);
     let with_key = |name: &str, extra: &[&str]| -> Vec<String> {
         let mut a = common.clone();
@@ -241,10 +243,12 @@ async fn bound_hotkeys_elect_and_register_and_the_validator_sets_weights_on_chai
     .await
     .unwrap();
 
-    // What the orchestrator verified: every bound hotkey, none for the unbound validator.
+    // What the orchestrator verified: every bound hotkey of the subnet, none for the unbound
+    // validator, and none kept for the stranger's hotkey, which the subnet does not hold.
     let status = nodes[0].status().await.unwrap();
     let bindings = status["bindings"].as_object().unwrap();
-    for name in ["v300", "v200", "miner-0", "miner-1", "miner-2", "stranger"] {
+    assert!(!bindings.contains_key(keys["stranger"].hotkey.as_str()));
+    for name in ["v300", "v200", "miner-0", "miner-1", "miner-2"] {
         assert_eq!(
             bindings[keys[name].hotkey.as_str()].as_str(),
             Some(keys[name].peer_id.as_str()),
@@ -277,19 +281,35 @@ async fn bound_hotkeys_elect_and_register_and_the_validator_sets_weights_on_chai
     )
     .await;
     submitted.unwrap();
-    let metadata = std::fs::read_to_string(fixtures.join("metadata_v14.json")).unwrap();
+    // Metadata V15, as the node reads it (`Metadata_metadata_at_version(15)`): the node's
+    // signatures commit to its metadata hash (CheckMetadataHash mode 1).
+    let metadata = std::fs::read_to_string(fixtures.join("metadata_v15.json")).unwrap();
     let metadata: Value = serde_json::from_str(&metadata).unwrap();
-    let metadata_hex = metadata["result"]
-        .as_str()
-        .or_else(|| metadata.as_str())
-        .unwrap_or_else(|| panic!("metadata_v14.json layout: {}", &metadata.to_string()[..200]));
-    let state = ChainState::from_metadata_hex(
-        metadata_hex,
+    let answer = hex::decode(
+        metadata["result"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("0x"),
+    )
+    .unwrap();
+    // `Option<Vec<u8>>`: 0x01, a compact length, the metadata.
+    let (_, metadata_v15) = answer[1..].split_at(match answer[1] & 3 {
+        0 => 1,
+        1 => 2,
+        2 => 4,
+        _ => panic!("metadata too long for the fixture"),
+    });
+    let state = ChainState::from_metadata_bytes(
+        metadata_v15,
         FINNEY_GENESIS_HASH,
         recorded["spec_version"].as_u64().unwrap() as u32,
         1,
     )
     .unwrap();
+    assert!(
+        state.metadata_hash().is_some(),
+        "finney checks a metadata hash"
+    );
     let mut head = [0u8; 32];
     let head_hex = recorded["block_hash"].as_str().unwrap();
     hex::decode_to_slice(head_hex.trim_start_matches("0x"), &mut head).unwrap();

@@ -4,11 +4,15 @@
 //! IOTA bottlenecks (applied at the boundaries `iota_stage_layers` gives, as the stages do),
 //! and samples one byte at a time: the prompt is run once, then every new byte attends to the
 //! cached keys and values of the bytes before it. When the context reaches the model's
-//! `max_position_embeddings`, the cache is rebuilt from the newest half of it. Every tensor is
-//! checked against the config's shapes before use: a file that does not match gives an
-//! error, never a panic.
+//! `max_position_embeddings`, the cache is rebuilt from the newest half of it. Before anything
+//! is allocated, `config.json` (read up to [`MAX_CONFIG_BYTES`]) has every size checked
+//! against bounds no exported model comes near ([`Config::check`]) and the parameter count
+//! it implies checked against the bytes `model.safetensors` holds; every tensor is then
+//! checked against the config's shapes before use. A file that does not match gives an error,
+//! never a panic or an allocation it names.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::path::Path;
 
 use tch::{Kind, Tensor};
@@ -33,6 +37,19 @@ pub enum GenerateError {
     Torch(#[from] tch::TchError),
 }
 
+/// Longest `config.json` read (an exported one is about 1 KiB).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// Widest model accepted (`hidden_size`, and `intermediate_size` up to 8 times it).
+const MAX_HIDDEN: usize = 1 << 14;
+/// Most layers accepted.
+const MAX_LAYERS: usize = 1 << 10;
+/// Most attention heads accepted.
+const MAX_HEADS: usize = 1 << 8;
+/// Longest context accepted (the rotary tables are `positions × head width` numbers).
+const MAX_POSITIONS: usize = 1 << 16;
+/// Longest `model.safetensors` header read (safetensors' own limit is 100 MB).
+const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
+
 /// The config keys sampling needs.
 #[derive(Debug, Clone, serde::Deserialize)]
 struct Config {
@@ -48,6 +65,131 @@ struct Config {
     iota_bottleneck: usize,
     #[serde(default)]
     iota_stage_layers: Vec<[usize; 2]>,
+}
+
+impl Config {
+    /// Reads `path`, at most [`MAX_CONFIG_BYTES`] of it.
+    fn read(path: &Path) -> Result<Config, GenerateError> {
+        let failed = |e: std::io::Error| GenerateError::Config(format!("{}: {e}", path.display()));
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .map_err(failed)?
+            .take(MAX_CONFIG_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(failed)?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(GenerateError::Config(format!(
+                "{} is larger than {MAX_CONFIG_BYTES} bytes",
+                path.display()
+            )));
+        }
+        serde_json::from_str(&text).map_err(|e| GenerateError::Config(e.to_string()))
+    }
+
+    /// Every size within bounds no exported model comes near, so that nothing allocated from
+    /// them can be absurd; the error names the key.
+    fn check(&self) -> Result<(), GenerateError> {
+        let within = |key: &str, value: usize, low: usize, high: usize| {
+            if (low..=high).contains(&value) {
+                Ok(())
+            } else {
+                Err(GenerateError::Config(format!(
+                    "{key} is {value}, not within {low}..={high}"
+                )))
+            }
+        };
+        if self.vocab_size != VOCAB {
+            return Err(GenerateError::Config(format!(
+                "vocab_size is {}, not {VOCAB}: not a byte-level model",
+                self.vocab_size
+            )));
+        }
+        within("hidden_size", self.hidden_size, 2, MAX_HIDDEN)?;
+        within(
+            "intermediate_size",
+            self.intermediate_size,
+            1,
+            8 * MAX_HIDDEN,
+        )?;
+        within("num_hidden_layers", self.num_hidden_layers, 1, MAX_LAYERS)?;
+        within(
+            "num_attention_heads",
+            self.num_attention_heads,
+            1,
+            MAX_HEADS,
+        )?;
+        within(
+            "max_position_embeddings",
+            self.max_position_embeddings,
+            2,
+            MAX_POSITIONS,
+        )?;
+        within("iota_bottleneck", self.iota_bottleneck, 0, self.hidden_size)?;
+        within(
+            "iota_stage_layers",
+            self.iota_stage_layers.len(),
+            0,
+            self.num_hidden_layers,
+        )?;
+        let (d, h) = (self.hidden_size, self.num_attention_heads);
+        if d % h != 0 || (d / h) % 2 != 0 {
+            return Err(GenerateError::Config(format!(
+                "hidden_size {d} over num_attention_heads {h} is not an even head width"
+            )));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
+            return Err(GenerateError::Config(format!(
+                "rms_norm_eps is {}, not within (0, 1)",
+                self.rms_norm_eps
+            )));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(GenerateError::Config(format!(
+                "rope_theta is {}, not a positive number",
+                self.rope_theta
+            )));
+        }
+        Ok(())
+    }
+
+    /// How many numbers the weights hold: embedding, layers, bottlenecks between stages (when
+    /// there is one), final norm and head. Within [`Config::check`]'s bounds this cannot
+    /// overflow.
+    fn parameters(&self) -> u64 {
+        let [v, d, f, l, b] = [
+            VOCAB,
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_hidden_layers,
+            self.iota_bottleneck,
+        ]
+        .map(|n| n as u64);
+        let layer = 2 * d + 4 * d * d + 3 * f * d;
+        let boundaries = if b > 0 {
+            (self.iota_stage_layers.len() as u64).saturating_sub(1) * (d + 2 * b * d + b)
+        } else {
+            0
+        };
+        2 * v * d + l * layer + boundaries + d
+    }
+}
+
+/// How many bytes of tensor data `path` holds (its length past the header), from its first
+/// bytes only.
+fn safetensors_data_bytes(path: &Path) -> Result<u64, GenerateError> {
+    let failed = |e: String| GenerateError::Weights(format!("{}: {e}", path.display()));
+    let mut file = std::fs::File::open(path).map_err(|e| failed(e.to_string()))?;
+    let len = file.metadata().map_err(|e| failed(e.to_string()))?.len();
+    let mut prefix = [0u8; 8];
+    file.read_exact(&mut prefix)
+        .map_err(|e| failed(format!("no header length: {e}")))?;
+    let header = u64::from_le_bytes(prefix);
+    if header > MAX_SAFETENSORS_HEADER || 8 + header > len {
+        return Err(failed(format!(
+            "a header of {header} bytes in a file of {len}"
+        )));
+    }
+    Ok(len - 8 - header)
 }
 
 struct Layer {
@@ -103,13 +245,23 @@ struct Cache {
 }
 
 impl Model {
-    /// Loads the model `export` wrote to `dir`.
+    /// Loads the model `export` wrote to `dir`: checks `config.json` first (sizes within
+    /// bounds, as many numbers as `model.safetensors` holds), then reads the tensors.
     pub fn load(dir: &Path) -> Result<Model, GenerateError> {
-        let text = std::fs::read_to_string(dir.join("config.json"))
-            .map_err(|e| GenerateError::Config(format!("{}: {e}", dir.display())))?;
-        let cfg: Config =
-            serde_json::from_str(&text).map_err(|e| GenerateError::Config(e.to_string()))?;
-        let tensors = Tensor::read_safetensors(dir.join("model.safetensors"))
+        let cfg = Config::read(&dir.join("config.json"))?;
+        cfg.check()?;
+        let weights = dir.join("model.safetensors");
+        let held = safetensors_data_bytes(&weights)?;
+        let wanted = cfg.parameters().saturating_mul(4);
+        if held != wanted {
+            return Err(GenerateError::Config(format!(
+                "its sizes (hidden_size, intermediate_size, num_hidden_layers, \
+                 iota_bottleneck, iota_stage_layers) make {wanted} bytes of f32 weights; \
+                 {} holds {held}",
+                weights.display()
+            )));
+        }
+        let tensors = Tensor::read_safetensors(&weights)
             .map_err(|e| GenerateError::Weights(e.to_string()))?;
         let tensors: HashMap<String, Tensor> = tensors.into_iter().collect();
         Model::from_tensors(cfg, tensors)
@@ -481,6 +633,49 @@ mod tests {
             ..sampling
         };
         assert!(model.generate(b"x", &bad).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_config_out_of_bounds_or_unlike_the_weights_is_refused_before_loading() {
+        let (dir, _) = exported("bounds", 16);
+        let good: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let cases: [(&str, serde_json::Value); 9] = [
+            ("num_hidden_layers", (1u64 << 60).into()),
+            ("max_position_embeddings", (1u64 << 40).into()),
+            ("hidden_size", (1u64 << 40).into()),
+            ("intermediate_size", (1u64 << 50).into()),
+            ("num_attention_heads", 0.into()),
+            ("rms_norm_eps", (-1.0).into()),
+            ("rope_theta", 0.0.into()),
+            // Within bounds, but the weights file does not hold that many numbers.
+            ("intermediate_size", 400.into()),
+            (
+                "iota_stage_layers",
+                serde_json::json!(vec![[0, 1]; 100_000]),
+            ),
+        ];
+        for (key, value) in cases {
+            let mut bad = good.clone();
+            bad[key] = value.clone();
+            std::fs::write(dir.join("config.json"), bad.to_string()).unwrap();
+            match Model::load(&dir) {
+                Err(GenerateError::Config(message)) => {
+                    assert!(message.contains(key), "{key} = {value}: {message}")
+                }
+                Err(other) => panic!("{key} = {value}: not a config error: {other}"),
+                Ok(_) => panic!("{key} = {value}: loaded"),
+            }
+        }
+        // A config.json far larger than any config is not read whole.
+        let huge = format!("{{\"pad\": \"{}\"}}", "x".repeat(2 << 20));
+        std::fs::write(dir.join("config.json"), huge).unwrap();
+        let err = Model::load(&dir).err().unwrap().to_string();
+        assert!(err.contains("larger than"), "{err}");
+        std::fs::write(dir.join("config.json"), good.to_string()).unwrap();
+        assert!(Model::load(&dir).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

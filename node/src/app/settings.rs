@@ -81,6 +81,8 @@ pub(crate) struct WeightsSettings {
     pub(crate) version_key: u64,
     /// `--weights-every` and `--weights-min-blocks`.
     pub(crate) policy: Policy,
+    /// `--chain-genesis`.
+    pub(crate) genesis: Option<[u8; 32]>,
 }
 
 /// The `--fault` switches, by who acts on them.
@@ -112,6 +114,7 @@ impl NodeSettings {
                     every_epochs: args.chain.weights_every,
                     min_blocks: args.chain.weights_min_blocks,
                 },
+                genesis: args.chain.chain_genesis,
             },
             role: role(args.validator),
             network: NetworkSettings {
@@ -140,6 +143,7 @@ impl NodeSettings {
             policy: self.weights.policy,
             hotkey: hotkey.clone(),
             limits: source.limits,
+            genesis: self.weights.genesis,
         })
     }
 
@@ -380,6 +384,29 @@ mod tests {
             Some("no --hotkey: with stake from the chain this node has none, so it cannot be elected, registered, or submit weights")
         );
         assert!(chain.submitter().is_none(), "no hotkey, no submitter");
+        assert_eq!(chain.weights.genesis, None, "no pin unless given");
+        let pinned = NodeSettings::from_args(&args(&[
+            "--subtensor",
+            "ws://127.0.0.1:9944",
+            "--netuid",
+            "7",
+            "--chain-genesis",
+            "0x2f0555cc76fc2840a25a6ea3b9637146806f1f44b090c175ffde2a7e5ab36c03",
+        ]))
+        .unwrap();
+        assert_eq!(
+            pinned.weights.genesis.map(hex::encode).as_deref(),
+            Some("2f0555cc76fc2840a25a6ea3b9637146806f1f44b090c175ffde2a7e5ab36c03")
+        );
+        assert!(
+            <crate::cli::Cli as clap::Parser>::try_parse_from([
+                "iota-p2p",
+                "--chain-genesis",
+                "0x12"
+            ])
+            .is_err(),
+            "a genesis hash is 32 bytes"
+        );
     }
 
     #[test]

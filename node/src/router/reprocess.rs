@@ -1,15 +1,17 @@
 //! What arrived too early, kept in bounded queues to be checked again:
 //!
 //! * pipeline gossip of the next epoch, whose plan is not known yet: at most
-//!   [`MAX_PENDING`] messages (the oldest goes first), checked again when the next plan
-//!   arrives;
+//!   [`MAX_PENDING`] messages, and at most [`MAX_PENDING_PER_AUTHOR`] of one author (past its
+//!   quota an author's own oldest goes; in a full queue, the oldest message of the author
+//!   holding most goes), so no author can push out the others' messages; checked again when
+//!   the next plan arrives;
 //! * plans of permitted validators this node does not yet see as the orchestrator (it just
 //!   started, or the election is changing hands): at most [`MAX_PENDING_PLANS`], each for at
 //!   most [`PENDING_PLAN_PATIENCE`], checked again on every tick.
 //!
 //! Pure: time is passed in.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bootstrap::PeerIdStr;
@@ -19,6 +21,9 @@ use crate::wire::messages::PipelineGossip;
 
 /// Gossip of the next epoch kept until its plan arrives (then checked again).
 const MAX_PENDING: usize = 256;
+
+/// The most of that gossip kept from one author.
+const MAX_PENDING_PER_AUTHOR: usize = 32;
 
 /// Plans of permitted validators kept while their author is not the orchestrator this node
 /// knows (it just started, or the election is changing hands).
@@ -42,18 +47,52 @@ pub(crate) struct KeptPlan {
 #[derive(Debug, Default)]
 pub(crate) struct Reprocess {
     gossip: VecDeque<(PeerId, PipelineGossip)>,
+    /// How many of `gossip` each author holds.
+    held: HashMap<PeerId, usize>,
     plans: VecDeque<KeptPlan>,
     /// A new plan was handed to the services since the gossip was last checked again.
     plan_arrived: bool,
 }
 
 impl Reprocess {
-    /// Keeps gossip of the next epoch, dropping the oldest beyond [`MAX_PENDING`].
+    /// Keeps gossip of the next epoch: past the author's quota ([`MAX_PENDING_PER_AUTHOR`])
+    /// its own oldest message goes; in a full queue ([`MAX_PENDING`]) the oldest message of the
+    /// author holding most goes (the earliest such author on a tie).
     pub(crate) fn keep_gossip(&mut self, author: PeerId, message: PipelineGossip) {
-        if self.gossip.len() >= MAX_PENDING {
-            self.gossip.pop_front();
+        let held = self.held.get(&author).copied().unwrap_or(0);
+        if held >= MAX_PENDING_PER_AUTHOR {
+            self.drop_oldest_of(author);
+        } else if self.gossip.len() >= MAX_PENDING {
+            if let Some(most) = self.author_holding_most() {
+                self.drop_oldest_of(most);
+            }
         }
         self.gossip.push_back((author, message));
+        *self.held.entry(author).or_default() += 1;
+    }
+
+    /// The author holding most of the queue; of several, the one whose oldest message is
+    /// oldest. At most [`MAX_PENDING`] steps.
+    fn author_holding_most(&self) -> Option<PeerId> {
+        let most = self.held.values().copied().max()?;
+        self.gossip
+            .iter()
+            .map(|(author, _)| *author)
+            .find(|author| self.held.get(author) == Some(&most))
+    }
+
+    /// Drops `author`'s oldest message. At most [`MAX_PENDING`] steps.
+    fn drop_oldest_of(&mut self, author: PeerId) {
+        let Some(at) = self.gossip.iter().position(|(a, _)| *a == author) else {
+            return;
+        };
+        self.gossip.remove(at);
+        if let Some(n) = self.held.get_mut(&author) {
+            *n -= 1;
+            if *n == 0 {
+                self.held.remove(&author);
+            }
+        }
     }
 
     /// Gossip waiting for its plan.
@@ -71,6 +110,7 @@ impl Reprocess {
         if !std::mem::take(&mut self.plan_arrived) {
             return Vec::new();
         }
+        self.held.clear();
         self.gossip.drain(..).collect()
     }
 
@@ -130,20 +170,103 @@ mod tests {
         let author = p2p::identity::Keypair::generate_ed25519()
             .public()
             .to_peer_id();
-        for epoch in 0..(MAX_PENDING as u64 + 10) {
+        let sent = MAX_PENDING_PER_AUTHOR as u64 + 10;
+        for epoch in 0..sent {
             queue.keep_gossip(author, message(epoch));
         }
-        assert_eq!(queue.gossip_len(), MAX_PENDING, "the oldest go first");
+        assert_eq!(
+            queue.gossip_len(),
+            MAX_PENDING_PER_AUTHOR,
+            "one author's oldest go first"
+        );
         assert!(
             queue.gossip_due().is_empty(),
             "nothing is due before a plan"
         );
         queue.plan_arrived();
         let due = queue.gossip_due();
-        assert_eq!(due.len(), MAX_PENDING);
+        assert_eq!(due.len(), MAX_PENDING_PER_AUTHOR);
         assert_eq!(due[0].1, message(10));
         assert_eq!(queue.gossip_len(), 0);
         assert!(queue.gossip_due().is_empty(), "due once per plan");
+    }
+
+    #[test]
+    fn one_author_cannot_flush_the_others_early_gossip() {
+        let mut queue = Reprocess::default();
+        let key = |i: u8| {
+            p2p::identity::Keypair::ed25519_from_bytes([i; 32])
+                .unwrap()
+                .public()
+                .to_peer_id()
+        };
+        let (honest, flooder) = (key(1), key(2));
+        for epoch in 0..3 {
+            queue.keep_gossip(honest, message(epoch));
+        }
+        // The flooder sends far more than the whole queue holds.
+        for epoch in 0..(4 * MAX_PENDING as u64) {
+            queue.keep_gossip(flooder, message(1_000 + epoch));
+        }
+        assert!(queue.gossip_len() <= MAX_PENDING);
+        queue.plan_arrived();
+        let due = queue.gossip_due();
+        let from = |author: PeerId| due.iter().filter(|(a, _)| *a == author).count();
+        assert_eq!(from(honest), 3, "the honest author's messages all stay");
+        assert_eq!(
+            from(flooder),
+            MAX_PENDING_PER_AUTHOR,
+            "the flooder keeps only its quota"
+        );
+        let newest = due.iter().rev().find(|(a, _)| *a == flooder).unwrap();
+        assert_eq!(
+            newest.1,
+            message(1_000 + 4 * MAX_PENDING as u64 - 1),
+            "an author over its quota loses its own oldest"
+        );
+    }
+
+    #[test]
+    fn a_full_queue_makes_room_from_the_author_holding_most() {
+        let mut queue = Reprocess::default();
+        let key = |i: u8| {
+            p2p::identity::Keypair::ed25519_from_bytes([i + 10; 32])
+                .unwrap()
+                .public()
+                .to_peer_id()
+        };
+        let half = MAX_PENDING_PER_AUTHOR / 2;
+        let full_authors = u8::try_from(MAX_PENDING / MAX_PENDING_PER_AUTHOR - 1).unwrap();
+        // Author 0 comes first with half its quota; then authors at their quota, and one more
+        // half, fill the queue.
+        for n in 0..half as u64 {
+            queue.keep_gossip(key(0), message(n));
+        }
+        for a in 1..=full_authors {
+            for n in 0..MAX_PENDING_PER_AUTHOR as u64 {
+                queue.keep_gossip(key(a), message(n));
+            }
+        }
+        for n in 0..half as u64 {
+            queue.keep_gossip(key(full_authors + 1), message(n));
+        }
+        assert_eq!(queue.gossip_len(), MAX_PENDING);
+        // A newcomer still gets in, taking the oldest message of an author holding most, not
+        // the oldest message of all (author 0's).
+        let newcomer = key(full_authors + 2);
+        queue.keep_gossip(newcomer, message(7));
+        assert_eq!(queue.gossip_len(), MAX_PENDING);
+        queue.plan_arrived();
+        let due = queue.gossip_due();
+        let from = |author: PeerId| due.iter().filter(|(a, _)| *a == author).count();
+        assert_eq!(from(newcomer), 1);
+        assert_eq!(from(key(0)), half, "the small author keeps all it sent");
+        assert_eq!(
+            from(key(1)),
+            MAX_PENDING_PER_AUTHOR - 1,
+            "the first of the authors holding most gave up its oldest"
+        );
+        assert_eq!(queue.gossip_len(), 0);
     }
 
     #[test]

@@ -417,13 +417,63 @@ fn book_drops_expired_entries() {
     book.insert(verified(1, 1, NOW + 10), NOW);
     book.insert(verified(2, 2, NOW + 20), NOW);
     assert!(book.expire(NOW + 9).is_empty());
-    assert_eq!(book.expire(NOW + 10), vec![hotkey(1).hotkey()]);
+    assert_eq!(book.expire(NOW + 10), vec![(hotkey(1).hotkey(), peer(1))]);
     assert_eq!(book.hotkey_of(&peer(1)), None);
     assert_eq!(book.len(), 1);
     // Insert expires entries too.
     book.insert(verified(3, 3, NOW + 100), NOW + 20);
     assert_eq!(book.peer_of(&hotkey(2).hotkey()), None);
     assert_eq!(book.len(), 1);
+}
+
+#[test]
+fn book_is_bounded_and_a_full_book_turns_newcomers_away() {
+    let mut book = BindingBook::with_capacity(2);
+    book.insert(verified(1, 1, NOW + 10), NOW);
+    book.insert(verified(2, 2, NOW + 20), NOW);
+    assert_eq!(book.insert(verified(3, 3, NOW + 30), NOW), BookUpdate::Full);
+    assert_eq!(book.len(), 2);
+    assert_eq!(book.peer_of(&hotkey(3).hotkey()), None);
+    // Those already in the book still renew, rotate and switch hotkeys.
+    assert!(matches!(
+        book.insert(verified(1, 4, NOW + 40), NOW),
+        BookUpdate::Accepted { .. }
+    ));
+    assert!(matches!(
+        book.insert(verified(3, 2, NOW + 50), NOW),
+        BookUpdate::Accepted {
+            evicted_hotkey: Some(_),
+            ..
+        }
+    ));
+    assert_eq!(book.len(), 2);
+    // A lapsed entry makes room.
+    assert_eq!(book.expire(NOW + 40), vec![(hotkey(1).hotkey(), peer(4))]);
+    assert!(matches!(
+        book.insert(verified(5, 5, NOW + 60), NOW + 40),
+        BookUpdate::Accepted { .. }
+    ));
+}
+
+#[test]
+fn book_expires_in_expiry_order_after_renewals_and_removals() {
+    let mut book = BindingBook::new();
+    for i in 1..=5u8 {
+        book.insert(verified(i, i, NOW + u64::from(i) * 10), NOW);
+    }
+    // Hotkey 1 renews past everyone; hotkey 2 rotates to peer 9; hotkey 3 leaves.
+    book.insert(verified(1, 1, NOW + 100), NOW);
+    book.insert(verified(2, 9, NOW + 25), NOW);
+    assert_eq!(book.remove(&hotkey(3).hotkey()), Some(peer(3)));
+    assert_eq!(book.remove(&hotkey(3).hotkey()), None);
+    assert_eq!(book.expire(NOW + 25), vec![(hotkey(2).hotkey(), peer(9))]);
+    assert_eq!(
+        book.expire(NOW + 50),
+        vec![(hotkey(4).hotkey(), peer(4)), (hotkey(5).hotkey(), peer(5))]
+    );
+    assert_eq!(book.len(), 1);
+    assert_eq!(book.expire(NOW + 100), vec![(hotkey(1).hotkey(), peer(1))]);
+    assert!(book.is_empty());
 }
 
 /// The hotkey signature bittensor-wallet made over the canonical bytes (see

@@ -8,8 +8,12 @@
 //! `author_submitExtrinsic` takes.
 //!
 //! * [`ChainState`]: the runtime's metadata (decoded once) with the genesis hash and runtime
-//!   version. Building one checks that the runtime has the call and that every transaction
-//!   extension it lists is one this module encodes (or carries no bytes at all).
+//!   version. Building one checks that the runtime has the call, that the call enum puts its
+//!   pallet where the pallet says, and that every transaction extension it lists is one this
+//!   module encodes (or carries no bytes at all). Where the runtime lists `CheckMetadataHash`,
+//!   the state holds the runtime's metadata hash and every signature commits to it (mode 1,
+//!   [`metadata_hash`]); [`ChainState::pinned`] refuses a state of another chain than the
+//!   operator's.
 //! * [`signed_set_weights`]: a v4 signed extrinsic, encoded by `subxt-core` (dynamic call, no
 //!   codegen) and signed by `subxt-signer`'s sr25519 keypair. The era is mortal:
 //!   [`ERA_PERIOD`] blocks from the block the caller names; the tip is 0.
@@ -23,7 +27,9 @@
 
 use std::collections::BTreeMap;
 
-use subxt_core::config::{DefaultExtrinsicParamsBuilder, SubstrateConfig};
+use subxt_core::config::transaction_extensions::{
+    ChargeTransactionPaymentParams, CheckMortalityParams, CheckNonceParams,
+};
 use subxt_core::ext::scale_value::{self, Composite, Value};
 use subxt_core::tx::{ClientState, RuntimeVersion};
 use subxt_core::utils::H256;
@@ -31,8 +37,10 @@ use subxt_core::Metadata;
 use subxt_signer::sr25519;
 
 mod decode;
+pub mod metadata_hash;
 
 pub use decode::{decode_set_weights, DecodedSetWeights};
+use metadata_hash::{MetadataHashParams, SubtensorConfig};
 
 /// The pallet that holds `set_weights`.
 pub const PALLET: &str = "SubtensorModule";
@@ -111,6 +119,35 @@ pub enum ChainStateError {
     /// The runtime lists a transaction extension that carries bytes this module does not write.
     #[error("the runtime's transaction extension {0} carries bytes this module does not encode")]
     UnsupportedExtension(String),
+    /// The runtime lists `CheckMetadataHash`, but its metadata hash cannot be computed from
+    /// these bytes (it is defined over metadata V15): nothing is signed without it.
+    #[error("the runtime checks a metadata hash, which cannot be computed: {0}")]
+    MetadataHash(#[from] metadata_hash::MetadataHashError),
+    /// The metadata's `System.Version` is another runtime than the version the caller read.
+    #[error("the metadata is of spec version {metadata}, the runtime version says {runtime}")]
+    VersionMismatch {
+        /// The metadata's.
+        metadata: u32,
+        /// The runtime version's.
+        runtime: u32,
+    },
+    /// The pallet's index is not its variant's in the runtime's call enum: the call would go
+    /// out as another call than it names.
+    #[error("{PALLET} has index {pallet}, but the call enum puts it at {call_enum:?}")]
+    InconsistentCallIndex {
+        /// The pallet's index.
+        pallet: u8,
+        /// Its variant's index in the call enum, if it has one.
+        call_enum: Option<u8>,
+    },
+    /// The endpoint's chain is not the one the operator pinned (`--chain-genesis`).
+    #[error("the endpoint's genesis hash is 0x{endpoint}, not the pinned 0x{pinned}: another chain, nothing signed")]
+    WrongChain {
+        /// The pinned genesis hash, hex.
+        pinned: String,
+        /// The endpoint's, hex.
+        endpoint: String,
+    },
 }
 
 /// Why [`signed_set_weights`] refused.
@@ -161,9 +198,9 @@ pub enum DecodeError {
     /// A transaction extension's bytes do not decode.
     #[error("transaction extension {0} does not decode")]
     Extension(&'static str),
-    /// The signer committed to a metadata hash (`CheckMetadataHash` enabled), which this module
-    /// cannot recompute, so the signature cannot be checked.
-    #[error("the extrinsic commits to a metadata hash; its signature cannot be checked here")]
+    /// The signer committed to a metadata hash (`CheckMetadataHash` enabled), and the state has
+    /// none (its runtime does not list the extension), so the signature cannot be checked.
+    #[error("the extrinsic commits to a metadata hash this runtime does not have")]
     MetadataHashEnabled,
     /// A call argument is missing or is not the type the call takes.
     #[error("argument {0} of {PALLET}.{CALL} is missing or not of its type")]
@@ -187,22 +224,47 @@ pub enum WeightsError {
 /// metadata, the chain's genesis hash and the runtime version.
 #[derive(Clone, Debug)]
 pub struct ChainState {
-    client: ClientState<SubstrateConfig>,
+    client: ClientState<SubtensorConfig>,
+    /// The runtime's metadata hash (RFC-0078), when the runtime lists `CheckMetadataHash` and
+    /// the metadata is V15.
+    metadata_hash: Option<[u8; 32]>,
 }
 
 impl ChainState {
-    /// A state from the SCALE bytes of `state_getMetadata`'s answer (the hex decoded), the
-    /// chain's genesis hash (`chain_getBlockHash 0`) and `state_getRuntimeVersion`'s
+    /// A state from the SCALE bytes of the runtime's metadata (`meta` magic first: metadata V15
+    /// as `Metadata_metadata_at_version(15)` answers it, or what `state_getMetadata` answers),
+    /// the chain's genesis hash (`chain_getBlockHash 0`) and `state_getRuntimeVersion`'s
     /// `specVersion` and `transactionVersion`.
+    ///
+    /// When the runtime lists `CheckMetadataHash`, the state commits every signature to the
+    /// runtime's metadata hash (mode 1, see [`metadata_hash`]): the metadata must then be V15
+    /// and of `spec_version`, or nothing is signed.
     pub fn from_metadata_bytes(
         metadata: &[u8],
         genesis_hash: [u8; 32],
         spec_version: u32,
         transaction_version: u32,
     ) -> Result<ChainState, ChainStateError> {
-        let metadata = subxt_core::metadata::decode_from(metadata)
+        let bytes = metadata;
+        let metadata = subxt_core::metadata::decode_from(bytes)
             .map_err(|e| ChainStateError::Metadata(e.to_string()))?;
         check_metadata(&metadata)?;
+        let lists_hash = metadata
+            .extrinsic()
+            .transaction_extensions_to_use_for_encoding()
+            .any(|e| e.identifier() == "CheckMetadataHash");
+        let metadata_hash = if lists_hash {
+            let hashed = metadata_hash::compute(bytes)?;
+            if hashed.spec_version != spec_version {
+                return Err(ChainStateError::VersionMismatch {
+                    metadata: hashed.spec_version,
+                    runtime: spec_version,
+                });
+            }
+            Some(hashed.hash)
+        } else {
+            None
+        };
         Ok(ChainState {
             client: ClientState {
                 genesis_hash: H256(genesis_hash),
@@ -212,6 +274,7 @@ impl ChainState {
                 },
                 metadata,
             },
+            metadata_hash,
         })
     }
 
@@ -226,6 +289,24 @@ impl ChainState {
         let hex_digits = metadata_hex.strip_prefix("0x").unwrap_or(metadata_hex);
         let bytes = hex::decode(hex_digits)?;
         ChainState::from_metadata_bytes(&bytes, genesis_hash, spec_version, transaction_version)
+    }
+
+    /// Refuses a state of another chain than `pinned` (the operator's `--chain-genesis`; `None`:
+    /// no pin).
+    pub fn pinned(self, pinned: Option<[u8; 32]>) -> Result<ChainState, ChainStateError> {
+        match pinned {
+            Some(pinned) if pinned != self.genesis_hash() => Err(ChainStateError::WrongChain {
+                pinned: hex::encode(pinned),
+                endpoint: hex::encode(self.genesis_hash()),
+            }),
+            _ => Ok(self),
+        }
+    }
+
+    /// The runtime's metadata hash the signature commits to (`CheckMetadataHash` mode 1), if
+    /// the runtime lists that extension.
+    pub fn metadata_hash(&self) -> Option<[u8; 32]> {
+        self.metadata_hash
     }
 
     /// The chain's genesis hash.
@@ -260,10 +341,31 @@ fn check_metadata(metadata: &Metadata) -> Result<(), ChainStateError> {
     if !versions.contains(&4) {
         return Err(ChainStateError::NoV4Extrinsics(versions.to_vec()));
     }
-    metadata
+    let pallet = metadata
         .pallet_by_name(PALLET)
-        .and_then(|pallet| pallet.call_variant_by_name(CALL))
+        .filter(|pallet| pallet.call_variant_by_name(CALL).is_some())
         .ok_or(ChainStateError::NoSetWeights)?;
+    // The call goes out under the pallet's index, which the metadata hash does not cover; the
+    // index the runtime decodes it by is the call enum's variant, which it covers: they must
+    // agree, or the metadata lies about where the call goes.
+    let call_enum = metadata
+        .types()
+        .resolve(metadata.outer_enums().call_enum_ty())
+        .map(|ty| &ty.type_def);
+    let runtime_index = match call_enum {
+        Some(scale_info::TypeDef::Variant(call_enum)) => call_enum
+            .variants
+            .iter()
+            .find(|v| v.name == PALLET)
+            .map(|v| v.index),
+        _ => None,
+    };
+    if runtime_index != Some(pallet.index()) {
+        return Err(ChainStateError::InconsistentCallIndex {
+            pallet: pallet.index(),
+            call_enum: runtime_index,
+        });
+    }
     for extension in metadata
         .extrinsic()
         .transaction_extensions_to_use_for_encoding()
@@ -323,15 +425,29 @@ pub fn signed_set_weights(
             ("version_key", Value::u128(u128::from(call.version_key))),
         ]),
     );
-    let (era_number, era_hash) = era_block;
-    let params = DefaultExtrinsicParamsBuilder::<SubstrateConfig>::new()
-        .nonce(nonce)
-        .tip(0)
-        .mortal_from_unchecked(ERA_PERIOD, era_number, H256(era_hash))
-        .build();
+    let params = tx_params(state, nonce, era_block);
     let partial = subxt_core::tx::create_v4_signed(&payload, &state.client, params)
         .map_err(|e| SignError::Encode(e.to_string()))?;
     Ok(partial.sign(&keypair).into_encoded())
+}
+
+/// The extensions' parameters: `nonce`, mortal for [`ERA_PERIOD`] blocks from `era_block`,
+/// tip 0, and the state's metadata hash when it has one.
+fn tx_params(
+    state: &ChainState,
+    nonce: u64,
+    era_block: (u64, [u8; 32]),
+) -> <<SubtensorConfig as subxt_core::Config>::ExtrinsicParams as subxt_core::config::ExtrinsicParams<SubtensorConfig>>::Params{
+    let (era_number, era_hash) = era_block;
+    (
+        (),
+        (),
+        CheckNonceParams::with_nonce(nonce),
+        (),
+        CheckMortalityParams::mortal_from_unchecked(ERA_PERIOD, era_number, H256(era_hash)),
+        ChargeTransactionPaymentParams::no_tip(),
+        MetadataHashParams(state.metadata_hash),
+    )
 }
 
 /// A transaction's era, as the extrinsic carries it.
@@ -426,9 +542,9 @@ mod tests {
         }
     }
 
-    /// The finney state at spec 343: metadata_v14.json and netuid1.json's runtime version.
+    /// The finney state at spec 343: metadata_v15.json and netuid1.json's runtime version.
     fn finney() -> Option<(ChainState, [u8; 32])> {
-        let metadata = read_json("metadata_v14.json")?;
+        let metadata = finney_v15_bytes()?;
         let netuid1 = read_json("netuid1.json")?;
         let responses = netuid1["responses"].as_array().expect("responses");
         let version = responses
@@ -445,14 +561,165 @@ mod tests {
         let spec = u32::try_from(version["specVersion"].as_u64().expect("spec")).expect("u32");
         let tx = u32::try_from(version["transactionVersion"].as_u64().expect("tx")).expect("u32");
         assert_eq!(spec, 343);
-        let state = ChainState::from_metadata_hex(
-            metadata["result"].as_str().expect("metadata hex"),
-            FINNEY_GENESIS_HASH,
-            spec,
-            tx,
-        )
-        .expect("finney metadata");
+        let state = ChainState::from_metadata_bytes(&metadata, FINNEY_GENESIS_HASH, spec, tx)
+            .expect("finney metadata");
         Some((state, era_hash))
+    }
+
+    /// Metadata V15 as finney's runtime API answered it (`Option<Vec<u8>>` opened).
+    fn finney_v15_bytes() -> Option<Vec<u8>> {
+        use subxt_core::ext::codec::Decode;
+        let answer = read_json("metadata_v15.json")?;
+        let hex_digits = answer["result"].as_str().expect("hex");
+        let raw = hex::decode(hex_digits.trim_start_matches("0x")).expect("hex");
+        Some(
+            Option::<Vec<u8>>::decode(&mut raw.as_slice())
+                .expect("Option<Vec<u8>>")
+                .expect("Some"),
+        )
+    }
+
+    /// `metadata` with pallets `a` and `b` at each other's index: what a lying endpoint serves
+    /// to make a signer put one pallet's calls under the other's index. With `call_enum`, the
+    /// runtime call enum's variants are swapped too (a consistent lie); without, only the
+    /// pallets' own indices. Also returns `b`'s real index.
+    fn swap_pallets(metadata: &[u8], a: &str, b: &str, call_enum: bool) -> (Vec<u8>, u8) {
+        use frame_metadata::{RuntimeMetadata, RuntimeMetadataPrefixed};
+        use subxt_core::ext::codec::Decode;
+        let mut prefixed = RuntimeMetadataPrefixed::decode(&mut &metadata[..]).expect("V15");
+        let RuntimeMetadata::V15(v15) = &mut prefixed.1 else {
+            panic!("not V15")
+        };
+        let index = |name: &str| v15.pallets.iter().position(|p| p.name == name).unwrap();
+        let (ia, ib) = (index(a), index(b));
+        let (xa, xb) = (v15.pallets[ia].index, v15.pallets[ib].index);
+        v15.pallets[ia].index = xb;
+        v15.pallets[ib].index = xa;
+        if call_enum {
+            let id = v15.outer_enums.call_enum_ty.id;
+            let ty = v15.types.types.iter_mut().find(|t| t.id == id).unwrap();
+            let scale_info::TypeDef::Variant(variants) = &mut ty.ty.type_def else {
+                panic!("the call enum is an enum")
+            };
+            for v in &mut variants.variants {
+                if v.name == a {
+                    v.index = xb;
+                } else if v.name == b {
+                    v.index = xa;
+                }
+            }
+        }
+        (prefixed.encode(), xb)
+    }
+
+    /// Whether the real chain (`real`) takes the signature of `extrinsic` (laid out as
+    /// `extrinsic_layout_is_substrates` shows: nonce and tip below 64), whatever its call
+    /// means: the payload it checks is the call and explicit bytes as carried, then its own
+    /// implicit ones, with its own metadata hash when the extrinsic says mode 1.
+    fn real_chain_takes(real: &ChainState, extrinsic: &[u8], era_hash: [u8; 32]) -> bool {
+        let mut body: &[u8] = extrinsic;
+        <subxt_core::ext::codec::Compact<u32> as subxt_core::ext::codec::Decode>::decode(&mut body)
+            .expect("length");
+        let pubkey: [u8; 32] = body[2..34].try_into().unwrap();
+        let signature: [u8; 64] = body[35..99].try_into().unwrap();
+        let mut payload = body[104..].to_vec();
+        payload.extend_from_slice(&body[99..104]);
+        real.spec_version().encode_to(&mut payload);
+        real.transaction_version().encode_to(&mut payload);
+        payload.extend_from_slice(&real.genesis_hash());
+        payload.extend_from_slice(&era_hash);
+        match body[103] {
+            0 => payload.push(0),
+            1 => {
+                payload.push(1);
+                payload.extend_from_slice(&real.metadata_hash().expect("finney's hash"));
+            }
+            mode => panic!("mode {mode}"),
+        }
+        if payload.len() > MAX_UNHASHED_PAYLOAD {
+            payload = subxt_core::config::Hasher::hash(
+                &subxt_core::config::substrate::BlakeTwo256,
+                &payload,
+            )
+            .0
+            .to_vec();
+        }
+        sr25519::verify(
+            &sr25519::Signature(signature),
+            &payload,
+            &sr25519::PublicKey(pubkey),
+        )
+    }
+
+    #[test]
+    fn a_lying_endpoints_metadata_cannot_make_the_hotkey_sign_another_call() {
+        let (Some(v15), Some((_, era_hash))) = (finney_v15_bytes(), finney()) else {
+            return;
+        };
+        let real =
+            ChainState::from_metadata_bytes(&v15, FINNEY_GENESIS_HASH, 343, 1).expect("finney V15");
+        assert!(
+            real.metadata_hash().is_some(),
+            "finney lists CheckMetadataHash"
+        );
+        // An honest endpoint: the real chain takes the signature.
+        let honest =
+            signed_set_weights(&real, &SEED, &call(2), 5, (ERA_NUMBER, era_hash)).expect("sign");
+        assert!(real_chain_takes(&real, &honest, era_hash));
+        // A lying one that moves SubtensorModule to Balances' index in the pallet list only:
+        // the call enum (which the runtime decodes by) disagrees, and nothing is signed.
+        let (lie, _) = swap_pallets(&v15, "SubtensorModule", "Balances", false);
+        assert!(matches!(
+            ChainState::from_metadata_bytes(&lie, FINNEY_GENESIS_HASH, 343, 1),
+            Err(ChainStateError::InconsistentCallIndex { .. })
+        ));
+        // One that moves it consistently: what the hotkey signs is, on the real chain, a
+        // Balances call; the chain must not take its signature.
+        let (lie, balances) = swap_pallets(&v15, "SubtensorModule", "Balances", true);
+        let lying = ChainState::from_metadata_bytes(&lie, FINNEY_GENESIS_HASH, 343, 1)
+            .expect("the lie decodes");
+        assert_ne!(lying.metadata_hash(), real.metadata_hash());
+        let signed =
+            signed_set_weights(&lying, &SEED, &call(2), 5, (ERA_NUMBER, era_hash)).expect("sign");
+        let mut body: &[u8] = &signed;
+        <subxt_core::ext::codec::Compact<u32> as subxt_core::ext::codec::Decode>::decode(&mut body)
+            .expect("length");
+        assert_eq!(
+            body[104], balances,
+            "the call went out under Balances' index"
+        );
+        assert!(
+            !real_chain_takes(&real, &signed, era_hash),
+            "the real chain takes a Balances call the hotkey signed for a lying endpoint"
+        );
+    }
+
+    #[test]
+    fn a_pinned_genesis_refuses_an_endpoint_of_another_chain() {
+        let Some((state, _)) = finney() else {
+            return;
+        };
+        let mut testnet = FINNEY_GENESIS_HASH;
+        testnet[0] ^= 1;
+        assert!(matches!(
+            state.clone().pinned(Some(testnet)),
+            Err(ChainStateError::WrongChain { .. })
+        ));
+        let message = state
+            .clone()
+            .pinned(Some(testnet))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(message.contains("nothing signed"), "{message}");
+        assert!(state.clone().pinned(None).is_ok(), "no pin");
+        assert_eq!(
+            state
+                .pinned(Some(FINNEY_GENESIS_HASH))
+                .unwrap()
+                .genesis_hash(),
+            FINNEY_GENESIS_HASH
+        );
     }
 
     fn call(n: u16) -> SetWeights {
@@ -543,12 +810,12 @@ mod tests {
         assert_eq!(body[1], 0);
         assert_eq!(&body[2..34], &pubkey);
         assert_eq!(body[34], 1);
-        // Extensions' explicit bytes: the era, nonce 5, tip 0, metadata-hash mode 0. The era by
+        // Extensions' explicit bytes: the era, nonce 5, tip 0, metadata-hash mode 1. The era by
         // Substrate's rule: period 64 -> 6 - 1 = 5 in the low 4 bits, phase 6,852,690 % 64 = 18
         // above them: 5 | 18 << 4 = 0x0125, little-endian.
         assert_eq!(ERA_NUMBER % ERA_PERIOD, 18);
         assert_eq!(&body[99..101], &[0x25, 0x01]);
-        assert_eq!(&body[101..104], &[5 << 2, 0, 0]);
+        assert_eq!(&body[101..104], &[5 << 2, 0, 1]);
         // Then the call: SubtensorModule (7), set_weights (0), netuid 9, dests, weights, key.
         let mut expected_call = vec![7, 0];
         (9u16, call.uids.clone(), call.weights.clone(), 4_242u64).encode_to(&mut expected_call);
@@ -567,15 +834,23 @@ mod tests {
         let decoded = decode_set_weights(&state, &bytes, other_hash).expect("decode");
         assert!(!decoded.signature_valid, "another era block");
 
-        let metadata = read_json("metadata_v14.json").expect("fixture");
-        let hex = metadata["result"].as_str().expect("hex");
-        let other_spec =
-            ChainState::from_metadata_hex(hex, FINNEY_GENESIS_HASH, 344, 1).expect("state");
-        let decoded = decode_set_weights(&other_spec, &bytes, era_hash).expect("decode");
-        assert!(!decoded.signature_valid, "another spec version");
+        let v15 = finney_v15_bytes().expect("fixture");
+        // A runtime version other than the metadata's is refused outright: the metadata hash
+        // names the spec version.
+        assert!(matches!(
+            ChainState::from_metadata_bytes(&v15, FINNEY_GENESIS_HASH, 344, 1),
+            Err(ChainStateError::VersionMismatch {
+                metadata: 343,
+                runtime: 344
+            })
+        ));
+        let other_tx =
+            ChainState::from_metadata_bytes(&v15, FINNEY_GENESIS_HASH, 343, 2).expect("state");
+        let decoded = decode_set_weights(&other_tx, &bytes, era_hash).expect("decode");
+        assert!(!decoded.signature_valid, "another transaction version");
         let mut genesis = FINNEY_GENESIS_HASH;
         genesis[31] ^= 0x80;
-        let other_chain = ChainState::from_metadata_hex(hex, genesis, 343, 1).expect("state");
+        let other_chain = ChainState::from_metadata_bytes(&v15, genesis, 343, 1).expect("state");
         let decoded = decode_set_weights(&other_chain, &bytes, era_hash).expect("decode");
         assert!(!decoded.signature_valid, "another genesis");
     }
@@ -662,10 +937,7 @@ mod tests {
         ));
         // A signed System.remark (pallet 0, call 0): a well-formed extrinsic, the wrong call.
         let remark = subxt_core::dynamic::tx("System", "remark", vec![Value::from_bytes(b"hi")]);
-        let params = DefaultExtrinsicParamsBuilder::<SubstrateConfig>::new()
-            .nonce(0)
-            .mortal_from_unchecked(ERA_PERIOD, ERA_NUMBER, H256(era_hash))
-            .build();
+        let params = tx_params(&state, 0, (ERA_NUMBER, era_hash));
         let keypair = sr25519::Keypair::from_secret_key(SEED).expect("seed");
         let bytes = subxt_core::tx::create_v4_signed(&remark, &state.client, params)
             .expect("remark")
@@ -726,6 +998,14 @@ mod tests {
                 ChainState::from_metadata_bytes(&bytes[..cut], FINNEY_GENESIS_HASH, 1, 1).is_err()
             );
         }
+        // Whole, metadata V14 of a runtime that checks a metadata hash: no hash can be
+        // computed from it, so nothing is signed with it.
+        assert!(matches!(
+            ChainState::from_metadata_bytes(&bytes, FINNEY_GENESIS_HASH, 343, 1),
+            Err(ChainStateError::MetadataHash(
+                metadata_hash::MetadataHashError::NotV15(14)
+            ))
+        ));
     }
 
     fn map(pairs: &[(u16, f64)]) -> BTreeMap<u16, f64> {

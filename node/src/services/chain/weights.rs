@@ -5,8 +5,11 @@
 //! allows ([`Policy::min_blocks`] since the last submission), submits them signed by the
 //! validator's hotkey. What it reads from the chain for each submission: the best head (its
 //! number and hash are the mortal era's birth), the runtime version (to rebuild the call from
-//! fresh metadata after a runtime upgrade), the genesis hash (once) and the hotkey's next
-//! nonce. A failed submission is logged with its reason, counted, and retried with the next
+//! fresh metadata V15 after a runtime upgrade), the genesis hash (with the metadata) and the
+//! hotkey's next nonce. The signature commits to the runtime's metadata hash where the runtime
+//! checks one (`CheckMetadataHash` mode 1, see `extrinsic::metadata_hash`), and nothing is
+//! signed for an endpoint whose genesis is not the one the operator pinned
+//! (`--chain-genesis`). A failed submission is logged with its reason, counted, and retried with the next
 //! epoch's weights; nothing else waits on it.
 
 use bootstrap::identity::HotkeyPair;
@@ -58,6 +61,9 @@ impl SubmitError {
             SubmitError::Rpc(RpcError::Timeout { .. }) => "timeout",
             SubmitError::Rpc(_) => "transport",
             SubmitError::Chain(_) => "bad_answer",
+            SubmitError::Metadata(super::extrinsic::ChainStateError::WrongChain { .. }) => {
+                "wrong_chain"
+            }
             SubmitError::Metadata(_) => "metadata",
             SubmitError::Sign(_) => "extrinsic",
         }
@@ -115,6 +121,8 @@ pub(crate) struct Submitter {
     pub(crate) hotkey: HotkeyPair,
     /// Bounds of each call.
     pub(crate) limits: RpcLimits,
+    /// The chain's genesis hash, when the operator pinned it (`--chain-genesis`).
+    pub(crate) genesis: Option<[u8; 32]>,
 }
 
 /// Submits the validator's weights as they come, until the validator service is gone.
@@ -201,8 +209,9 @@ async fn submit(
         Some(state) if state.spec_version() == spec_version => state,
         _ => {
             let genesis = hash_bytes(&rpc.chain_get_block_hash(0).await?)?;
-            let metadata = rpc.state_get_metadata(Some(&head_hash)).await?;
+            let metadata = rpc.metadata_v15(Some(&head_hash)).await?;
             ChainState::from_metadata_bytes(&metadata, genesis, spec_version, transaction_version)?
+                .pinned(submitter.genesis)?
         }
     };
     let state = cached.insert(state);

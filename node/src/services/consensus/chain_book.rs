@@ -8,10 +8,17 @@
 //! verified binding, each under its bound peer id: a neuron whose hotkey nobody has proved
 //! has no peer, so its stake elects nobody and it is no registered miner. It is rebuilt
 //! whenever either input changes or a binding expires.
+//!
+//! The book is bounded by the subnet: a binding is kept only while its hotkey is one of the
+//! neurons of the read in force (none before the first read: heartbeats carry bindings again
+//! every few seconds), a read that no longer holds a hotkey drops its binding, and the book
+//! never holds more than [`p2p::MAX_BOOK_BINDINGS`] hotkeys (full, it turns newcomers away).
+//! Every insert costs `O(log n)`. This node's own binding is kept aside and taken again at
+//! every read, so that one given before the first read counts.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use bootstrap::Metagraph;
+use bootstrap::{Hotkey, Metagraph};
 use p2p::{BindingBook, BindingError, BookUpdate, HotkeyBinding, PeerId};
 
 use crate::rules::Reason;
@@ -22,9 +29,14 @@ use crate::services::consensus::api::{ChainStake, HeartbeatRejected};
 pub(crate) struct ChainBook {
     netuid: u16,
     stake: Option<ChainStake>,
+    /// The hotkeys of the read in force.
+    registered: HashSet<Hotkey>,
     book: BindingBook,
-    /// The last binding verified for each peer, to skip verifying the same one again.
+    /// The binding verified for each peer in the book, to skip verifying the same one again
+    /// (only peers in the book: it is no larger).
     verified: HashMap<PeerId, HotkeyBinding>,
+    /// This node's own binding (its peer and the binding), taken again at every read.
+    own: Option<(PeerId, HotkeyBinding)>,
     /// Grows by one whenever the book changes.
     generation: u64,
 }
@@ -44,8 +56,10 @@ impl ChainBook {
         Self {
             netuid,
             stake: None,
+            registered: HashSet::new(),
             book: BindingBook::new(),
             verified: HashMap::new(),
+            own: None,
             generation: 0,
         }
     }
@@ -55,8 +69,9 @@ impl ChainBook {
         self.generation
     }
 
-    /// Takes a good read of the chain.
-    pub(crate) fn on_stake(&mut self, stake: ChainStake) -> Changed {
+    /// Takes a good read of the chain at `now_secs` (Unix seconds): bindings of hotkeys it
+    /// no longer holds are dropped, and this node's own binding is taken again.
+    pub(crate) fn on_stake(&mut self, stake: ChainStake, now_secs: u64) -> Changed {
         if stake.netuid != self.netuid {
             tracing::warn!(
                 netuid = stake.netuid,
@@ -68,11 +83,42 @@ impl ChainBook {
         if self.stake.as_ref() == Some(&stake) {
             return Changed::No;
         }
+        self.registered = stake.neurons.iter().map(|n| n.hotkey.clone()).collect();
         self.stake = Some(stake);
+        let registered = &self.registered;
+        let dropped = self.book.retain(|hotkey| registered.contains(hotkey));
+        for (hotkey, peer) in &dropped {
+            tracing::info!(%hotkey, %peer, "hotkey left the subnet; its binding is dropped");
+            self.verified.remove(peer);
+        }
+        if !dropped.is_empty() {
+            self.generation += 1;
+        }
+        if let Some((me, binding)) = self.own.clone() {
+            if let Err(rejected) = self.on_binding(&me, &binding, now_secs) {
+                tracing::error!(
+                    reason = rejected.label(),
+                    "this node's own hotkey binding does not verify"
+                );
+            }
+        }
         Changed::Yes
     }
 
-    /// Checks and takes the binding `sender` carried at `now_secs` (Unix seconds).
+    /// Checks and takes this node's own binding (`me` is this node), keeping it aside to be
+    /// taken again at every read of the chain.
+    pub(crate) fn on_own_binding(
+        &mut self,
+        me: &PeerId,
+        binding: &HotkeyBinding,
+        now_secs: u64,
+    ) -> Result<Changed, HeartbeatRejected> {
+        self.own = Some((*me, binding.clone()));
+        self.on_binding(me, binding, now_secs)
+    }
+
+    /// Checks and takes the binding `sender` carried at `now_secs` (Unix seconds). A binding
+    /// that verifies but whose hotkey the subnet does not hold is not kept (`Changed::No`).
     pub(crate) fn on_binding(
         &mut self,
         sender: &PeerId,
@@ -86,13 +132,11 @@ impl ChainBook {
             .verify(sender, self.netuid, now_secs)
             .map_err(rejection)?;
         let hotkey = verified.hotkey().clone();
-        let update = self.book.insert(verified, now_secs);
-        if matches!(update, BookUpdate::Accepted { .. } | BookUpdate::NotNewer) {
-            // A binding turned away (its peer holds another hotkey) is looked at again
-            // when it comes back: the other one may have lapsed by then.
-            self.verified.insert(*sender, binding.clone());
+        if !self.registered.contains(&hotkey) {
+            tracing::debug!(peer = %sender, %hotkey, "hotkey not on the subnet; binding not kept");
+            return Ok(Changed::No);
         }
-        match update {
+        match self.book.insert(verified, now_secs) {
             BookUpdate::Accepted {
                 replaced_peer,
                 evicted_hotkey,
@@ -105,15 +149,31 @@ impl ChainBook {
                     evicted_hotkey = ?evicted_hotkey,
                     "hotkey binding verified"
                 );
+                if let Some(old) = replaced_peer {
+                    self.verified.remove(&old);
+                }
+                self.verified.insert(*sender, binding.clone());
                 self.generation += 1;
                 Ok(Changed::Yes)
+            }
+            BookUpdate::NotNewer => {
+                // The same binding again, or an older one: remembered only for the peer the
+                // book holds for the hotkey (a binding turned away is looked at again when it
+                // comes back: the one in the book may have lapsed by then).
+                if self.book.peer_of(&hotkey) == Some(sender) {
+                    self.verified.insert(*sender, binding.clone());
+                }
+                Ok(Changed::No)
             }
             BookUpdate::PeerTaken { holder } => {
                 tracing::warn!(peer = %sender, %hotkey, %holder, "peer already speaks for another hotkey; binding not taken");
                 Ok(Changed::No)
             }
+            BookUpdate::Full => {
+                tracing::warn!(peer = %sender, %hotkey, capacity = self.book.capacity(), "binding book full; binding not taken");
+                Ok(Changed::No)
+            }
             BookUpdate::Expired => Err(HeartbeatRejected::StaleBinding),
-            BookUpdate::NotNewer => Ok(Changed::No),
         }
     }
 
@@ -123,10 +183,10 @@ impl ChainBook {
         if gone.is_empty() {
             return Changed::No;
         }
-        for hotkey in &gone {
+        for (hotkey, peer) in &gone {
             tracing::info!(%hotkey, "hotkey binding expired; its stake no longer counts");
+            self.verified.remove(peer);
         }
-        self.verified.retain(|_, b| b.expires_at > now_secs);
         self.generation += 1;
         Changed::Yes
     }
@@ -273,8 +333,12 @@ mod tests {
     fn only_hotkeys_with_a_verified_binding_get_a_peer_and_their_stake() {
         let mut book = ChainBook::new(NETUID);
         assert!(book.metagraph().is_none(), "nothing before the first read");
-        assert_eq!(book.on_stake(stake()), Changed::Yes);
-        assert_eq!(book.on_stake(stake()), Changed::No, "the same read again");
+        assert_eq!(book.on_stake(stake(), NOW), Changed::Yes);
+        assert_eq!(
+            book.on_stake(stake(), NOW),
+            Changed::No,
+            "the same read again"
+        );
         assert!(
             book.metagraph().unwrap().is_empty(),
             "nobody proved a hotkey yet"
@@ -328,12 +392,12 @@ mod tests {
         );
         assert_eq!(book.metagraph().unwrap().len(), 1);
 
-        // A hotkey the subnet does not hold binds, but has nothing to count.
+        // A hotkey the subnet does not hold is not kept.
         let stranger = peer(13);
         let unregistered = bind(&hotkey(4), &stranger, NOW + 3600);
         assert_eq!(
             book.on_binding(&id(&stranger), &unregistered, NOW),
-            Ok(Changed::Yes)
+            Ok(Changed::No)
         );
         assert_eq!(book.metagraph().unwrap().len(), 1);
         assert_eq!(book.bound_hotkeys(), 1);
@@ -353,9 +417,77 @@ mod tests {
     }
 
     #[test]
+    fn bindings_are_kept_only_for_hotkeys_on_the_subnet() {
+        let mut book = ChainBook::new(NETUID);
+        let (validator, miner, stranger) = (peer(10), peer(11), peer(13));
+        let validator_binding = bind(&hotkey(1), &validator, NOW + 3600);
+        // Before the chain is read nobody is known to be registered: nothing is kept (every
+        // heartbeat carries the binding again).
+        assert_eq!(
+            book.on_binding(&id(&validator), &validator_binding, NOW),
+            Ok(Changed::No)
+        );
+        assert!(book.bindings().is_empty());
+        book.on_stake(stake(), NOW);
+        assert_eq!(
+            book.on_binding(&id(&validator), &validator_binding, NOW),
+            Ok(Changed::Yes)
+        );
+        // Hotkeys the subnet does not hold leave nothing behind, however many.
+        for i in 20..60 {
+            let binding = bind(&hotkey(i), &stranger, NOW + 3600);
+            assert_eq!(
+                book.on_binding(&id(&stranger), &binding, NOW),
+                Ok(Changed::No)
+            );
+        }
+        assert_eq!(book.bindings().len(), 1);
+        // The miner binds, then its hotkey leaves the subnet: its binding goes at the next
+        // read, and comes back when the hotkey is registered again.
+        let miner_binding = bind(&hotkey(2), &miner, NOW + 3600);
+        assert_eq!(
+            book.on_binding(&id(&miner), &miner_binding, NOW),
+            Ok(Changed::Yes)
+        );
+        assert_eq!(book.bindings().len(), 2);
+        let mut without_miner = stake();
+        without_miner
+            .neurons
+            .retain(|n| n.hotkey != hotkey(2).hotkey());
+        without_miner.block += 1;
+        assert_eq!(book.on_stake(without_miner, NOW), Changed::Yes);
+        assert_eq!(
+            book.bindings().len(),
+            1,
+            "the deregistered hotkey's binding is gone"
+        );
+        assert_eq!(book.metagraph().unwrap().len(), 1);
+        let mut again = stake();
+        again.block += 2;
+        book.on_stake(again, NOW);
+        assert_eq!(
+            book.on_binding(&id(&miner), &miner_binding, NOW + 1),
+            Ok(Changed::Yes),
+            "taken again, not skipped as already verified"
+        );
+        assert_eq!(book.metagraph().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn this_nodes_own_binding_given_before_the_first_read_counts_at_it() {
+        let mut book = ChainBook::new(NETUID);
+        let me = peer(10);
+        let own = bind(&hotkey(1), &me, NOW + 3600);
+        assert_eq!(book.on_own_binding(&id(&me), &own, NOW), Ok(Changed::No));
+        assert_eq!(book.on_stake(stake(), NOW), Changed::Yes);
+        assert_eq!(book.bindings().len(), 1);
+        assert_eq!(book.metagraph().unwrap().len(), 1);
+    }
+
+    #[test]
     fn stake_of_another_subnet_is_ignored() {
         let mut book = ChainBook::new(NETUID + 1);
-        assert_eq!(book.on_stake(stake()), Changed::No);
+        assert_eq!(book.on_stake(stake(), NOW), Changed::No);
         assert!(book.metagraph().is_none());
     }
 }

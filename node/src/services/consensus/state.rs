@@ -111,13 +111,17 @@ impl Orchestration {
         self
     }
 
-    /// A good read of the chain's neurons.
-    pub(crate) fn on_chain_stake(&mut self, stake: crate::services::consensus::api::ChainStake) {
+    /// A good read of the chain's neurons, taken at `wall_ms` (this node's clock).
+    pub(crate) fn on_chain_stake(
+        &mut self,
+        stake: crate::services::consensus::api::ChainStake,
+        wall_ms: u64,
+    ) {
         let Some(book) = &mut self.chain else {
             tracing::warn!("chain stake ignored: this node's stake is not from the chain");
             return;
         };
-        if book.on_stake(stake) == chain::Changed::Yes {
+        if book.on_stake(stake, wall_ms / 1000) == chain::Changed::Yes {
             self.rebuild_from_chain();
         }
     }
@@ -130,7 +134,7 @@ impl Orchestration {
         let Ok(me) = self.me.as_str().parse::<p2p::PeerId>() else {
             return;
         };
-        match book.on_binding(&me, binding, wall_ms / 1000) {
+        match book.on_own_binding(&me, binding, wall_ms / 1000) {
             Ok(chain::Changed::Yes) => self.rebuild_from_chain(),
             Ok(chain::Changed::No) => {}
             Err(rejected) => {
@@ -518,7 +522,8 @@ impl Orchestration {
         epoch: u64,
         weights: Vec<(u16, u16)>,
     ) {
-        if !self.weights.add(validator, epoch, weights) {
+        let open = self.current.as_ref().map(|p| p.epoch);
+        if !self.weights.add(validator, epoch, weights, open) {
             return;
         }
         if let Some(metagraph) = &self.metagraph {
@@ -733,6 +738,23 @@ mod tests {
         let node = Orchestration::new(ids[1].clone(), Role::Validator, run, None, stored);
         assert_eq!(node.epoch(), Some(42));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn weights_of_the_epoch_in_force_are_never_shown_as_consensus() {
+        let (nodes, run, ids) = setup();
+        let metagraph = nodes[0].metagraph.clone();
+        let plan = next_plan(&run, &ids[0], None, Some(41), &BTreeSet::new()).unwrap();
+        let mut node =
+            Orchestration::new(ids[1].clone(), Role::Validator, run, metagraph, Some(plan));
+        assert_eq!(node.epoch(), Some(42));
+        let miner = 2;
+        // One validator's vector for epoch 42, still open, alone: not consensus.
+        node.on_weights(ids[1].clone(), 42, vec![(miner, 65535)]);
+        assert!(node.consensus_weights().is_none());
+        // Epoch 41 is closed: its vectors count.
+        node.on_weights(ids[0].clone(), 41, vec![(miner, 65535)]);
+        assert_eq!(node.consensus_weights().map(|c| c.epoch), Some(41));
     }
 
     #[test]

@@ -2,8 +2,11 @@
 //! accepted: loss records, held-out losses, heads that finished, merged hashes. Consensus
 //! judges from it where the epoch in force stands ([`RunStats::progress`]), so that the
 //! orchestrator closes epochs; `/status` shows it and `local-swarm` reads it from there.
+//!
+//! Each sample's record counts once (the first one heard): a `Losses` message accepted for
+//! its new samples may repeat a sample or carry ones already counted, and those add nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -49,10 +52,16 @@ pub(crate) struct EpochStats {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RunStats {
     epochs: BTreeMap<u64, EpochStats>,
+    /// The samples counted, for the newest [`KEEP_COUNTED`] epochs with records.
+    counted: BTreeMap<u64, HashSet<u64>>,
 }
 
 /// Epochs kept in memory.
 const KEEP: usize = 64;
+
+/// Epochs whose counted samples are kept: loss records are taken for the epoch in force and
+/// the one before it only, so older ones get no more records.
+const KEEP_COUNTED: usize = 2;
 
 impl RunStats {
     /// Takes a pipeline gossip message from `author`, heard at `now` since the node started.
@@ -75,8 +84,9 @@ impl RunStats {
                 records,
                 ..
             } => {
+                let counted = self.counted.entry(epoch).or_default();
                 for r in records {
-                    if !r.loss.is_finite() {
+                    if !r.loss.is_finite() || !counted.insert(r.sample) {
                         continue;
                     }
                     // Counters saturate: the router admits only checked records, and a
@@ -117,6 +127,9 @@ impl RunStats {
         }
         while self.epochs.len() > KEEP {
             self.epochs.pop_first();
+        }
+        while self.counted.len() > KEEP_COUNTED {
+            self.counted.pop_first();
         }
     }
 
@@ -221,6 +234,44 @@ mod tests {
         assert_eq!((e.samples, e.tokens), (1, 10));
         assert_eq!(e.train_loss, Some(2.0));
         assert_eq!(e.samples_by_miner["b"], 1);
+    }
+
+    #[test]
+    fn each_record_counts_once() {
+        let mut stats = RunStats::default();
+        let now = Duration::from_secs(1);
+        let record = |sample: u64, loss: f32| LossRecord {
+            sample,
+            pathway: vec!["h".into(), "t".into()],
+            loss,
+        };
+        let losses = |records: Vec<LossRecord>| PipelineGossip::Losses {
+            epoch: 0,
+            tokens_per_sample: 10,
+            records,
+        };
+        // A message repeating a sample, then one with a sample already counted and a new one.
+        stats.observe("t", &losses(vec![record(1, 2.0), record(1, 2.0)]), now);
+        stats.observe("t", &losses(vec![record(1, 9.0), record(2, 4.0)]), now);
+        let e = &stats.epochs()[0];
+        assert_eq!((e.samples, e.tokens), (2, 20));
+        assert_eq!(
+            e.train_loss,
+            Some(3.0),
+            "the first loss of each sample counts"
+        );
+        assert_eq!(e.samples_by_miner["h"], 2);
+        // The same sample in another epoch is another record.
+        stats.observe(
+            "t",
+            &PipelineGossip::Losses {
+                epoch: 1,
+                tokens_per_sample: 10,
+                records: vec![record(1, 1.0)],
+            },
+            now,
+        );
+        assert_eq!(stats.epochs()[1].samples, 1);
     }
 
     #[test]

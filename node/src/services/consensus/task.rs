@@ -182,7 +182,8 @@ impl Consensus {
                 self.publish();
             }
             ConsensusMsg::ChainStake(stake) => {
-                self.orchestration.on_chain_stake(*stake);
+                self.orchestration
+                    .on_chain_stake(*stake, crate::schedule::unix_ms(SystemTime::now()));
                 self.publish();
             }
             ConsensusMsg::Tick => self.tick(),

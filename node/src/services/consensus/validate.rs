@@ -27,7 +27,9 @@
 //! * **`Merged`** only from a member of that stage in that epoch's plan, once (on a node
 //!   that joined without the previous plan, from a member of that stage in the current one).
 //! * **`Weights`** only from a permitted validator, once per epoch, within
-//!   [`WEIGHTS_WINDOW`] closed epochs, one weight per uid.
+//!   [`WEIGHTS_WINDOW`] closed epochs, one weight per uid. Weights for the epoch in force wait
+//!   (like gossip of the next epoch) until it closes: a validator scores an epoch when the
+//!   next plan reaches it, which may be before it reaches this node.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -429,6 +431,9 @@ impl PipelineRules {
         let uids: BTreeSet<u16> = weights.iter().map(|(uid, _)| *uid).collect();
         if !self.validators.contains(author) {
             return Verdict::Reject(PipelineReason::WeightsNotValidator);
+        }
+        if epoch == current {
+            return Verdict::Ignore(PipelineReason::NoPlanForEpoch);
         }
         if epoch > current || current - epoch > WEIGHTS_WINDOW {
             return Verdict::Ignore(PipelineReason::EpochOutOfWindow);

@@ -1,7 +1,9 @@
 //! The validators' weight vectors of the last few epochs and their Yuma consensus
 //! ([`attribution::yuma`]), with stakes from the metagraph. Every node keeps one, fed the
 //! vectors the router accepted (only from validators with a permit, one per validator and
-//! epoch), so every node computes the same consensus from the same vectors.
+//! epoch), so every node computes the same consensus from the same vectors. Only closed
+//! epochs (before the one in force) are taken: nobody can have scored the open one, so one
+//! validator's early vector is never shown as the consensus of an epoch still running.
 
 use std::collections::BTreeMap;
 
@@ -24,8 +26,18 @@ pub(crate) struct WeightBook {
 
 impl WeightBook {
     /// Takes `validator`'s vector for `epoch` (its first one counts; an epoch older than the
-    /// kept ones is dropped). Returns whether anything changed.
-    pub(crate) fn add(&mut self, validator: PeerIdStr, epoch: u64, weights: Vector) -> bool {
+    /// kept ones is dropped; so is one not closed: `open` is the epoch in force, `None` before
+    /// any plan). Returns whether anything changed.
+    pub(crate) fn add(
+        &mut self,
+        validator: PeerIdStr,
+        epoch: u64,
+        weights: Vector,
+        open: Option<u64>,
+    ) -> bool {
+        if open.is_none_or(|open| epoch >= open) {
+            return false;
+        }
         if self.epochs.len() >= KEEP_EPOCHS
             && self
                 .epochs
@@ -160,11 +172,12 @@ mod tests {
         assert!(book.add(
             peers[0].clone(),
             7,
-            vec![(a, 65535), (b, 65535), (c, 65535)]
+            vec![(a, 65535), (b, 65535), (c, 65535)],
+            Some(100)
         ));
-        assert!(book.add(peers[1].clone(), 7, vec![(a, 65535)]));
+        assert!(book.add(peers[1].clone(), 7, vec![(a, 65535)], Some(100)));
         // A second vector of the same validator for the same epoch does not count.
-        assert!(!book.add(peers[1].clone(), 7, vec![(b, 65535)]));
+        assert!(!book.add(peers[1].clone(), 7, vec![(b, 65535)], Some(100)));
         let consensus = book.consensus(&metagraph).unwrap();
         assert_eq!(consensus.epoch, 7);
         // Consensus follows the 3/4 of the stake: a third each. Clipped, the small validator
@@ -191,22 +204,38 @@ mod tests {
     }
 
     #[test]
+    fn a_vector_for_an_epoch_still_open_is_not_taken() {
+        let (metagraph, peers) = metagraph();
+        let mut book = WeightBook::default();
+        // Epoch 7 is the one in force: nobody can have scored it yet.
+        assert!(!book.add(peers[1].clone(), 7, vec![(2, 65535)], Some(7)));
+        assert!(!book.add(peers[1].clone(), 8, vec![(2, 65535)], Some(7)));
+        assert!(
+            !book.add(peers[1].clone(), 6, vec![(2, 65535)], None),
+            "no plan known"
+        );
+        assert_eq!(book.consensus(&metagraph), None);
+        assert!(book.add(peers[1].clone(), 6, vec![(2, 65535)], Some(7)));
+        assert_eq!(book.consensus(&metagraph).unwrap().epoch, 6);
+    }
+
+    #[test]
     fn vectors_of_strangers_have_no_say_and_old_epochs_are_forgotten() {
         let (metagraph, peers) = metagraph();
         let mut book = WeightBook::default();
         let stranger =
             PeerIdStr::parse("12D3KooWNtKk9kge2qJwFHP3zgffKj9bEFNSiG5DxGQEqsB6niD4").unwrap();
-        assert!(book.add(stranger, 1, vec![(9, 65535)]));
+        assert!(book.add(stranger, 1, vec![(9, 65535)], Some(100)));
         assert_eq!(
             book.consensus(&metagraph),
             None,
             "no staked validator heard"
         );
         for epoch in 2..=5 {
-            assert!(book.add(peers[0].clone(), epoch, vec![(2, 65535)]));
+            assert!(book.add(peers[0].clone(), epoch, vec![(2, 65535)], Some(100)));
         }
         assert!(
-            !book.add(peers[1].clone(), 1, vec![(2, 65535)]),
+            !book.add(peers[1].clone(), 1, vec![(2, 65535)], Some(100)),
             "epoch 1 is gone"
         );
         assert_eq!(book.consensus(&metagraph).unwrap().epoch, 5);

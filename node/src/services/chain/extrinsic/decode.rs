@@ -56,12 +56,25 @@ pub fn decode_set_weights(
         .ok_or_else(|| DecodeError::Malformed("no extrinsic".to_owned()))?;
     check_set_weights_call(&details)?;
     let (signer_pubkey, signature) = signer_and_signature(&details)?;
-    let Extensions { nonce, tip, era } = explicit_extensions(&details)?;
+    let Extensions {
+        nonce,
+        tip,
+        era,
+        metadata_hash,
+    } = explicit_extensions(&details)?;
     let era_hash = match era {
         TxEra::Immortal => state.genesis_hash(),
         TxEra::Mortal { .. } => era_block_hash,
     };
-    let payload = signed_payload(state, &details, era_hash);
+    let metadata_hash = match metadata_hash {
+        false => None,
+        true => Some(
+            state
+                .metadata_hash()
+                .ok_or(DecodeError::MetadataHashEnabled)?,
+        ),
+    };
+    let payload = signed_payload(state, &details, era_hash, metadata_hash);
     let signature_valid = if payload.len() > MAX_UNHASHED_PAYLOAD {
         let hash = BlakeTwo256.hash(&payload);
         verify(&signature, hash.as_ref(), &signer_pubkey)
@@ -126,10 +139,11 @@ struct Extensions {
     tip: u128,
     /// `CheckMortality` (immortal when absent).
     era: TxEra,
+    /// `CheckMetadataHash`: whether the signature commits to the runtime's metadata hash.
+    metadata_hash: bool,
 }
 
-/// Reads the extensions' explicit values, refusing an extrinsic that commits to a metadata
-/// hash (this module signs without one).
+/// Reads the extensions' explicit values.
 fn explicit_extensions(details: &Details) -> Result<Extensions, DecodeError> {
     let extensions = details
         .transaction_extensions()
@@ -147,20 +161,28 @@ fn explicit_extensions(details: &Details) -> Result<Extensions, DecodeError> {
         Some(Era::Mortal { period, phase }) => TxEra::Mortal { period, phase },
         Some(Era::Immortal) | None => TxEra::Immortal,
     };
-    let metadata_hash_enabled = extensions
+    let metadata_hash = extensions
         .find::<CheckMetadataHash>()
         .map_err(|_| DecodeError::Extension("CheckMetadataHash"))?
         .is_some_and(|mode| mode.is_enabled());
-    if metadata_hash_enabled {
-        return Err(DecodeError::MetadataHashEnabled);
-    }
-    Ok(Extensions { nonce, tip, era })
+    Ok(Extensions {
+        nonce,
+        tip,
+        era,
+        metadata_hash,
+    })
 }
 
 /// The payload Substrate signs: the call, every extension's explicit bytes (as the extrinsic
 /// carries them), every extension's implicit bytes (recomputed here, in the runtime's order;
-/// `era_hash` is the era's birth block, or the genesis for an immortal extrinsic).
-fn signed_payload(state: &ChainState, details: &Details, era_hash: [u8; 32]) -> Vec<u8> {
+/// `era_hash` is the era's birth block, or the genesis for an immortal extrinsic;
+/// `metadata_hash` the runtime's when the extrinsic says mode 1).
+fn signed_payload(
+    state: &ChainState,
+    details: &Details,
+    era_hash: [u8; 32],
+    metadata_hash: Option<[u8; 32]>,
+) -> Vec<u8> {
     let mut payload = details.call_bytes().to_vec();
     payload.extend_from_slice(details.transaction_extensions_bytes().unwrap_or_default());
     for extension in state
@@ -174,8 +196,8 @@ fn signed_payload(state: &ChainState, details: &Details, era_hash: [u8; 32]) -> 
             "CheckTxVersion" => state.transaction_version().encode_to(&mut payload),
             "CheckGenesis" => payload.extend_from_slice(&state.genesis_hash()),
             "CheckMortality" => payload.extend_from_slice(&era_hash),
-            // `None`: no metadata hash (checked by `explicit_extensions`).
-            "CheckMetadataHash" => payload.push(0),
+            // `Option<[u8; 32]>`: the runtime's hash in mode 1, `None` in mode 0.
+            "CheckMetadataHash" => metadata_hash.encode_to(&mut payload),
             // Every other extension has no implicit bytes (checked by `ChainState`).
             _ => {}
         }

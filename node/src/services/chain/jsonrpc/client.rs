@@ -190,6 +190,29 @@ impl ChainRpc {
         hex_result("state_getMetadata", &result)
     }
 
+    /// `state_call Metadata_metadata_at_version(15)` at `at`: the SCALE bytes of the runtime's
+    /// metadata V15 (`meta` magic first), the runtime API's `Option<OpaqueMetadata>` opened
+    /// ([`RpcError::Missing`] when the runtime has no V15).
+    pub async fn metadata_v15(&self, at: Option<&str>) -> Result<Vec<u8>, RpcError> {
+        use subxt_core::ext::codec::Decode;
+        const METHOD: &str = "Metadata_metadata_at_version";
+        let answer = self.state_call(METHOD, "0x0f000000", at).await?;
+        let bad = |reason: &str| RpcError::BadResult {
+            method: METHOD.into(),
+            reason: reason.into(),
+        };
+        let mut rest = answer.as_slice();
+        let metadata = Option::<Vec<u8>>::decode(&mut rest)
+            .map_err(|_| bad("not an Option<Vec<u8>>"))?
+            .ok_or_else(|| RpcError::Missing {
+                method: METHOD.into(),
+            })?;
+        if !rest.is_empty() {
+            return Err(bad("bytes left over"));
+        }
+        Ok(metadata)
+    }
+
     /// `chain_getBlockHash(n)`: the hash of block number `n` ([`RpcError::Missing`] if the node
     /// has no such block).
     pub async fn chain_get_block_hash(&self, n: u64) -> Result<String, RpcError> {

@@ -333,11 +333,18 @@ fn weights_come_from_permitted_validators_once_an_epoch_and_well_formed() {
         rules.check(&book, &validator, &weights(0, vec![(2, 65535)])),
         Verdict::Reject(PipelineReason::WeightsDuplicate)
     );
-    // The current epoch is another epoch; a future one is out of the window.
+    // The current epoch is still open: its weights wait for its plan's successor (an honest
+    // validator that heard the next plan first scored it; nobody can have scored it yet
+    // otherwise), never accepted before it closes. A future one is out of the window.
     assert_eq!(
         rules.check(&book, &validator, &weights(1, vec![(2, 65535)])),
-        Verdict::Accept
+        Verdict::Ignore(PipelineReason::NoPlanForEpoch)
     );
+    assert!(waits_for_plan(&rules.check(
+        &book,
+        &validator,
+        &weights(1, vec![(2, 65535)])
+    )));
     assert_eq!(
         rules.check(&book, &validator, &weights(7, vec![(2, 65535)])),
         Verdict::Ignore(PipelineReason::EpochOutOfWindow)
@@ -347,7 +354,17 @@ fn weights_come_from_permitted_validators_once_an_epoch_and_well_formed() {
     let (later, _) = book_at(&[5, 6]);
     assert_eq!(
         rules.check(&later, &validator, &weights(1, vec![(2, 65535)])),
+        Verdict::Accept,
+        "epoch 1 closed: its weights are taken now"
+    );
+    assert_eq!(
+        rules.check(&later, &validator, &weights(1, vec![(2, 65535)])),
         Verdict::Reject(PipelineReason::WeightsDuplicate)
+    );
+    assert_eq!(
+        rules.check(&later, &validator, &weights(6, vec![(2, 65535)])),
+        Verdict::Ignore(PipelineReason::NoPlanForEpoch),
+        "epoch 6 is open"
     );
     assert_eq!(
         rules.check(&later, &validator, &weights(3, vec![(2, 65535)])),
