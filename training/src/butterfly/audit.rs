@@ -192,32 +192,33 @@ async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditRepor
                 _ => {}
             }
         }
-        // An input far from the others is proof too: anyone can fetch the partition's
-        // committed inputs and apply the same rule (`robust::outliers`).
-        for (member, committed) in outliers_among(&ledger, &plan, p, &inputs) {
+        // A committed input that holds a NaN or an infinity is proof on its own, and so is
+        // one far from the others (`robust::outliers`): anyone can fetch the partition's
+        // committed inputs, check them against the commitments and see it.
+        let partition = p as u32;
+        let outliers = ledger.outliers(p, inputs.iter().map(|(&m, v)| (m, &v[..])));
+        let poisons = non_finite
+            .into_iter()
+            .map(|(member, committed)| {
+                let evidence = Evidence::NonFiniteInput {
+                    partition,
+                    committed,
+                };
+                (member, MisbehaviourKind::NonFinite, evidence)
+            })
+            .chain(outliers.into_iter().map(|(member, committed)| {
+                let evidence = Evidence::OutlierInput {
+                    partition,
+                    committed,
+                };
+                (member, MisbehaviourKind::Outlier, evidence)
+            }));
+        for (member, kind, evidence) in poisons {
             if !poisoned.insert(member) {
                 continue;
             }
-            let evidence = Evidence::OutlierInput {
-                partition: p as u32,
-                committed,
-            };
-            let message = ledger.report(member, MisbehaviourKind::Outlier, evidence);
-            tracing::warn!(accused = %message.accused, partition = p, "audit found an outlier input");
-            publish_report(&*transport, &mut report, &mut traffic, message).await;
-        }
-        // A committed input that holds a NaN or an infinity is proof on its own: anyone
-        // can fetch the bytes, check them against the commitment and see the value.
-        for (member, committed) in non_finite {
-            if !poisoned.insert(member) {
-                continue;
-            }
-            let evidence = Evidence::NonFiniteInput {
-                partition: p as u32,
-                committed,
-            };
-            let message = ledger.report(member, MisbehaviourKind::NonFinite, evidence);
-            tracing::warn!(accused = %message.accused, partition = p, "audit found a non-finite input");
+            let message = ledger.report(member, kind, evidence);
+            tracing::warn!(accused = %message.accused, partition = p, ?kind, "audit found a poisoned input");
             publish_report(&*transport, &mut report, &mut traffic, message).await;
         }
         if checked.iter().any(|c| c.check == Check::Unknown) {
@@ -254,36 +255,6 @@ async fn run<T: Transport>(transport: Arc<T>, config: AuditConfig) -> AuditRepor
         "audit done"
     );
     report
-}
-
-/// The members whose committed input of partition `p` is an outlier among `inputs` (every
-/// verified input of `p`), with their committed hashes.
-fn outliers_among(
-    ledger: &Ledger,
-    plan: &Plan,
-    p: usize,
-    inputs: &std::collections::BTreeMap<usize, Arc<[f32]>>,
-) -> Vec<(usize, crate::butterfly::Hash)> {
-    let mut members = Vec::new();
-    let mut contributions = Vec::new();
-    for (&member, values) in inputs {
-        let Some(commitment) = ledger.commitment(member) else {
-            continue;
-        };
-        let Some(&hash) = commitment.partition_hashes.get(p) else {
-            continue;
-        };
-        members.push((member, hash));
-        contributions.push(crate::butterfly::Contribution {
-            member: plan.member(member),
-            samples: commitment.samples,
-            values,
-        });
-    }
-    crate::butterfly::robust::outliers(&contributions)
-        .into_iter()
-        .map(|k| members[k])
-        .collect()
 }
 
 /// Keeps `message` in the audit's report and gossips it.

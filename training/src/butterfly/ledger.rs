@@ -255,6 +255,44 @@ impl Ledger {
 
     /// A member's commitment, unless it equivocated (late ones included: they still let a
     /// verifier check a claim that included the member).
+    /// The members among `inputs` (verified inputs of partition `p`, by member) whose input
+    /// is an outlier ([`crate::butterfly::robust::outliers`]), with their committed hashes;
+    /// inputs without a known commitment are not compared.
+    pub(crate) fn outliers<'a>(
+        &self,
+        p: usize,
+        inputs: impl IntoIterator<Item = (usize, &'a [f32])>,
+    ) -> Vec<(usize, Hash)> {
+        let mut members = Vec::new();
+        let mut contributions = Vec::new();
+        for (member, values) in inputs {
+            let Some(commitment) = self.commitment(member) else {
+                continue;
+            };
+            let Some(&hash) = commitment.partition_hashes.get(p) else {
+                continue;
+            };
+            members.push((member, hash));
+            contributions.push(crate::butterfly::Contribution {
+                member: self.plan.member(member),
+                samples: commitment.samples,
+                values,
+            });
+        }
+        if let Some(ratios) = crate::butterfly::robust::distance_ratios(&contributions) {
+            let largest = ratios.iter().copied().fold(0.0, f64::max);
+            tracing::debug!(
+                partition = p,
+                largest,
+                "distance to the median over the median distance"
+            );
+        }
+        crate::butterfly::robust::outliers(&contributions)
+            .into_iter()
+            .map(|k| members[k])
+            .collect()
+    }
+
     pub(crate) fn commitment(&self, member: usize) -> Option<&Commitment> {
         if self.equivocators.contains(&member) {
             return None;

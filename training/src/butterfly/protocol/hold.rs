@@ -14,8 +14,8 @@ use super::Runner;
 use crate::butterfly::fetch::{Fetched, InputSpec, Traffic};
 use crate::butterfly::ledger::narrow;
 use crate::butterfly::{
-    robust, weighted_average, Contribution, Evidence, Gossip, Hash, MisbehaviourKind, SliceHash,
-    Transport, KEPT_ROUNDS,
+    weighted_average, Contribution, Evidence, Gossip, Hash, MisbehaviourKind, SliceHash, Transport,
+    KEPT_ROUNDS,
 };
 
 /// Highest round a holder publishes, so every round it published stays servable.
@@ -174,32 +174,13 @@ impl<T: Transport> Runner<T> {
             return;
         }
         let allowed = self.ledger.on_time();
-        let plan = Arc::clone(&self.cfg.plan);
-        let mut members = Vec::new();
-        let mut contributions = Vec::new();
-        for (&m, values) in held.inputs.iter().filter(|(m, _)| allowed.contains(*m)) {
-            let Some(commitment) = self.ledger.commitment(m) else {
-                continue;
-            };
-            members.push((m, commitment.partition_hashes[p]));
-            contributions.push(Contribution {
-                member: plan.member(m),
-                samples: commitment.samples,
-                values,
-            });
-        }
-        if let Some(ratios) = robust::distance_ratios(&contributions) {
-            let largest = ratios.iter().copied().fold(0.0, f64::max);
-            tracing::debug!(
-                partition = p,
-                largest,
-                "distance to the median over the median distance"
-            );
-        }
-        let found: Vec<(usize, Hash)> = robust::outliers(&contributions)
-            .into_iter()
-            .map(|k| members[k])
-            .collect();
+        let found = self.ledger.outliers(
+            p,
+            held.inputs
+                .iter()
+                .filter(|(m, _)| allowed.contains(*m))
+                .map(|(&m, values)| (m, &values[..])),
+        );
         if let Some(held) = self.held.get_mut(&p) {
             held.outliers = Some(found.iter().map(|&(m, _)| m).collect());
         }
