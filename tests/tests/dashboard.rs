@@ -32,18 +32,13 @@ fn browser_ready(root: &Path) {
     );
 }
 
-#[test]
-fn the_page_keeps_following_when_a_peers_server_trickles_its_body() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboard");
-    browser_ready(&root);
-    let assets =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../node/src/services/observe/dashboard");
-    let screenshot = scratch_dir("dashboard-trickle").join("dashboard.png");
+/// Runs the browser script `script` of `root` with `args`; returns whether it succeeded and
+/// what it said (also printed).
+fn run_page_script(root: &Path, script: &str, args: &[&std::ffi::OsStr]) -> (bool, String) {
     let check = Command::new("node")
-        .arg(root.join("trickle.mjs"))
-        .arg(&assets)
-        .arg(&screenshot)
-        .current_dir(&root)
+        .arg(root.join(script))
+        .args(args)
+        .current_dir(root)
         .output()
         .unwrap();
     let said = format!(
@@ -52,7 +47,22 @@ fn the_page_keeps_following_when_a_peers_server_trickles_its_body() {
         String::from_utf8_lossy(&check.stderr)
     );
     println!("{said}");
-    assert!(check.status.success(), "the page in Chromium: {said}");
+    (check.status.success(), said)
+}
+
+#[test]
+fn the_page_keeps_following_when_a_peers_server_trickles_its_body() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboard");
+    browser_ready(&root);
+    let assets =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../node/src/services/observe/dashboard");
+    let screenshot = scratch_dir("dashboard-trickle").join("dashboard.png");
+    let (ok, said) = run_page_script(
+        &root,
+        "trickle.mjs",
+        &[assets.as_os_str(), screenshot.as_os_str()],
+    );
+    assert!(ok, "the page in Chromium: {said}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,22 +141,13 @@ async fn the_dashboard_shows_the_stage_map_and_a_growing_loss_curve_in_chromium(
     )
     .unwrap();
     let screenshot = dir.join("dashboard.png");
-    let check = Command::new("node")
-        .arg(root.join("check.mjs"))
-        .arg(&url)
-        .arg(&expected)
-        .arg(&screenshot)
-        .current_dir(&root)
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
+    let (ok, said) = run_page_script(
+        &root,
+        "check.mjs",
+        &[url.as_ref(), expected.as_os_str(), screenshot.as_os_str()],
     );
-    println!("{said}");
     let finished = swarm.wait();
-    assert!(check.status.success(), "the page in Chromium: {said}");
+    assert!(ok, "the page in Chromium: {said}");
     assert!(screenshot.exists(), "a screenshot was kept");
     println!("screenshot: {}", screenshot.display());
     assert!(finished.unwrap().success(), "local-swarm ran to the end");
