@@ -148,6 +148,10 @@ pub(crate) enum Command {
         peer: PeerId,
         reply: oneshot::Sender<Option<f64>>,
     },
+    MeshPeers {
+        topic: String,
+        reply: oneshot::Sender<Vec<PeerId>>,
+    },
     Publish {
         topic: String,
         data: Vec<u8>,
@@ -251,6 +255,16 @@ impl Client {
     /// is in this crate.
     pub async fn peer_score(&self, peer: PeerId) -> Result<Option<f64>, ClientError> {
         self.call(|reply| Command::PeerScore { peer, reply })
+            .await
+            .ok_or(ClientError::EventLoopStopped)
+    }
+
+    /// The peers in this node's gossipsub mesh for `topic`, sorted: those it forwards the
+    /// topic's accepted messages to at once. A peer that subscribed since the last heartbeat
+    /// is not in it yet and hears of a message only if it is offered later.
+    pub async fn mesh_peers(&self, topic: &str) -> Result<Vec<PeerId>, ClientError> {
+        let topic = topic.to_owned();
+        self.call(|reply| Command::MeshPeers { topic, reply })
             .await
             .ok_or(ClientError::EventLoopStopped)
     }

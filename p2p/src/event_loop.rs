@@ -324,6 +324,18 @@ impl EventLoop {
             Command::PeerScore { peer, reply } => {
                 let _ = reply.send(self.swarm.behaviour().gossipsub.peer_score(&peer));
             }
+            Command::MeshPeers { topic, reply } => {
+                let hash = IdentTopic::new(topic).hash();
+                let mut peers: Vec<PeerId> = self
+                    .swarm
+                    .behaviour()
+                    .gossipsub
+                    .mesh_peers(&hash)
+                    .copied()
+                    .collect();
+                peers.sort();
+                let _ = reply.send(peers);
+            }
             Command::Publish {
                 topic,
                 data,

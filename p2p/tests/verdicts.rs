@@ -144,7 +144,18 @@ async fn rejected_gossip_is_not_relayed_and_lowers_the_senders_score_while_accep
     let mut c_seen = judge(c.client.clone(), c.events, |_, _| Verdict::Accept);
     let (mut b_log, mut c_log) = (Vec::new(), Vec::new());
 
-    // Accepted by B: relayed to C.
+    // Accepted by B: relayed to C. B forwards to its mesh, which C joins at a heartbeat after
+    // its subscription arrives; a message B takes before then would reach C only by a later
+    // offer, which gossipsub does not make to a peer that has meanwhile joined the mesh.
+    wait_for("C in B's mesh", Duration::from_secs(10), || async {
+        let mesh = b.client.mesh_peers(OK).await.expect("mesh_peers");
+        if mesh.contains(&c_id) {
+            Ok(())
+        } else {
+            Err(format!("B's mesh for {OK:?}: {mesh:?}"))
+        }
+    })
+    .await;
     publish_when_ready(&a, OK, b"accepted").await;
     let at_b = receive(
         &mut b_seen,
