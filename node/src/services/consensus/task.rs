@@ -270,3 +270,85 @@ async fn run(mut consensus: Consensus, mut inbox: mpsc::Receiver<ConsensusMsg>) 
         consensus.on_message(message);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use bootstrap::{LocalNeuron, Metagraph, RAO_PER_TAO};
+    use p2p::Role;
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::services::consensus::api::PipelineReason;
+    use crate::services::consensus::plan_book::fixture::{book, peer, run};
+
+    /// A metagraph of the plan's orchestrator (peer 1, a validator), its miners, and peer 150
+    /// with or without a validator permit.
+    fn metagraph(permit_150: bool) -> Metagraph {
+        let neuron = |peer_id, stake, validator_permit| LocalNeuron {
+            peer_id,
+            stake,
+            validator_permit,
+        };
+        Metagraph::for_local_run(
+            [
+                neuron(peer(1), 100 * RAO_PER_TAO, true),
+                neuron(peer(150), 50 * RAO_PER_TAO, permit_150),
+            ]
+            .into_iter()
+            .chain((10..16).map(|i| neuron(peer(i), 0, false))),
+        )
+        .expect("a valid metagraph")
+    }
+
+    async fn judge(consensus: &mut Consensus, author: u8, epoch: u64) -> Verdict<PipelineReason> {
+        let (reply, answer) = oneshot::channel();
+        consensus.on_message(ConsensusMsg::Pipeline {
+            author: peer(author),
+            message: Box::new(PipelineGossip::Weights {
+                epoch,
+                weights: vec![(2, 65535)],
+            }),
+            reply,
+        });
+        answer.await.expect("an answer").0
+    }
+
+    #[tokio::test]
+    async fn a_validator_permitted_after_start_may_publish_weights() {
+        let (plans, _) = book(&[0, 1]);
+        let plan = plans.current().expect("a plan").clone();
+        let orchestration = Orchestration::new(
+            peer(1),
+            Role::Validator,
+            run(),
+            Some(metagraph(false)),
+            Some(plan),
+        );
+        let (client, _events, _task) = p2p::spawn(
+            p2p::identity::Keypair::generate_ed25519(),
+            p2p::Config::default(),
+            p2p::Metrics::unregistered(),
+        )
+        .expect("a p2p node on 127.0.0.1");
+        let publisher = Publisher {
+            client,
+            topic: "plans".into(),
+        };
+        let (mut consensus, _view) = Consensus::new(orchestration, None, publisher);
+        assert_eq!(
+            judge(&mut consensus, 150, 0).await,
+            Verdict::Reject(PipelineReason::WeightsNotValidator),
+            "no permit yet"
+        );
+        // The metagraph in force changes (a chain read, or a binding): peer 150 now holds a
+        // validator permit, and its weights are taken from then on.
+        consensus.orchestration.set_metagraph(metagraph(true));
+        assert_eq!(judge(&mut consensus, 150, 0).await, Verdict::Accept);
+        // And the other way: a permit withdrawn stops them.
+        consensus.orchestration.set_metagraph(metagraph(false));
+        assert_eq!(
+            judge(&mut consensus, 150, 0).await,
+            Verdict::Reject(PipelineReason::WeightsNotValidator)
+        );
+    }
+}
