@@ -9,6 +9,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use bootstrap::PeerIdStr;
+
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -20,7 +22,9 @@ use super::state::Orchestration;
 use super::stats::{EpochStats, RunStats};
 use super::validate::{plan_verdict, PipelineRules};
 use crate::rules::Verdict;
-use crate::services::consensus::api::{ConsensusHandle, ConsensusMsg, ConsensusView};
+use crate::services::consensus::api::{
+    ConsensusHandle, ConsensusMsg, ConsensusView, PipelineReason,
+};
 use crate::services::inbox::INBOX;
 use crate::wire::messages::PipelineGossip;
 
@@ -81,6 +85,8 @@ struct Consensus {
     started: Instant,
     publisher: Publisher,
     view: watch::Sender<ConsensusView>,
+    /// The metagraph generation the rules' validators were taken from.
+    validators_of: u64,
 }
 
 impl Consensus {
@@ -94,8 +100,10 @@ impl Consensus {
             book.insert(plan.clone());
         }
         let mut rules = PipelineRules::new(orchestration.run());
-        // Who may publish weights: the validators of the metagraph in force at start.
+        // Who may publish weights: the validators of the metagraph in force, refreshed
+        // whenever it changes (see `judge_pipeline`).
         rules.set_validators(orchestration.validators());
+        let validators_of = orchestration.metagraph_generation();
         let (view, rx) = watch::channel(ConsensusView::default());
         let consensus = Consensus {
             liveness: Liveness::new(orchestration.run().heartbeat_timeout()),
@@ -109,6 +117,7 @@ impl Consensus {
             started: Instant::now(),
             publisher,
             view,
+            validators_of,
         };
         consensus.publish();
         (consensus, rx)
@@ -158,7 +167,7 @@ impl Consensus {
                 message,
                 reply,
             } => {
-                let verdict = self.rules.check(&self.book, author.as_str(), &message);
+                let verdict = self.judge_pipeline(&author, &message);
                 if verdict == Verdict::Accept {
                     self.stats.observe(author.as_str(), &message, now);
                     if let PipelineGossip::Weights { epoch, weights } = &*message {
@@ -188,6 +197,22 @@ impl Consensus {
             }
             ConsensusMsg::Tick => self.tick(),
         }
+    }
+
+    /// The rules' verdict on pipeline gossip of `author`, with the validators allowed to
+    /// publish weights taken from the metagraph in force now: on a chain run it changes as
+    /// stake is read and hotkey bindings arrive.
+    fn judge_pipeline(
+        &mut self,
+        author: &PeerIdStr,
+        message: &PipelineGossip,
+    ) -> Verdict<PipelineReason> {
+        let generation = self.orchestration.metagraph_generation();
+        if generation != self.validators_of {
+            self.rules.set_validators(self.orchestration.validators());
+            self.validators_of = generation;
+        }
+        self.rules.check(&self.book, author.as_str(), message)
     }
 
     /// The clock: who is live, where the epoch stands, the election, and this node's plan.
@@ -278,7 +303,6 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::*;
-    use crate::services::consensus::api::PipelineReason;
     use crate::services::consensus::plan_book::fixture::{book, peer, run};
 
     /// A metagraph of the plan's orchestrator (peer 1, a validator), its miners, and peer 150
