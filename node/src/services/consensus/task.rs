@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use bootstrap::PeerIdStr;
-
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
