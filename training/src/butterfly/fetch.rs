@@ -297,3 +297,100 @@ pub(crate) fn specs_for(ledger: &Ledger, plan: &Plan, claim: &SliceHash) -> Opti
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three members' inputs of one partition: two honest replicas close together, and the
+    /// third ten times the first (a `poison-merge` member).
+    fn inputs() -> (Vec<InputSpec>, BTreeMap<usize, Arc<[f32]>>) {
+        let values: [Vec<f32>; 3] = [
+            vec![1.0, 2.0, 3.0, 4.0],
+            vec![1.1, 2.1, 2.9, 4.2],
+            vec![10.0, 20.0, 30.0, 40.0],
+        ];
+        let mut specs = Vec::new();
+        let mut cache = BTreeMap::new();
+        for (index, (member, v)) in ["a", "b", "c"].iter().zip(values).enumerate() {
+            specs.push(InputSpec {
+                index,
+                member: (*member).to_owned(),
+                samples: 10,
+                hash: Hash::of_values(&v),
+            });
+            cache.insert(index, Arc::from(v));
+        }
+        (specs, cache)
+    }
+
+    /// A claim averaging `spec`'s members to a result hashing to `result`.
+    fn claim(spec: &[InputSpec], result: Hash) -> SliceHash {
+        SliceHash {
+            epoch: 1,
+            stage: 0,
+            partition: 0,
+            round: 0,
+            holder: "a".into(),
+            included: spec.iter().map(|s| s.member.clone()).collect(),
+            input_hashes: spec.iter().map(|s| s.hash).collect(),
+            result,
+        }
+    }
+
+    /// The true average of `spec`'s cached inputs.
+    fn average_of(spec: &[InputSpec], cache: &BTreeMap<usize, Arc<[f32]>>) -> Vec<f32> {
+        let contributions: Vec<Contribution<'_>> = spec
+            .iter()
+            .map(|s| Contribution {
+                member: &s.member,
+                samples: s.samples,
+                values: &cache[&s.index],
+            })
+            .collect();
+        weighted_average(&contributions).unwrap()
+    }
+
+    #[test]
+    fn a_claim_that_averages_in_an_outlier_is_not_taken_even_when_its_arithmetic_holds() {
+        let (specs, cache) = inputs();
+        let with_poison = average_of(&specs, &cache);
+        let checked = recheck(
+            &claim(&specs, Hash::of_values(&with_poison)),
+            &specs,
+            &cache,
+        );
+        assert_eq!(checked.check, Check::AdmitsOutlier);
+        assert!(
+            checked.values.is_none(),
+            "an admitted outlier's average is not used"
+        );
+    }
+
+    #[test]
+    fn a_claim_without_the_outlier_is_reproduced_and_a_wrong_one_refuted() {
+        let (specs, cache) = inputs();
+        let honest = &specs[..2];
+        let average = average_of(honest, &cache);
+        let checked = recheck(&claim(honest, Hash::of_values(&average)), honest, &cache);
+        assert_eq!(checked.check, Check::Reproduced);
+        assert_eq!(checked.values.as_deref(), Some(&average[..]));
+
+        let wrong: Vec<f32> = average.iter().map(|v| v + 1.0).collect();
+        let checked = recheck(&claim(honest, Hash::of_values(&wrong)), honest, &cache);
+        assert_eq!(checked.check, Check::Refuted(Hash::of_values(&average)));
+    }
+
+    #[test]
+    fn a_claim_whose_input_was_not_fetched_has_no_verdict() {
+        let (specs, mut cache) = inputs();
+        let average = average_of(&specs[..2], &cache);
+        cache.remove(&1);
+        let checked = recheck(
+            &claim(&specs[..2], Hash::of_values(&average)),
+            &specs[..2],
+            &cache,
+        );
+        assert_eq!(checked.check, Check::Unknown);
+    }
+}
