@@ -256,6 +256,7 @@ fn gossip_samples() -> [PipelineGossip; 4] {
             sample: i,
             pathway: peers(3),
             loss: 3.0 - i as f32 / 8.0,
+            receipts: Vec::new(),
         })
         .collect();
     [

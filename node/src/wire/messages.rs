@@ -266,6 +266,11 @@ pub(crate) struct LossRecord {
     pub(crate) pathway: Vec<String>,
     /// Mean cross-entropy in nats per token.
     pub(crate) loss: f32,
+    /// One receipt per hop of the pathway, the tail's last: the proof that the sample
+    /// travelled it ([`crate::wire::receipt`]). A record without them decodes, and is
+    /// refused for it.
+    #[serde(default)]
+    pub(crate) receipts: Vec<crate::wire::receipt::HopReceipt>,
 }
 
 /// What the pipeline gossips.

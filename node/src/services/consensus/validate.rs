@@ -240,6 +240,13 @@ pub(crate) enum PipelineReason {
     LossesNotDrawn,
     /// Every sample was claimed before.
     LossesDuplicate,
+    /// A record without one receipt per hop of its pathway.
+    LossesNoReceipts,
+    /// A record whose receipts are not signed by its pathway's peers for that sample (a
+    /// forged chain, another sample's or another pathway's).
+    LossesBadReceipt,
+    /// A record whose receipts do not follow one another.
+    LossesBrokenChain,
     /// A held-out loss not from the evaluating head.
     ValLossNotEvaluator,
     /// A held-out loss that is not finite and non-negative.
@@ -280,6 +287,9 @@ impl Reason for PipelineReason {
             PipelineReason::LossesBadRecord => "losses_bad_record",
             PipelineReason::LossesNotDrawn => "losses_not_drawn",
             PipelineReason::LossesDuplicate => "losses_duplicate",
+            PipelineReason::LossesNoReceipts => "losses_no_receipts",
+            PipelineReason::LossesBadReceipt => "losses_bad_receipt",
+            PipelineReason::LossesBrokenChain => "losses_broken_chain",
             PipelineReason::ValLossNotEvaluator => "val_loss_not_evaluator",
             PipelineReason::ValLossBadValue => "val_loss_bad_value",
             PipelineReason::ValLossDuplicate => "val_loss_duplicate",
@@ -294,6 +304,16 @@ impl Reason for PipelineReason {
             PipelineReason::WeightsDuplicateUid => "weights_duplicate_uid",
             PipelineReason::WeightsDuplicate => "weights_duplicate",
         }
+    }
+}
+
+impl PipelineReason {
+    /// Whether the refusal proves its sender claimed credit for work it cannot show: loss
+    /// records whose receipts do not prove their pathway. An honest tail checks the chain it
+    /// receives before serving and signs its own, so it never sends one.
+    #[allow(dead_code)] // held against senders from the next commit on
+    pub(crate) fn forges_credit(&self) -> bool {
+        false
     }
 }
 

@@ -105,5 +105,6 @@ pub(crate) fn fabricate(ctx: &Ctx, plan: &EpochPlan, real: &LossRecord) -> Optio
         sample: crate::run_spec::sample_id(plan.seed, index as u64, counter),
         pathway: real.pathway.clone(),
         loss: real.loss,
+        receipts: real.receipts.clone(),
     })
 }

@@ -382,6 +382,7 @@ async fn serve_tail(
         sample: header.sample,
         pathway: pathway.clone(),
         loss,
+        receipts: Vec::new(),
     };
     let fabricated = ctx
         .cfg

@@ -426,6 +426,7 @@ mod tests {
                     sample: i,
                     pathway,
                     loss,
+                    receipts: Vec::new(),
                 }
             })
             .collect()

@@ -493,6 +493,7 @@ mod tests {
             sample,
             pathway: pathway.iter().map(|p| p.to_string()).collect(),
             loss,
+            receipts: Vec::new(),
         }
     }
 
