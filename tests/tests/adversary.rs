@@ -133,10 +133,25 @@ fn assert_caught_among(weights: &Value, mode: &str, miners_total: usize, honest_
 }
 
 #[test]
-fn a_noise_miner_is_caught_and_paid_nothing() {
+fn a_noise_miner_and_a_tail_that_preclaims_the_epoch_are_caught_and_paid_nothing() {
+    // 5 honest miners hold stages of 2, 2 and 1; the preclaiming tail joins the tail (tail
+    // modes go first), the noise miner the head stage as its third replica. The preclaimer
+    // publishes a record of every sample of the epoch the moment the plan is out: without
+    // receipts, or with receipts it signed alone. None may take the honest tail's credit.
     let out = scratch_dir("adversary-noise");
-    let weights = swarm(&out, &["--adversary", "noise"]);
-    assert_caught(&weights, "noise");
+    let weights = swarm(
+        &out,
+        &[
+            "--miners",
+            "7",
+            "--adversary",
+            "noise",
+            "--adversary",
+            "preclaim",
+        ],
+    );
+    assert_caught_among(&weights, "noise", 7, 5);
+    assert_caught_among(&weights, "preclaim", 7, 5);
 }
 
 #[test]

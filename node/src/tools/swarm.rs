@@ -216,8 +216,13 @@ fn cast(args: &LocalSwarmArgs, out: &Path) -> anyhow::Result<(Cast, Vec<LocalNeu
         .adversary
         .iter()
         .partition(|a| a.fault == crate::cli::Fault::SkewWeights);
-    let faults = adversary::place(&miner_adversaries, miner_peers.len())?;
-    let validator_faults = adversary::place(&validator_adversaries, validators)?;
+    let validator_peers: Vec<PeerIdStr> = neurons
+        .iter()
+        .take(validators)
+        .map(|n| n.peer_id.clone())
+        .collect();
+    let faults = adversary::place(&miner_adversaries, &miner_peers)?;
+    let validator_faults = adversary::place(&validator_adversaries, &validator_peers)?;
     let role_of = |fault: Option<&crate::cli::Fault>| {
         fault
             .and_then(|f| crate::cli::fault_name(*f))
@@ -311,9 +316,18 @@ async fn start_nodes(
     nodes: &mut Vec<NodeProcess>,
 ) -> anyhow::Result<()> {
     let mut bootstrap = None::<String>;
+    // Adversaries start in peer id order (the order the orchestrator places new miners in):
+    // the tail modes, which `adversary::place` gives the lowest ids, first.
+    let mut adversaries: Vec<usize> = (0..cast.names.len())
+        .filter(|&i| cast.is_adversary(i))
+        .collect();
+    adversaries.sort_by_key(|&i| {
+        i.checked_sub(cast.validators)
+            .and_then(|m| cast.miner_peers.get(m).cloned())
+    });
     let order: Vec<usize> = (0..cast.names.len())
         .filter(|&i| !cast.is_adversary(i))
-        .chain((0..cast.names.len()).filter(|&i| cast.is_adversary(i)))
+        .chain(adversaries)
         .collect();
     let honest_miners = cast.miner_peers.len() - cast.faults.len();
     for i in order {

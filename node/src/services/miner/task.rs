@@ -204,6 +204,17 @@ impl Task {
             }
         }
         self.publish.news.send_replace(self.state.news());
+        if self.ctx.cfg.faults.preclaim {
+            let records = super::faults::preclaims(&self.ctx, &plan);
+            let ctx = self.ctx.clone();
+            let topic = self.loss_topic.clone();
+            let epoch = plan.epoch;
+            tokio::spawn(async move {
+                for batch in records.chunks(LOSS_BATCH) {
+                    publish_losses(&ctx, &topic, epoch, batch.to_vec()).await;
+                }
+            });
+        }
         // The merge and the stage (re)build run to their end even when a newer plan arrives
         // (an aborted merge would leave the merge service's feed open and the replicas'
         // weights half merged): they run in a task of their own, one at a time, which the
