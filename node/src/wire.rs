@@ -6,8 +6,6 @@
 
 pub(crate) mod messages;
 pub(crate) mod peer;
-// Checked by the router from the next commit on; only the tests use it until then.
-#[allow(dead_code)]
 pub(crate) mod receipt;
 pub mod rpc;
 pub(crate) mod topics;

@@ -420,7 +420,16 @@ async fn report_adversaries(
     cast: &Cast,
 ) -> anyhow::Result<()> {
     // Let the last epoch's scores and their consensus settle before reading them.
-    let statuses = settled_weights(nodes, epochs, cast.validators).await;
+    let honest: Vec<bool> = nodes
+        .iter()
+        .map(|n| {
+            cast.names
+                .iter()
+                .position(|name| *name == n.name)
+                .is_none_or(|i| !cast.is_adversary(i))
+        })
+        .collect();
+    let statuses = settled_weights(nodes, epochs, cast.validators, &honest).await;
     let names: std::collections::BTreeMap<String, String> = nodes
         .iter()
         .map(|n| {
@@ -439,6 +448,8 @@ async fn report_adversaries(
     );
     let trust = adversary::validators(&status, &names, &cast.validator_roles);
     let agreeing = adversary::agreeing(&statuses);
+    let node_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let disagreeing = adversary::disagreeing(&statuses, &node_names);
     std::fs::write(out.join("weights.svg"), adversary::svg(&outcomes))?;
     std::fs::write(
         out.join("weights.json"),
@@ -448,6 +459,7 @@ async fn report_adversaries(
             "validators": trust,
             "nodes": statuses.len(),
             "agreeing_nodes": agreeing,
+            "disagreeing_nodes": disagreeing,
         }))?,
     )?;
     let mut md = std::fs::read_to_string(out.join("report.md"))?;
@@ -491,13 +503,16 @@ fn names_first(nodes: &[NodeProcess]) -> String {
     nodes.first().map(|n| n.name.clone()).unwrap_or_default()
 }
 
-/// Every node's `/status` once each one's consensus covers the last trained epoch with the
-/// weights of all `validators` (a validator that scores a moment later would otherwise be
-/// missing), or after a bounded wait, whatever they hold then; in the order of `nodes`.
+/// Every node's `/status` once each honest one's (`honest`, in the order of `nodes`)
+/// consensus covers the last trained epoch with the weights of all `validators` (a validator
+/// that scores a moment later would otherwise be missing), or after a bounded wait, whatever
+/// they hold then; in the order of `nodes`. Adversaries are not waited for: one whose
+/// gossip its peers cut off never catches up.
 async fn settled_weights(
     nodes: &[NodeProcess],
     epochs: u64,
     validators: usize,
+    honest: &[bool],
 ) -> Vec<serde_json::Value> {
     let latest = std::cell::RefCell::new(Vec::new());
     let waited = wait_for(
@@ -511,7 +526,9 @@ async fn settled_weights(
             }
             let behind = statuses
                 .iter()
-                .filter(|s| {
+                .zip(honest)
+                .filter(|(_, honest)| **honest)
+                .filter(|(s, _)| {
                     let heard = s["weights"]["validators"].as_array().map_or(0, Vec::len);
                     s["consensus_epoch"].as_u64().is_none_or(|e| e + 1 < epochs)
                         || heard < validators

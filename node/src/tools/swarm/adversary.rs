@@ -173,30 +173,49 @@ pub(crate) fn validators(
         .collect()
 }
 
+/// A node's consensus as `/status` shows it: the epoch, and the weight of each uid.
+fn consensus_key(s: &serde_json::Value) -> (Option<u64>, Vec<(u64, String)>) {
+    let miners: Vec<(u64, String)> = s["weights"]["miners"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            (
+                m["uid"].as_u64().unwrap_or(u64::MAX),
+                format!("{:.9}", m["weight"].as_f64().unwrap_or(f64::NAN)),
+            )
+        })
+        .collect();
+    (s["consensus_epoch"].as_u64(), miners)
+}
+
 /// How many of `statuses` hold exactly the first one's consensus (same epoch, same weight
 /// per miner).
 pub(crate) fn agreeing(statuses: &[serde_json::Value]) -> usize {
-    let key = |s: &serde_json::Value| {
-        let miners: Vec<(u64, String)> = s["weights"]["miners"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|m| {
-                (
-                    m["uid"].as_u64().unwrap_or(u64::MAX),
-                    format!("{:.9}", m["weight"].as_f64().unwrap_or(f64::NAN)),
-                )
-            })
-            .collect();
-        (s["consensus_epoch"].as_u64(), miners)
-    };
-    let Some(first) = statuses.first().map(key) else {
+    let Some(first) = statuses.first().map(consensus_key) else {
         return 0;
     };
     if first.0.is_none() {
         return 0;
     }
-    statuses.iter().filter(|s| key(s) == first).count()
+    statuses
+        .iter()
+        .filter(|s| consensus_key(s) == first)
+        .count()
+}
+
+/// The names of the nodes (`names`, in the order of `statuses`) whose consensus is not the
+/// first one's: a node its peers' gossip scoring cut off stops hearing the weights.
+pub(crate) fn disagreeing(statuses: &[serde_json::Value], names: &[String]) -> Vec<String> {
+    let Some(first) = statuses.first().map(consensus_key) else {
+        return Vec::new();
+    };
+    statuses
+        .iter()
+        .zip(names)
+        .filter(|(s, _)| consensus_key(s) != first)
+        .map(|(_, name)| name.clone())
+        .collect()
 }
 
 /// The report's validators section (Markdown).
@@ -428,6 +447,9 @@ mod tests {
         assert_eq!(agreeing(&same), 3);
         let differ = [status(5, 0.25), status(5, 0.5), status(4, 0.25)];
         assert_eq!(agreeing(&differ), 1);
+        let names: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        assert_eq!(disagreeing(&differ, &names), vec!["b", "c"]);
+        assert!(disagreeing(&same, &names).is_empty());
         assert_eq!(agreeing(&[serde_json::json!({})]), 0);
     }
 }
