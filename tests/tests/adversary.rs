@@ -1,7 +1,8 @@
 //! Adversarial miners in a live swarm: 1 validator (2 in the last test) and 6 miners on 3
-//! stages on 127.0.0.1, one miner committing a hidden fault. The validator must catch it
-//! from what it observes, weigh it at (almost) nothing, and keep paying the honest miners
-//! alike; every node must hold the same consensus.
+//! stages on 127.0.0.1, one miner committing a hidden fault (7 miners and two faults in the
+//! noise test, 8 and two in the poison test). The validator must catch it from what it
+//! observes, weigh it at (almost) nothing, and keep paying the honest miners alike; every
+//! node must hold the same consensus (but a preclaimer, which gossip scoring cuts off).
 //!
 //! Each test runs `iota-p2p local-swarm --adversary MODE` (4 epochs of 60 samples per head),
 //! which starts the adversary once the honest miners are in a plan (so it joins at epoch 1)
