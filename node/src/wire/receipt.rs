@@ -23,7 +23,9 @@
 //! epoch, sample, stage) and named the next one, so a tail cannot claim a sample that did
 //! not reach it (it cannot sign for the other hops) nor reuse another tail's chain (the last
 //! middle hop named that tail). The verifier needs no key lookup: an Ed25519 peer id embeds
-//! its public key. Peers whose ids do not embed a key (RSA) cannot sign receipts.
+//! its public key. Only Ed25519 identities (what nodes generate) can sign receipts: a miner
+//! with another key type cannot send samples on, so no honest tail ever holds a chain that
+//! does not verify.
 //!
 //! What it does not stop: a hop that signs two receipts for one sample, naming two next
 //! hops (it did its work; it can share the credit of the stage after it with an accomplice).
