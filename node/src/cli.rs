@@ -266,6 +266,10 @@ pub(crate) enum Fault {
     /// Lie about losses as `lie-loss` does, and answer every spot check `Superseded`
     /// (naming the merge its weights come from) instead of showing the evidence.
     Dodge,
+    /// As a tail, publish a loss record of every sample the epoch's heads draw as soon as
+    /// the plan is out, through pathways and at losses of its choosing, with receipts it
+    /// signed itself (it cannot sign for the other hops) on half of them and none on the rest.
+    Preclaim,
     /// As a validator, publish weights that give everything to the lowest uid it scored
     /// (a validator out of line with the others, whom consensus must discount).
     SkewWeights,
@@ -363,7 +367,8 @@ pub(crate) struct LocalSwarmArgs {
     #[arg(long, default_value_t = 1200)]
     pub(crate) timeout_secs: u64,
     /// Miners that misbehave: MODE[:COUNT], repeatable. Modes: noise, lazy, lie-loss,
-    /// inflate, inflate-samples, nan-merge, poison-merge, poison-random. The report shows what the validators made of them.
+    /// inflate, preclaim, dodge, inflate-samples, nan-merge, poison-merge, poison-random
+    /// (miners), skew-weights (a validator). The report shows what the validators made of them.
     #[arg(long, value_name = "MODE[:COUNT]", value_parser = parse_adversary)]
     pub(crate) adversary: Vec<Adversary>,
     /// Held-out loss of the single-process reference after the same tokens, drawn in
@@ -569,7 +574,7 @@ pub(crate) fn parse_adversary(text: &str) -> Result<Adversary, String> {
 
 /// The modes `--adversary` takes.
 pub(crate) const MODES: &str =
-    "noise, lazy, lie-loss, inflate, inflate-samples, nan-merge, poison-merge, poison-random, dodge (miners), skew-weights (a validator)";
+    "noise, lazy, lie-loss, inflate, preclaim, inflate-samples, nan-merge, poison-merge, poison-random, dodge (miners), skew-weights (a validator)";
 
 /// The `--fault` value of a miner misbehaviour (`None` for faults that are not one).
 pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
@@ -579,6 +584,7 @@ pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
         Fault::LieLoss => Some("lie-loss"),
         Fault::Inflate => Some("inflate"),
         Fault::Dodge => Some("dodge"),
+        Fault::Preclaim => Some("preclaim"),
         Fault::InflateSamples => Some("inflate-samples"),
         Fault::NanMerge => Some("nan-merge"),
         Fault::PoisonMerge => Some("poison-merge"),

@@ -389,7 +389,18 @@ impl Router {
         message: PipelineGossip,
     ) -> Result<Verdict<PipelineReason>, ServiceGone> {
         let consensus = &self.services.consensus;
-        let (verdict, message) = consensus.pipeline(author_str, message).await?;
+        let (verdict, message) = consensus.pipeline(author_str.clone(), message).await?;
+        if let (Verdict::Reject(reason), PipelineGossip::Losses { epoch, .. }, Some(validator)) =
+            (&verdict, &message, &self.services.validator)
+        {
+            // Records whose receipts do not prove their pathways: its sender claimed work
+            // it cannot show, which the validator holds against it.
+            if reason.forges_credit() {
+                validator
+                    .forged_losses(*epoch, author_str, reason.label())
+                    .await?;
+            }
+        }
         if verdict == Verdict::Accept {
             self.hand_over_plan().await?;
             self.deliver_pipeline(message).await?;

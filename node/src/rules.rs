@@ -85,6 +85,9 @@ pub(crate) enum Refusal {
     /// A request for a service this node does not run (a merge confirmation asked of a
     /// node that is not a validator).
     NotServed,
+    /// A forward whose hop receipts do not prove its pathway up to this node and the frame
+    /// it carries.
+    BadReceipts,
 }
 
 impl Refusal {
@@ -103,6 +106,7 @@ impl Refusal {
             Refusal::TooManyRequests => "too_many_requests",
             Refusal::NotValidator => "not_validator",
             Refusal::NotServed => "not_served",
+            Refusal::BadReceipts => "bad_receipts",
         }
     }
 

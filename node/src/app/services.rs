@@ -305,6 +305,7 @@ fn start_miner(
             device: settings.compute.device,
             head_window: settings.compute.head_window,
             faults: settings.faults.miner,
+            key: identity.keypair.clone(),
         },
         metrics.pipeline.clone(),
         started.merge.clone(),

@@ -242,6 +242,7 @@ fn faults(list: &[Fault]) -> Faults {
             lie_loss: on(Fault::LieLoss) || on(Fault::Dodge),
             inflate: on(Fault::Inflate),
             dodge: on(Fault::Dodge),
+            preclaim: on(Fault::Preclaim),
         },
         skew_weights: on(Fault::SkewWeights),
         forge_plans: on(Fault::ForgePlans),

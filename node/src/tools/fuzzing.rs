@@ -66,6 +66,7 @@ pub fn spot_check_reply(body: &[u8]) -> bool {
         sample: 0,
         claimed_loss: 1.0,
         served: 0,
+        receipt: None,
     };
     let tail = crate::services::validator::api::Target {
         tail: true,
@@ -116,6 +117,15 @@ fn peers(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("12D3KooWPeer{i}")).collect()
 }
 
+/// A hop receipt of the right shape (its signature verifies for nobody).
+fn stand_in_receipt() -> crate::wire::receipt::HopReceipt {
+    crate::wire::receipt::HopReceipt {
+        received: [1; 32],
+        sent: [2; 32],
+        signature: [3; 64],
+    }
+}
+
 /// Forward and evaluation requests and replies.
 fn forward_and_eval_bodies(frame: &[u8]) -> Vec<Option<Vec<u8>>> {
     vec![
@@ -126,6 +136,7 @@ fn forward_and_eval_bodies(frame: &[u8]) -> Vec<Option<Vec<u8>>> {
                 sample: 42,
                 pathway: peers(1),
                 deadline_ms: 1_700_000_030_000,
+                receipts: vec![stand_in_receipt()],
             },
             frame,
         ),
@@ -136,6 +147,7 @@ fn forward_and_eval_bodies(frame: &[u8]) -> Vec<Option<Vec<u8>>> {
                 sample: 0,
                 pathway: vec![],
                 deadline_ms: 0,
+                receipts: Vec::new(),
             },
             b"",
         ),
@@ -256,6 +268,7 @@ fn gossip_samples() -> [PipelineGossip; 4] {
             sample: i,
             pathway: peers(3),
             loss: 3.0 - i as f32 / 8.0,
+            receipts: vec![stand_in_receipt(); 3],
         })
         .collect();
     [

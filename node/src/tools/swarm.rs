@@ -216,8 +216,13 @@ fn cast(args: &LocalSwarmArgs, out: &Path) -> anyhow::Result<(Cast, Vec<LocalNeu
         .adversary
         .iter()
         .partition(|a| a.fault == crate::cli::Fault::SkewWeights);
-    let faults = adversary::place(&miner_adversaries, miner_peers.len())?;
-    let validator_faults = adversary::place(&validator_adversaries, validators)?;
+    let validator_peers: Vec<PeerIdStr> = neurons
+        .iter()
+        .take(validators)
+        .map(|n| n.peer_id.clone())
+        .collect();
+    let faults = adversary::place(&miner_adversaries, &miner_peers)?;
+    let validator_faults = adversary::place(&validator_adversaries, &validator_peers)?;
     let role_of = |fault: Option<&crate::cli::Fault>| {
         fault
             .and_then(|f| crate::cli::fault_name(*f))
@@ -311,9 +316,18 @@ async fn start_nodes(
     nodes: &mut Vec<NodeProcess>,
 ) -> anyhow::Result<()> {
     let mut bootstrap = None::<String>;
+    // Adversaries start in peer id order (the order the orchestrator places new miners in):
+    // the tail modes, which `adversary::place` gives the lowest ids, first.
+    let mut adversaries: Vec<usize> = (0..cast.names.len())
+        .filter(|&i| cast.is_adversary(i))
+        .collect();
+    adversaries.sort_by_key(|&i| {
+        i.checked_sub(cast.validators)
+            .and_then(|m| cast.miner_peers.get(m).cloned())
+    });
     let order: Vec<usize> = (0..cast.names.len())
         .filter(|&i| !cast.is_adversary(i))
-        .chain((0..cast.names.len()).filter(|&i| cast.is_adversary(i)))
+        .chain(adversaries)
         .collect();
     let honest_miners = cast.miner_peers.len() - cast.faults.len();
     for i in order {
@@ -406,7 +420,16 @@ async fn report_adversaries(
     cast: &Cast,
 ) -> anyhow::Result<()> {
     // Let the last epoch's scores and their consensus settle before reading them.
-    let statuses = settled_weights(nodes, epochs, cast.validators).await;
+    let honest: Vec<bool> = nodes
+        .iter()
+        .map(|n| {
+            cast.names
+                .iter()
+                .position(|name| *name == n.name)
+                .is_none_or(|i| !cast.is_adversary(i))
+        })
+        .collect();
+    let statuses = settled_weights(nodes, epochs, cast.validators, &honest).await;
     let names: std::collections::BTreeMap<String, String> = nodes
         .iter()
         .map(|n| {
@@ -425,6 +448,8 @@ async fn report_adversaries(
     );
     let trust = adversary::validators(&status, &names, &cast.validator_roles);
     let agreeing = adversary::agreeing(&statuses);
+    let node_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let disagreeing = adversary::disagreeing(&statuses, &node_names);
     std::fs::write(out.join("weights.svg"), adversary::svg(&outcomes))?;
     std::fs::write(
         out.join("weights.json"),
@@ -434,6 +459,7 @@ async fn report_adversaries(
             "validators": trust,
             "nodes": statuses.len(),
             "agreeing_nodes": agreeing,
+            "disagreeing_nodes": disagreeing,
         }))?,
     )?;
     let mut md = std::fs::read_to_string(out.join("report.md"))?;
@@ -477,13 +503,16 @@ fn names_first(nodes: &[NodeProcess]) -> String {
     nodes.first().map(|n| n.name.clone()).unwrap_or_default()
 }
 
-/// Every node's `/status` once each one's consensus covers the last trained epoch with the
-/// weights of all `validators` (a validator that scores a moment later would otherwise be
-/// missing), or after a bounded wait, whatever they hold then; in the order of `nodes`.
+/// Every node's `/status` once each honest one's (`honest`, in the order of `nodes`)
+/// consensus covers the last trained epoch with the weights of all `validators` (a validator
+/// that scores a moment later would otherwise be missing), or after a bounded wait, whatever
+/// they hold then; in the order of `nodes`. Adversaries are not waited for: one whose
+/// gossip its peers cut off never catches up.
 async fn settled_weights(
     nodes: &[NodeProcess],
     epochs: u64,
     validators: usize,
+    honest: &[bool],
 ) -> Vec<serde_json::Value> {
     let latest = std::cell::RefCell::new(Vec::new());
     let waited = wait_for(
@@ -497,7 +526,9 @@ async fn settled_weights(
             }
             let behind = statuses
                 .iter()
-                .filter(|s| {
+                .zip(honest)
+                .filter(|(_, honest)| **honest)
+                .filter(|(s, _)| {
                     let heard = s["weights"]["validators"].as_array().map_or(0, Vec::len);
                     s["consensus_epoch"].as_u64().is_none_or(|e| e + 1 < epochs)
                         || heard < validators

@@ -118,6 +118,11 @@ pub(crate) struct ForwardHeader {
     /// sample its head gave up on. A stage never waits longer than its own hop timeout,
     /// whatever a sender writes here.
     pub(crate) deadline_ms: u64,
+    /// One receipt per hop of `pathway`, the sender's last, naming the receiver
+    /// ([`crate::wire::receipt`]); the tail puts them, and its own, in its loss record. A
+    /// header without them decodes, and is refused for it.
+    #[serde(default)]
+    pub(crate) receipts: Vec<crate::wire::receipt::HopReceipt>,
 }
 
 /// Header of a forward response; on success the payload is the gradient frame for the sender.
@@ -266,6 +271,11 @@ pub(crate) struct LossRecord {
     pub(crate) pathway: Vec<String>,
     /// Mean cross-entropy in nats per token.
     pub(crate) loss: f32,
+    /// One receipt per hop of the pathway, the tail's last: the proof that the sample
+    /// travelled it ([`crate::wire::receipt`]). A record without them decodes, and is
+    /// refused for it.
+    #[serde(default)]
+    pub(crate) receipts: Vec<crate::wire::receipt::HopReceipt>,
 }
 
 /// What the pipeline gossips.
@@ -362,6 +372,7 @@ mod tests {
             sample: 42,
             pathway: vec!["a".into()],
             deadline_ms: 1_700_000_000_000,
+            receipts: Vec::new(),
         };
         let body = encode(Service::Forward, &header, b"frame").unwrap();
         assert_eq!(Service::of(&body), Some(Service::Forward));

@@ -73,9 +73,23 @@ pub(crate) mod fixture {
 
     use super::PlanBook;
 
-    /// A peer id drawn from `i`.
+    /// A peer id drawn from `i`: that of the Ed25519 key [`key`]`(i)`, so that tests can
+    /// sign as any peer of the plans (hop receipts).
     pub(crate) fn peer(i: u8) -> PeerIdStr {
-        PeerIdStr::from_ed25519_public_key(&[i; 32])
+        crate::wire::receipt::fixture::peer(i)
+    }
+
+    /// The key of [`peer`]`(i)`.
+    pub(crate) fn key(i: u8) -> p2p::identity::Keypair {
+        crate::wire::receipt::fixture::key(i)
+    }
+
+    /// The key of a fixture peer given by its text.
+    pub(crate) fn key_of(peer_text: &str) -> p2p::identity::Keypair {
+        (0..=u8::MAX)
+            .find(|&i| peer(i).as_str() == peer_text)
+            .map(key)
+            .expect("a fixture peer")
     }
 
     /// The run the plans are of.

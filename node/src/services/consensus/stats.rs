@@ -213,6 +213,7 @@ mod tests {
                     sample: 1,
                     pathway: vec!["h1".into(), "b".into(), "t".into()],
                     loss: 2.0,
+                    receipts: Vec::new(),
                 }],
             },
             now,
@@ -244,6 +245,7 @@ mod tests {
             sample,
             pathway: vec!["h".into(), "t".into()],
             loss,
+            receipts: Vec::new(),
         };
         let losses = |records: Vec<LossRecord>| PipelineGossip::Losses {
             epoch: 0,

@@ -18,9 +18,13 @@
 //!   messages and checks them again when the plan arrives); anything further is ignored.
 //! * **`Losses`** only from a tail miner of that epoch's plan, with the run's tokens per
 //!   sample, each record's pathway one plan member per stage ending at the author, a finite
-//!   loss, a sample that the pathway's head really draws in that epoch, and each sample
-//!   counted once (a message of samples all claimed before is ignored, not punished: another
-//!   tail may have claimed them falsely).
+//!   loss, a sample that the pathway's head really draws in that epoch, a chain of hop
+//!   receipts that proves the pathway ([`crate::wire::receipt`]: one per hop, each signed by
+//!   that hop's peer for this run, epoch, sample and stage and naming the next hop, each
+//!   link following the one before), and each sample counted once (a message of samples
+//!   all claimed before is ignored, not punished: another tail may have served them too,
+//!   on a retry). A refusal for receipts proves the author claimed work it cannot show
+//!   ([`PipelineReason::forges_credit`]): validators hold it against it.
 //! * **`ValLoss`** only from the evaluating head (the first head, in peer-id order), once
 //!   per epoch, finite and non-negative.
 //! * **`HeadDone`** only from a head, once per head and epoch, with counts within the plan.
@@ -40,6 +44,7 @@ use crate::rules::{Reason, Verdict};
 use crate::run_spec::sample_id;
 use crate::services::consensus::api::HeartbeatRejected;
 use crate::wire::messages::{LossRecord, PipelineGossip};
+use crate::wire::receipt::{self, ChainError};
 
 /// Largest table of (sample → head) draws built per epoch; beyond it the draw check is
 /// skipped (a run that large has `heads × epoch_samples` above a million samples an epoch).
@@ -240,6 +245,13 @@ pub(crate) enum PipelineReason {
     LossesNotDrawn,
     /// Every sample was claimed before.
     LossesDuplicate,
+    /// A record without one receipt per hop of its pathway.
+    LossesNoReceipts,
+    /// A record whose receipts are not signed by its pathway's peers for that sample (a
+    /// forged chain, another sample's or another pathway's).
+    LossesBadReceipt,
+    /// A record whose receipts do not follow one another.
+    LossesBrokenChain,
     /// A held-out loss not from the evaluating head.
     ValLossNotEvaluator,
     /// A held-out loss that is not finite and non-negative.
@@ -280,6 +292,9 @@ impl Reason for PipelineReason {
             PipelineReason::LossesBadRecord => "losses_bad_record",
             PipelineReason::LossesNotDrawn => "losses_not_drawn",
             PipelineReason::LossesDuplicate => "losses_duplicate",
+            PipelineReason::LossesNoReceipts => "losses_no_receipts",
+            PipelineReason::LossesBadReceipt => "losses_bad_receipt",
+            PipelineReason::LossesBrokenChain => "losses_broken_chain",
             PipelineReason::ValLossNotEvaluator => "val_loss_not_evaluator",
             PipelineReason::ValLossBadValue => "val_loss_bad_value",
             PipelineReason::ValLossDuplicate => "val_loss_duplicate",
@@ -294,6 +309,20 @@ impl Reason for PipelineReason {
             PipelineReason::WeightsDuplicateUid => "weights_duplicate_uid",
             PipelineReason::WeightsDuplicate => "weights_duplicate",
         }
+    }
+}
+
+impl PipelineReason {
+    /// Whether the refusal proves its sender claimed credit for work it cannot show: loss
+    /// records whose receipts do not prove their pathway. An honest tail checks the chain it
+    /// receives before serving and signs its own, so it never sends one.
+    pub(crate) fn forges_credit(&self) -> bool {
+        matches!(
+            self,
+            PipelineReason::LossesNoReceipts
+                | PipelineReason::LossesBadReceipt
+                | PipelineReason::LossesBrokenChain
+        )
     }
 }
 
@@ -319,6 +348,8 @@ struct Seen {
 #[derive(Debug)]
 pub(crate) struct PipelineRules {
     tokens_per_sample: u64,
+    /// The run's id, which hop receipts are signed for.
+    run_id: u64,
     epochs: BTreeMap<u64, Seen>,
     /// Peer ids of the metagraph's validators with a permit (who may publish weights).
     validators: BTreeSet<PeerIdStr>,
@@ -331,6 +362,7 @@ impl PipelineRules {
     pub(crate) fn new(run: &RunConfig) -> Self {
         PipelineRules {
             tokens_per_sample: u64::from(run.batch_size) * u64::from(run.seq_len),
+            run_id: crate::run_spec::run_id(run),
             epochs: BTreeMap::new(),
             validators: BTreeSet::new(),
             weights_seen: BTreeSet::new(),
@@ -394,7 +426,7 @@ impl PipelineRules {
             } => check_losses(
                 plan,
                 seen,
-                self.tokens_per_sample,
+                (self.run_id, self.tokens_per_sample),
                 author,
                 *tokens_per_sample,
                 records,
@@ -500,11 +532,13 @@ fn check_head_done(
     }
 }
 
-/// Loss records: all of them valid, or the message is refused whole.
+/// Loss records: all of them valid, or the message is refused whole. Each record's
+/// receipts are checked after every record's shape (the signatures cost the most): at most
+/// one signature per stage per record, and the message is bounded before it is parsed.
 fn check_losses(
     plan: &EpochPlan,
     seen: &mut Seen,
-    run_tokens: u64,
+    (run_id, run_tokens): (u64, u64),
     author: &str,
     tokens: u64,
     records: &[LossRecord],
@@ -541,6 +575,25 @@ fn check_losses(
         // the sample). The validator's ledger keeps the first record of each sample.
         if !seen.samples.contains(&record.sample) {
             fresh.insert(record.sample);
+        }
+    }
+    // Receipts: the proof that each sample travelled its pathway to the author. A record
+    // of a sample claimed before is checked too: a forgery is one whoever came first.
+    for record in records {
+        let sample = receipt::Sample {
+            run: run_id,
+            epoch: plan.epoch,
+            sample: record.sample,
+            pathway: &record.pathway,
+        };
+        if let Err(error) = receipt::verify_chain(&sample, &record.receipts, None) {
+            return Verdict::Reject(match error {
+                ChainError::Missing { .. } => PipelineReason::LossesNoReceipts,
+                ChainError::UnknownKey { .. } | ChainError::BadSignature { .. } => {
+                    PipelineReason::LossesBadReceipt
+                }
+                ChainError::Broken { .. } => PipelineReason::LossesBrokenChain,
+            });
         }
     }
     if fresh.is_empty() {

@@ -26,6 +26,8 @@ pub(crate) struct MinerConfig {
     pub(crate) head_window: usize,
     /// Misbehaviour on purpose (tests of the other nodes' defences); all off normally.
     pub(crate) faults: MinerFaults,
+    /// The node's identity key: it signs this miner's hop receipts.
+    pub(crate) key: p2p::identity::Keypair,
 }
 
 /// The ways a miner can be told to misbehave (the node's hidden `--fault` modes).
@@ -54,6 +56,8 @@ pub(crate) struct MinerFaults {
     pub(crate) inflate: bool,
     /// Every spot check answered `Superseded`, never with the evidence.
     pub(crate) dodge: bool,
+    /// A tail publishing a record of every sample of the epoch as soon as the plan is out.
+    pub(crate) preclaim: bool,
 }
 
 /// Where a miner is in its epoch.

@@ -1,7 +1,8 @@
 //! The miner's fault modes (the node's hidden `--fault` flags, for testing the other nodes'
 //! defences): the frames a `noise` or `huge-frames` miner sends, the loss a `lie-loss` tail
-//! reports, the samples an `inflate` tail claims and what a `dodge` miner answers a spot
-//! check. All off in a normal run.
+//! reports, the samples an `inflate` tail claims, the records a `preclaim` tail publishes
+//! the moment a plan is out and what a `dodge` miner answers a spot check. All off in a
+//! normal run.
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
@@ -16,6 +17,10 @@ const HUGE_WINDOWS: usize = 1024;
 
 /// How far below the computed loss a `lie-loss` tail reports.
 const LIE_FRACTION: f32 = 0.2;
+
+/// The loss a `preclaim` tail claims for every sample: well below an honest one, so the
+/// pathways it names look good to CLASP.
+const PRECLAIM_LOSS: f32 = 1.0;
 
 /// A frame like `frame` (same run, sample, stage, kind and shape) whose values are random,
 /// with the mean and spread of the real ones: what a `noise` miner sends.
@@ -105,5 +110,74 @@ pub(crate) fn fabricate(ctx: &Ctx, plan: &EpochPlan, real: &LossRecord) -> Optio
         sample: crate::run_spec::sample_id(plan.seed, index as u64, counter),
         pathway: real.pathway.clone(),
         loss: real.loss,
+        receipts: real.receipts.clone(),
     })
+}
+
+/// What a `preclaim` tail publishes as soon as `plan` is out, if it is a tail of it: a
+/// record of every sample the plan's heads draw, through the first replica of each middle
+/// stage to itself, at [`PRECLAIM_LOSS`]. Every other record carries the best chain of
+/// receipts it can make, every hop signed with its own key (it has no other); the rest
+/// carry none.
+pub(crate) fn preclaims(ctx: &Ctx, plan: &EpochPlan) -> Vec<LossRecord> {
+    let tail = plan.stages.saturating_sub(1);
+    if tail == 0 || plan.stage_of(&ctx.me) != Some(tail) {
+        return Vec::new();
+    }
+    let Some(middles) = (1..tail)
+        .map(|stage| plan.miners_of(stage).next().map(|p| p.to_string()))
+        .collect::<Option<Vec<String>>>()
+    else {
+        return Vec::new();
+    };
+    let mut records = Vec::new();
+    for (index, head) in plan.miners_of(0).enumerate() {
+        for counter in 0..plan.epoch_samples {
+            let sample = crate::run_spec::sample_id(plan.seed, index as u64, counter);
+            let pathway: Vec<String> = std::iter::once(head.to_string())
+                .chain(middles.iter().cloned())
+                .chain(std::iter::once(ctx.me.to_string()))
+                .collect();
+            let receipts = if counter % 2 == 1 {
+                self_signed_chain(ctx, plan.epoch, sample, &pathway)
+            } else {
+                Vec::new()
+            };
+            records.push(LossRecord {
+                sample,
+                pathway,
+                loss: PRECLAIM_LOSS,
+                receipts,
+            });
+        }
+    }
+    records
+}
+
+/// A well-linked chain of receipts for `pathway`, every hop signed with this miner's key.
+fn self_signed_chain(
+    ctx: &Ctx,
+    epoch: u64,
+    sample: u64,
+    pathway: &[String],
+) -> Vec<crate::wire::receipt::HopReceipt> {
+    use crate::wire::receipt::{digest, head_input, sign, Hop};
+    let mut received = head_input();
+    let mut chain = Vec::with_capacity(pathway.len());
+    for stage in 0..pathway.len() {
+        let sent = digest(&[&sample.to_be_bytes()[..], &(stage as u64).to_be_bytes()].concat());
+        let hop = Hop {
+            run: ctx.run_id,
+            epoch,
+            sample,
+            stage: stage as u32,
+            next: pathway.get(stage + 1).map(String::as_str),
+        };
+        match sign(&ctx.cfg.key, &hop, received, sent) {
+            Ok(receipt) => chain.push(receipt),
+            Err(_) => return Vec::new(),
+        }
+        received = sent;
+    }
+    chain
 }

@@ -133,8 +133,10 @@ async fn one_sample(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle, id: u64
         // The whole pathway, there and back, within one hop timeout.
         deadline_ms: now_ms()
             .saturating_add(u64::try_from(super::HOP_TIMEOUT.as_millis()).unwrap_or(u64::MAX)),
+        receipts: Vec::new(),
     };
-    match send_forward(&ctx, &plan, 1, &header, &frame).await {
+    let received = crate::wire::receipt::head_input();
+    match send_forward(&ctx, &plan, 1, &header, &frame, received).await {
         Ok((loss, _pathway, grad)) => {
             ctx.train_loss(loss).await;
             match worker.backward_and_step(grad, ctx.step_due(&plan)).await {

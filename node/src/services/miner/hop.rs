@@ -1,5 +1,10 @@
 //! One hop of the pipeline: choosing the next replica, sending a sample on (with retries), and
 //! serving the samples and evaluations that previous stages send here.
+//!
+//! Every hop signs a receipt of what it received and what it sent, naming the peer it sent
+//! to ([`crate::wire::receipt`]): the sender signs one per replica it tries, the tail signs
+//! its own for the gradient it returns and publishes the whole chain with its loss record.
+//! The router checked the chain a forward carries before this miner sees it.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -21,6 +26,7 @@ use crate::rules::Expect;
 use crate::wire::messages::{
     self, EvalHeader, EvalReply, ForwardHeader, ForwardReply, LossRecord, Service,
 };
+use crate::wire::receipt::{self, Digest, Hop};
 
 /// Replicas tried for one hop before the sample is dropped.
 const ATTEMPTS: usize = 3;
@@ -151,7 +157,31 @@ impl HopFailure {
     }
 }
 
-/// Sends a sample's activation to a replica of `stage`, retrying on others. Returns the
+/// The body of a forward to `next`: `header` with this hop's receipt (of the frame hashing
+/// to `received` that came in, and `frame` going out to `next`) added, and `frame`.
+fn receipted_body(
+    ctx: &Ctx,
+    header: &ForwardHeader,
+    next: &str,
+    received: Digest,
+    frame: &[u8],
+) -> Result<Vec<u8>, String> {
+    let hop = Hop {
+        run: ctx.run_id,
+        epoch: header.epoch,
+        sample: header.sample,
+        stage: u32::try_from(header.pathway.len().saturating_sub(1)).unwrap_or(u32::MAX),
+        next: Some(next),
+    };
+    let signed = receipt::sign(&ctx.cfg.key, &hop, received, receipt::digest(frame))
+        .map_err(|error| error.to_string())?;
+    let mut header = header.clone();
+    header.receipts.push(signed);
+    Ok(forward_body(&header, frame))
+}
+
+/// Sends a sample's activation to a replica of `stage`, retrying on others, with this hop's
+/// receipt for each (`received`: the hash of the frame this hop received). Returns the
 /// reply (loss and pathway) and the gradient frame, or the last failure.
 pub(crate) async fn send_forward(
     ctx: &Ctx,
@@ -159,8 +189,9 @@ pub(crate) async fn send_forward(
     stage: u32,
     header: &ForwardHeader,
     frame: &[u8],
+    received: Digest,
 ) -> Result<Done, String> {
-    let body = forward_body(header, &faults::sent_frame(ctx, frame));
+    let frame = faults::sent_frame(ctx, frame);
     let mut tried = BTreeSet::new();
     let mut last = String::from("no live replica of the next stage");
     for attempt in 0..ATTEMPTS {
@@ -175,6 +206,7 @@ pub(crate) async fn send_forward(
         let Some(peer_id) = crate::wire::peer::to_libp2p(&peer) else {
             continue;
         };
+        let body = receipted_body(ctx, header, peer.as_str(), received, &frame)?;
         let started = Instant::now();
         match forward_once(ctx, peer_id, &body, header, stage, left).await {
             Ok(done) => {
@@ -378,10 +410,33 @@ async fn serve_tail(
     ctx.after_backward().await;
     ctx.train_loss(out.loss).await;
     let loss = faults::reported_loss(ctx, out.loss);
+    let grad = faults::outgoing(ctx, out.grad_frame.unwrap_or_default(), header.sample);
+    let sent = faults::sent_frame(ctx, &grad).into_owned();
+    // The tail's receipt: the activation it received, the gradient it returns (to no next
+    // hop); the chain that came with the sample was checked on the way in.
+    let hop = Hop {
+        run: ctx.run_id,
+        epoch: header.epoch,
+        sample: header.sample,
+        stage: admitted.stage,
+        next: None,
+    };
+    let own = match receipt::sign(
+        &ctx.cfg.key,
+        &hop,
+        receipt::digest(&admitted.frame),
+        receipt::digest(&sent),
+    ) {
+        Ok(own) => own,
+        Err(error) => return forward_failed(error.to_string()),
+    };
+    let mut receipts = header.receipts.clone();
+    receipts.push(own);
     let record = LossRecord {
         sample: header.sample,
         pathway: pathway.clone(),
         loss,
+        receipts,
     };
     let fabricated = ctx
         .cfg
@@ -395,20 +450,16 @@ async fn serve_tail(
         records,
     })
     .await;
-    let grad = faults::outgoing(ctx, out.grad_frame.unwrap_or_default(), header.sample);
     ctx.keep_evidence(Evidence {
         epoch: header.epoch,
         sample: header.sample,
         stage: admitted.stage,
         input: admitted.frame.clone(),
-        output: grad.clone(),
+        output: grad,
         loss: Some(loss),
         generation: 0,
     });
-    forward_reply(
-        &ForwardReply::Done { loss, pathway },
-        &faults::sent_frame(ctx, &grad),
-    )
+    forward_reply(&ForwardReply::Done { loss, pathway }, &sent)
 }
 
 /// A middle stage: the activation on to the next stage, and the gradient it brings back
@@ -444,8 +495,11 @@ async fn serve_middle(
         sample: header.sample,
         pathway,
         deadline_ms: admitted.deadline_ms,
+        receipts: header.receipts.clone(),
     };
-    let (loss, pathway, grad) = match send_forward(ctx, plan, stage + 1, &next, &activation).await {
+    let received = receipt::digest(&admitted.frame);
+    let sent = send_forward(ctx, plan, stage + 1, &next, &activation, received).await;
+    let (loss, pathway, grad) = match sent {
         Ok(done) => done,
         Err(reason) => {
             let _ = worker.drop_sample(header.sample).await;

@@ -301,6 +301,7 @@ mod tests {
             sample,
             pathway: vec!["h".into(), "t".into()],
             loss: 2.0,
+            receipts: Vec::new(),
         }
     }
 

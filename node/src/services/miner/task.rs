@@ -204,6 +204,17 @@ impl Task {
             }
         }
         self.publish.news.send_replace(self.state.news());
+        if self.ctx.cfg.faults.preclaim {
+            let records = super::faults::preclaims(&self.ctx, &plan);
+            let ctx = self.ctx.clone();
+            let topic = self.loss_topic.clone();
+            let epoch = plan.epoch;
+            tokio::spawn(async move {
+                for batch in records.chunks(LOSS_BATCH) {
+                    publish_losses(&ctx, &topic, epoch, batch.to_vec()).await;
+                }
+            });
+        }
         // The merge and the stage (re)build run to their end even when a newer plan arrives
         // (an aborted merge would leave the merge service's feed open and the replicas'
         // weights half merged): they run in a task of their own, one at a time, which the
@@ -337,17 +348,35 @@ async fn answer(ctx: &Arc<Ctx>, service: Service, body: Vec<u8>) -> Vec<u8> {
     }
 }
 
-/// Publishes one message's worth of loss records.
+/// Publishes one batch of loss records: in one message, or halved until each half fits a
+/// gossip message (records carry a receipt per stage, so a deep pipeline's batch may not).
 async fn publish_losses(ctx: &Ctx, topic: &str, epoch: u64, records: Vec<LossRecord>) {
     let tokens_per_sample = u64::from(ctx.cfg.run.batch_size * ctx.cfg.run.seq_len);
-    let message = PipelineGossip::Losses {
-        epoch,
-        tokens_per_sample,
-        records,
-    };
-    if let Some(bytes) = message.to_bytes() {
-        if let Err(error) = ctx.client.publish(topic, bytes).await {
-            tracing::debug!(%error, "loss records not published");
+    let mut batches = vec![records];
+    while let Some(records) = batches.pop() {
+        let message = PipelineGossip::Losses {
+            epoch,
+            tokens_per_sample,
+            records,
+        };
+        match message.to_bytes() {
+            Some(bytes) => {
+                if let Err(error) = ctx.client.publish(topic, bytes).await {
+                    tracing::debug!(%error, "loss records not published");
+                }
+            }
+            None => {
+                let PipelineGossip::Losses { mut records, .. } = message else {
+                    continue;
+                };
+                if records.len() < 2 {
+                    tracing::warn!(epoch, "a loss record too large for a gossip message");
+                    continue;
+                }
+                let back = records.split_off(records.len() / 2);
+                batches.push(back);
+                batches.push(records);
+            }
         }
     }
 }

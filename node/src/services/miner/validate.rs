@@ -3,7 +3,9 @@
 //!
 //! * **Forward**: from the previous stage's miner in the plan of its epoch (current or the
 //!   one before), which is the pathway's last hop, and every pathway entry holds its stage
-//!   in that plan.
+//!   in that plan; its hop receipts prove the pathway so far, the last naming this node and
+//!   hashing the frame that came ([`crate::wire::receipt`]): a tail signs its loss record's
+//!   chain only after this check, so its records are never refused for a hop before it.
 //! * **Evaluation**: from a previous-stage miner of the current (or previous) plan.
 //! * **Weights**: from a replica of the requested stage in the current plan (a miner that
 //!   joins or changes stage).
@@ -17,11 +19,13 @@ use training::wire::FrameKind;
 use crate::rules::{Expect, FrameRules, Refusal};
 use crate::services::consensus::api::{stage_in, PlanBook};
 use crate::wire::messages::{self, EvalHeader, ForwardHeader, Service};
+use crate::wire::receipt;
 
 /// The pipeline requests this node may serve, judged against the plans.
 #[derive(Debug, Clone)]
 pub(crate) struct PipelineRequests {
     me: PeerIdStr,
+    run_id: u64,
     frames: FrameRules,
 }
 
@@ -30,6 +34,7 @@ impl PipelineRequests {
     pub(crate) fn new(me: PeerIdStr, run: &RunConfig, run_id: u64) -> anyhow::Result<Self> {
         Ok(PipelineRequests {
             me,
+            run_id,
             frames: FrameRules::new(run, run_id)?,
         })
     }
@@ -46,7 +51,8 @@ impl PipelineRequests {
                 boundary: stage - 1,
                 kind: FrameKind::Activation,
             },
-        )
+        )?;
+        check_receipts(self.run_id, self.me.as_str(), &header, frame)
     }
 
     /// Checks an evaluation request of `peer`.
@@ -100,6 +106,27 @@ pub(crate) fn check_forward(
     Ok(stage)
 }
 
+/// Checks a forward's hop receipts (after [`check_forward`]): they prove its pathway up to
+/// `me`, and the last hashes `frame`.
+pub(crate) fn check_receipts(
+    run_id: u64,
+    me: &str,
+    header: &ForwardHeader,
+    frame: &[u8],
+) -> Result<(), Refusal> {
+    let sample = receipt::Sample {
+        run: run_id,
+        epoch: header.epoch,
+        sample: header.sample,
+        pathway: &header.pathway,
+    };
+    receipt::verify_chain(&sample, &header.receipts, Some(me)).map_err(|_| Refusal::BadReceipts)?;
+    match header.receipts.last() {
+        Some(last) if last.sent == receipt::digest(frame) => Ok(()),
+        _ => Err(Refusal::BadReceipts),
+    }
+}
+
 /// Checks an evaluation request from `sender`: it must hold the stage before this node's in
 /// the current (or previous) plan. Returns this node's stage.
 pub(crate) fn check_eval(book: &PlanBook, me: &str, sender: &str) -> Result<u32, Refusal> {
@@ -146,6 +173,7 @@ mod tests {
             sample: 1,
             pathway,
             deadline_ms: u64::MAX,
+            receipts: Vec::new(),
         };
         let stranger = peer(99).to_string();
         assert_eq!(
@@ -204,6 +232,55 @@ mod tests {
                 Err(Refusal::WrongEpoch)
             );
         }
+    }
+
+    #[test]
+    fn forwards_carry_the_receipts_of_their_pathway_naming_this_hop() {
+        use crate::services::consensus::api::fixture::key_of;
+        use crate::wire::receipt::fixture::{chain, frame};
+        let (book, _) = book(&[0]);
+        let plan = book.current().unwrap().clone();
+        let pathway = vec![on(&plan, 0)[0].clone(), on(&plan, 1)[0].clone()];
+        let tail = on(&plan, 2)[0].clone();
+        let run_id = 7;
+        let sample = receipt::Sample {
+            run: run_id,
+            epoch: 0,
+            sample: 1,
+            pathway: &pathway,
+        };
+        let keys: Vec<_> = pathway.iter().map(|p| key_of(p)).collect();
+        let header = |receipts| ForwardHeader {
+            epoch: 0,
+            sample: 1,
+            pathway: pathway.clone(),
+            deadline_ms: u64::MAX,
+            receipts,
+        };
+        // The fixture's middle hop sent `frame(1, 1)`.
+        let sent = frame(1, 1);
+        let good = header(chain(&sample, &keys, Some(&tail)));
+        assert_eq!(check_receipts(run_id, &tail, &good, &sent), Ok(()));
+        // Another frame than the one the middle signed for, or a chain naming another tail.
+        assert_eq!(
+            check_receipts(run_id, &tail, &good, b"another frame"),
+            Err(Refusal::BadReceipts)
+        );
+        let other_tail = on(&plan, 2)[1].clone();
+        assert_eq!(
+            check_receipts(run_id, &other_tail, &good, &sent),
+            Err(Refusal::BadReceipts)
+        );
+        // No receipts, or only the head's.
+        assert_eq!(
+            check_receipts(run_id, &tail, &header(Vec::new()), &sent),
+            Err(Refusal::BadReceipts)
+        );
+        let cut = header(chain(&sample, &keys, Some(&tail))[..1].to_vec());
+        assert_eq!(
+            check_receipts(run_id, &tail, &cut, &sent),
+            Err(Refusal::BadReceipts)
+        );
     }
 
     #[test]

@@ -86,6 +86,14 @@ pub(crate) enum ValidatorMsg {
         epoch: u64,
         records: Vec<LossRecord>,
     },
+    /// The router refused loss records of `epoch` from `peer` because their receipts do not
+    /// prove their pathways (`why`: the refusal's label): credit claimed for work it cannot
+    /// show, held against it.
+    ForgedLosses {
+        epoch: u64,
+        peer: PeerIdStr,
+        why: &'static str,
+    },
     /// A stage's replicas gossiped the hash of their merged weights (the weights every
     /// replica starts the next epoch from).
     Merged {
@@ -151,6 +159,21 @@ impl ValidatorHandle {
             &self.tx,
             "validator",
             ValidatorMsg::Losses { epoch, records },
+        )
+        .await
+    }
+
+    /// Tells the validator that `peer` sent loss records of `epoch` with forged receipts.
+    pub(crate) async fn forged_losses(
+        &self,
+        epoch: u64,
+        peer: PeerIdStr,
+        why: &'static str,
+    ) -> Result<(), ServiceGone> {
+        send(
+            &self.tx,
+            "validator",
+            ValidatorMsg::ForgedLosses { epoch, peer, why },
         )
         .await
     }

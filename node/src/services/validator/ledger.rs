@@ -62,6 +62,7 @@ mod tests {
                 sample: i,
                 pathway: vec!["a".into(), "b".into()],
                 loss: 3.0,
+                receipts: Vec::new(),
             })
             .collect()
     }

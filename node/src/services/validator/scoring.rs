@@ -6,8 +6,11 @@
 //! flagged or caught), smoothed over epochs ([`attribution::score`]), and turned into chain
 //! weights ([`attribution::weights`]).
 //!
-//! A miner is caught when a spot check or a merge audit proves it cheated ([`Proof`]); it
-//! then stays at quality 0 for [`PROBATION_EPOCHS`]. Spot checks it answered without
+//! A miner is caught when a spot check or a merge audit proves it cheated, or when it sent
+//! loss records whose hop receipts do not prove their pathways (credit it claimed for work
+//! it cannot show: `crate::wire::receipt`) ([`Proof`]); it then stays at quality 0 for
+//! [`PROBATION_EPOCHS`], and is listed in the epoch's weights even if none of its records
+//! was taken. Spot checks it answered without
 //! evidence are counted against it ([`super::dodges`]); too many of them catch it as a
 //! failed check would (`spot_check: dodged_checks`). Why a miner weighs nothing is a
 //! [`CatchReason`], whose text (`clasp`, `spot_check: …`, `merge_audit: …`,
@@ -36,12 +39,16 @@ pub(crate) enum Proof {
     SpotCheck(SpotFailure),
     /// A merge audit named it.
     MergeAudit(FindingKind),
+    /// It sent loss records whose receipts do not prove their pathways; the refusal's label
+    /// (`losses_no_receipts`, `losses_bad_receipt`, `losses_broken_chain`).
+    ForgedCredit(&'static str),
 }
 
 impl Proof {
-    /// Whether a spot check caught it (its losses are not to be trusted).
+    /// Whether it proves the miner lied about its work (a spot check, or forged loss
+    /// records): its losses are not to be trusted.
     pub(crate) fn is_spot_check(self) -> bool {
-        matches!(self, Proof::SpotCheck(_))
+        matches!(self, Proof::SpotCheck(_) | Proof::ForgedCredit(_))
     }
 }
 
@@ -50,6 +57,7 @@ impl std::fmt::Display for Proof {
         match self {
             Proof::SpotCheck(why) => write!(f, "spot_check: {why}"),
             Proof::MergeAudit(kind) => write!(f, "merge_audit: {kind}"),
+            Proof::ForgedCredit(label) => write!(f, "loss_records: {label}"),
         }
     }
 }
@@ -256,7 +264,14 @@ pub(crate) fn weigh_distrusting(
     scores: &mut Scores,
 ) -> EpochWeights {
     let usable = usable(records, uids);
-    let served = served(&usable);
+    let mut served = served(&usable);
+    // A miner caught (or on probation) in the plan is listed with the work it was credited,
+    // none if all its records were refused, so that the weights say why it weighs nothing.
+    for (peer, _) in caught.iter() {
+        if let (Some(uid), Some(stage)) = (uids.get(peer.as_str()), plan.stage_of(peer)) {
+            served.entry(*uid).or_insert((stage, 0));
+        }
+    }
     let (effects, fit_error) = fit(&usable, caught, liars);
     // The run's first epoch is not judged by CLASP: the loss falls from ~5.5 to ~3 in it,
     // far from the fit's quadratic trend, and an honest head was flagged there in a live
@@ -273,7 +288,8 @@ pub(crate) fn weigh_distrusting(
                 uid: *uid,
                 samples_completed: *samples,
                 flagged: clasp_flagged(uid),
-                spot_check_failed: proof.is_some_and(|p| matches!(p, Proof::SpotCheck(_))),
+                // Forged loss records are a check of its work that failed, as a spot check is.
+                spot_check_failed: proof.is_some_and(Proof::is_spot_check),
                 merge_audit_failed: proof.is_some_and(|p| matches!(p, Proof::MergeAudit(_))),
             }
         })
@@ -426,6 +442,7 @@ mod tests {
                     sample: i,
                     pathway,
                     loss,
+                    receipts: Vec::new(),
                 }
             })
             .collect()
@@ -629,6 +646,50 @@ mod tests {
             .find(|m| m.peer_id == peer(3))
             .unwrap();
         assert!(m.flagged);
+        assert_eq!(m.weight, 0);
+    }
+
+    #[test]
+    fn a_tail_that_forged_receipts_is_listed_unpaid_though_none_of_its_records_was_taken() {
+        let forger = id(5);
+        let mut scoring = Scoring::default();
+        // The router refused every record of the forger; the ledger holds the others.
+        let taken: Vec<LossRecord> = records(400, None)
+            .into_iter()
+            .filter(|r| !r.pathway.contains(&peer(5)))
+            .collect();
+        scoring.losses(4, taken);
+        scoring.caught(4, forger.clone(), Proof::ForgedCredit("losses_bad_receipt"));
+        let weights = scoring.score(&plan(4), &uids());
+        let m = weights
+            .miners
+            .iter()
+            .find(|m| m.peer_id == peer(5))
+            .expect("the forger is listed");
+        assert!(m.flagged);
+        assert_eq!(m.samples, 0);
+        assert_eq!(m.weight, 0);
+        assert_eq!(
+            m.reason.as_deref(),
+            Some("loss_records: losses_bad_receipt")
+        );
+        assert!(weights
+            .miners
+            .iter()
+            .filter(|m| m.peer_id != peer(5))
+            .all(|m| !m.flagged && m.weight > 0));
+        // The next epoch it is still unpaid, on probation.
+        scoring.losses(5, records(400, None));
+        let weights = scoring.score(&plan(5), &uids());
+        let m = weights
+            .miners
+            .iter()
+            .find(|m| m.peer_id == peer(5))
+            .unwrap();
+        assert_eq!(
+            m.reason.as_deref(),
+            Some("probation after loss_records: losses_bad_receipt")
+        );
         assert_eq!(m.weight, 0);
     }
 

@@ -9,6 +9,9 @@
 //! **The evidence.** The miner returns the sample's input frame (none at the head: the
 //! sample id gives its tokens), the frame it sent on (the activation, or at the tail the
 //! gradient it sent back) and its current weights (`crate::services::miner`'s evidence store).
+//! The two frames must hash to what the miner's receipt in the loss record says it
+//! received and sent (`crate::wire::receipt`): a miner cannot send one frame and show
+//! another.
 //!
 //! **Which weights are reproducible.** The only weights every node agrees on by hash are
 //! the merged weights an epoch starts from, but a miner's outputs come from weights that an
@@ -46,6 +49,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::wire::messages::{self, LossRecord, Service, SpotCheckReply};
+use crate::wire::receipt::Digest;
 
 pub(crate) use checker::Checker;
 
@@ -98,6 +102,9 @@ pub(crate) struct Target {
     pub(crate) claimed_loss: f32,
     /// Samples the miner served in the epoch so far (ledger records naming it).
     pub(crate) served: u64,
+    /// The hashes its receipt in the record says it received and sent: the evidence it
+    /// shows must be those frames.
+    pub(crate) receipt: Option<(Digest, Digest)>,
 }
 
 /// What recomputing the evidence measured.
@@ -135,6 +142,8 @@ pub(crate) enum SpotFailure {
     EvidenceMalformed,
     /// A tail cannot show a sample it claimed a loss for.
     ClaimedSampleNotHeld,
+    /// The frames it shows are not the ones its receipt says it received and sent.
+    EvidenceNotReceipted,
     /// It answered `Superseded` naming a merge of its stage whose replicas announced other
     /// hashes only (see [`super::dodges::judge_claim`]).
     SupersededFalse,
@@ -153,6 +162,7 @@ impl SpotFailure {
             SpotFailure::LossNotReproduced => "loss_not_reproduced",
             SpotFailure::EvidenceMalformed => "evidence_malformed",
             SpotFailure::ClaimedSampleNotHeld => "claimed_sample_not_held",
+            SpotFailure::EvidenceNotReceipted => "evidence_not_receipted",
             SpotFailure::SupersededFalse => "superseded_false",
             SpotFailure::DodgedChecks => "dodged_checks",
         }
@@ -370,6 +380,7 @@ impl Schedule {
             sample: record.sample,
             claimed_loss: record.loss,
             served: served.get(peer.as_str()).copied().unwrap_or(0),
+            receipt: record.receipts.get(stage).map(|r| (r.received, r.sent)),
             peer,
         })
     }
@@ -493,6 +504,7 @@ mod tests {
             sample,
             pathway: pathway.iter().map(|p| p.to_string()).collect(),
             loss,
+            receipts: Vec::new(),
         }
     }
 
@@ -604,6 +616,7 @@ mod tests {
             sample: 9,
             claimed_loss: 2.0,
             served: 40,
+            receipt: None,
         };
         let reply = |stage: u32, lens: [u64; 3], payload: &[u8]| {
             messages::encode(
@@ -673,6 +686,7 @@ mod tests {
             sample: 9,
             claimed_loss: 2.0,
             served: 40,
+            receipt: None,
         };
         let superseded = |epoch: Option<u64>, hash: &str| {
             let header = SpotCheckReply::Superseded {

@@ -181,6 +181,10 @@ impl Validator {
                 self.running = self.running.max(Some(epoch));
                 self.scoring.losses(epoch, records);
             }
+            ValidatorMsg::ForgedLosses { epoch, peer, why } => {
+                tracing::warn!(epoch, %peer, why, "loss records with forged receipts");
+                self.scoring.caught(epoch, peer, Proof::ForgedCredit(why));
+            }
             ValidatorMsg::Merged { epoch, stage, hash } => {
                 self.merges.merged(epoch, stage, hash);
                 self.judge_claims(Instant::now());

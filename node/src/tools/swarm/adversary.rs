@@ -4,8 +4,11 @@
 //! An adversary is an ordinary miner process started with a hidden `--fault` mode; nothing
 //! tells the other nodes. Adversaries start once the honest miners are in a plan, so the
 //! orchestrator puts each into the stage with the fewest miners at the next epoch: with the
-//! default 6 miners on 3 stages and one adversary, the tail, where every mode (`lie-loss`
-//! and `inflate` included) can be committed. The report shows where each really was.
+//! default 6 miners on 3 stages and one adversary, the tail, where every mode (`lie-loss`,
+//! `inflate`, `dodge` and `preclaim` included) can be committed. New miners are placed in
+//! peer id order, so the modes only a tail can commit go to the adversaries with the lowest
+//! peer ids, which also start first: with 7 miners and two adversaries, the tail mode lands
+//! in the tail. The report shows where each really was.
 //!
 //! After the run, the first validator's `weights/<epoch>.json` files say, per epoch, whom it
 //! flagged and why; its `/status` gives the final consensus weights. From them the report
@@ -16,25 +19,41 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+use bootstrap::PeerIdStr;
+
 use crate::cli::{Adversary, Fault};
 use crate::services::validator::api::EpochWeights;
 
-/// Which miners (by index, of `miners`) misbehave how: the highest-numbered ones. They are
+/// Which miners (by index of `peers`) misbehave how: the highest-numbered ones. They are
 /// started after the honest miners are in a plan, so each joins the stage with the fewest
-/// miners (with 5 honest miners on 3 stages, the tail).
+/// miners (with 5 honest miners on 3 stages, the tail); the modes only a tail can commit go
+/// to the lowest peer ids among them, whom the orchestrator places first.
 pub(crate) fn place(
     adversaries: &[Adversary],
-    miners: usize,
+    peers: &[PeerIdStr],
 ) -> anyhow::Result<BTreeMap<usize, Fault>> {
+    let miners = peers.len();
     let wanted: u32 = adversaries.iter().map(|a| a.count).sum();
     anyhow::ensure!(
         (wanted as usize) < miners,
         "--adversary asks for {wanted} adversaries among {miners} miners: at least one must be honest"
     );
-    let faults = adversaries
+    let mut faults: Vec<Fault> = adversaries
         .iter()
-        .flat_map(|a| std::iter::repeat_n(a.fault, a.count as usize));
-    Ok((0..miners).rev().zip(faults).collect())
+        .flat_map(|a| std::iter::repeat_n(a.fault, a.count as usize))
+        .collect();
+    faults.sort_by_key(|fault| !tail_only(*fault));
+    let mut slots: Vec<usize> = (miners - faults.len()..miners).collect();
+    slots.sort_by(|a, b| peers[*a].cmp(&peers[*b]));
+    Ok(slots.into_iter().zip(faults).collect())
+}
+
+/// Whether only a tail can commit `fault` (it is about loss records).
+fn tail_only(fault: Fault) -> bool {
+    matches!(
+        fault,
+        Fault::LieLoss | Fault::Inflate | Fault::Dodge | Fault::Preclaim
+    )
 }
 
 /// What the run's validator concluded about one miner.
@@ -154,30 +173,49 @@ pub(crate) fn validators(
         .collect()
 }
 
+/// A node's consensus as `/status` shows it: the epoch, and the weight of each uid.
+fn consensus_key(s: &serde_json::Value) -> (Option<u64>, Vec<(u64, String)>) {
+    let miners: Vec<(u64, String)> = s["weights"]["miners"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            (
+                m["uid"].as_u64().unwrap_or(u64::MAX),
+                format!("{:.9}", m["weight"].as_f64().unwrap_or(f64::NAN)),
+            )
+        })
+        .collect();
+    (s["consensus_epoch"].as_u64(), miners)
+}
+
 /// How many of `statuses` hold exactly the first one's consensus (same epoch, same weight
 /// per miner).
 pub(crate) fn agreeing(statuses: &[serde_json::Value]) -> usize {
-    let key = |s: &serde_json::Value| {
-        let miners: Vec<(u64, String)> = s["weights"]["miners"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|m| {
-                (
-                    m["uid"].as_u64().unwrap_or(u64::MAX),
-                    format!("{:.9}", m["weight"].as_f64().unwrap_or(f64::NAN)),
-                )
-            })
-            .collect();
-        (s["consensus_epoch"].as_u64(), miners)
-    };
-    let Some(first) = statuses.first().map(key) else {
+    let Some(first) = statuses.first().map(consensus_key) else {
         return 0;
     };
     if first.0.is_none() {
         return 0;
     }
-    statuses.iter().filter(|s| key(s) == first).count()
+    statuses
+        .iter()
+        .filter(|s| consensus_key(s) == first)
+        .count()
+}
+
+/// The names of the nodes (`names`, in the order of `statuses`) whose consensus is not the
+/// first one's: a node its peers' gossip scoring cut off stops hearing the weights.
+pub(crate) fn disagreeing(statuses: &[serde_json::Value], names: &[String]) -> Vec<String> {
+    let Some(first) = statuses.first().map(consensus_key) else {
+        return Vec::new();
+    };
+    statuses
+        .iter()
+        .zip(names)
+        .filter(|(s, _)| consensus_key(s) != first)
+        .map(|(_, name)| name.clone())
+        .collect()
 }
 
 /// The report's validators section (Markdown).
@@ -355,14 +393,25 @@ mod tests {
     }
 
     #[test]
-    fn adversaries_are_the_last_miners_and_one_stays_honest() {
-        let adversaries = [parse("lie-loss").unwrap(), parse("noise:2").unwrap()];
-        let placed = place(&adversaries, 6).unwrap();
+    fn adversaries_are_the_last_miners_tail_modes_first_and_one_stays_honest() {
+        let mut peers: Vec<PeerIdStr> = (0..6u8)
+            .map(crate::services::consensus::api::fixture::peer)
+            .collect();
+        peers.sort();
+        // The last three in peer id order: the tail mode gets the lowest id of them.
+        let adversaries = [parse("noise:2").unwrap(), parse("lie-loss").unwrap()];
+        let placed = place(&adversaries, &peers).unwrap();
+        assert_eq!(
+            placed.into_iter().collect::<Vec<_>>(),
+            vec![(3, Fault::LieLoss), (4, Fault::Noise), (5, Fault::Noise)]
+        );
+        peers.reverse();
+        let placed = place(&adversaries, &peers).unwrap();
         assert_eq!(
             placed.into_iter().collect::<Vec<_>>(),
             vec![(3, Fault::Noise), (4, Fault::Noise), (5, Fault::LieLoss)]
         );
-        assert!(place(&[parse("noise:6").unwrap()], 6).is_err());
+        assert!(place(&[parse("noise:6").unwrap()], &peers).is_err());
     }
 
     #[test]
@@ -398,6 +447,9 @@ mod tests {
         assert_eq!(agreeing(&same), 3);
         let differ = [status(5, 0.25), status(5, 0.5), status(4, 0.25)];
         assert_eq!(agreeing(&differ), 1);
+        let names: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        assert_eq!(disagreeing(&differ, &names), vec!["b", "c"]);
+        assert!(disagreeing(&same, &names).is_empty());
         assert_eq!(agreeing(&[serde_json::json!({})]), 0);
     }
 }

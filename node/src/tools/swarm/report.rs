@@ -354,6 +354,7 @@ mod tests {
                 sample: epoch,
                 pathway: vec!["h".into(), "t".into()],
                 loss: 3.0,
+                receipts: Vec::new(),
             }];
             let message = PipelineGossip::Losses {
                 epoch,

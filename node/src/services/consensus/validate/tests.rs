@@ -1,15 +1,35 @@
 use super::*;
-use crate::services::consensus::plan_book::fixture::{book, on, peer, run};
+use crate::services::consensus::plan_book::fixture::{book, key_of, on, peer, run};
+use crate::wire::receipt::{self, fixture::chain, HopReceipt};
 
+/// The receipts of `pathway` for `sample` of `plan`'s epoch, each hop signing its own.
+fn receipts(plan: &EpochPlan, sample: u64, pathway: &[String]) -> Vec<HopReceipt> {
+    let keys: Vec<_> = pathway.iter().map(|p| key_of(p)).collect();
+    chain(&sample_of(plan, sample, pathway), &keys, None)
+}
+
+fn sample_of<'a>(plan: &EpochPlan, sample: u64, pathway: &'a [String]) -> receipt::Sample<'a> {
+    receipt::Sample {
+        run: crate::run_spec::run_id(&run()),
+        epoch: plan.epoch,
+        sample,
+        pathway,
+    }
+}
+
+/// A record of head `head`'s `counter`-th sample through `tail`, with the pathway's receipts.
 fn record(plan: &EpochPlan, head: usize, counter: u64, tail: &str) -> LossRecord {
     let heads = on(plan, 0);
+    let sample = sample_id(plan.seed, head as u64, counter);
+    let pathway = vec![
+        heads[head].clone(),
+        on(plan, 1)[0].clone(),
+        tail.to_string(),
+    ];
     LossRecord {
-        sample: sample_id(plan.seed, head as u64, counter),
-        pathway: vec![
-            heads[head].clone(),
-            on(plan, 1)[0].clone(),
-            tail.to_string(),
-        ],
+        sample,
+        receipts: receipts(plan, sample, &pathway),
+        pathway,
         loss: 2.5,
     }
 }
@@ -185,6 +205,120 @@ fn loss_records_come_from_tails_for_samples_drawn_once() {
         rules.check(&book, &tail, &losses(0, vec![record(&plan, 0, 2, &tail)])),
         Verdict::Accept
     );
+}
+
+#[test]
+fn loss_records_without_a_whole_chain_of_receipts_are_refused() {
+    let (book, _) = book(&[0]);
+    let plan = book.current().unwrap().clone();
+    let mut rules = PipelineRules::new(&run());
+    let tail = on(&plan, 2)[0].clone();
+    let mut bare = record(&plan, 0, 0, &tail);
+    bare.receipts.clear();
+    assert_eq!(
+        rules.check(&book, &tail, &losses(0, vec![bare])),
+        Verdict::Reject(PipelineReason::LossesNoReceipts)
+    );
+    let mut cut = record(&plan, 0, 0, &tail);
+    cut.receipts.pop();
+    assert_eq!(
+        rules.check(&book, &tail, &losses(0, vec![cut])),
+        Verdict::Reject(PipelineReason::LossesNoReceipts)
+    );
+    // One bad record refuses the message whole, honest records with it.
+    let mut bare = record(&plan, 0, 1, &tail);
+    bare.receipts.clear();
+    let mixed = losses(0, vec![record(&plan, 0, 0, &tail), bare]);
+    assert_eq!(
+        rules.check(&book, &tail, &mixed),
+        Verdict::Reject(PipelineReason::LossesNoReceipts)
+    );
+}
+
+#[test]
+fn loss_records_with_forged_foreign_or_broken_chains_are_refused() {
+    let (book, _) = book(&[0]);
+    let plan = book.current().unwrap().clone();
+    let mut rules = PipelineRules::new(&run());
+    let tail = on(&plan, 2)[0].clone();
+    let other_tail = on(&plan, 2)[1].clone();
+    // The best a tail can forge: every receipt of the chain signed with its own key.
+    let mut forged = record(&plan, 0, 0, &tail);
+    let own: Vec<_> = forged.pathway.iter().map(|_| key_of(&tail)).collect();
+    forged.receipts = chain(
+        &sample_of(&plan, forged.sample, &forged.pathway),
+        &own,
+        None,
+    );
+    assert_eq!(
+        rules.check(&book, &tail, &losses(0, vec![forged])),
+        Verdict::Reject(PipelineReason::LossesBadReceipt)
+    );
+    // Another tail's chain, with its own receipt in place of the real tail's: the middle
+    // hop named the real tail.
+    let real = record(&plan, 0, 1, &tail);
+    let mut stolen = real.clone();
+    stolen.pathway[2] = other_tail.clone();
+    stolen.receipts[2] = receipts(&plan, real.sample, &stolen.pathway)[2].clone();
+    assert_eq!(
+        rules.check(&book, &other_tail, &losses(0, vec![stolen])),
+        Verdict::Reject(PipelineReason::LossesBadReceipt)
+    );
+    // A chain of another sample, or of a pathway through another middle replica.
+    let mut foreign = record(&plan, 0, 2, &tail);
+    foreign.receipts = record(&plan, 0, 3, &tail).receipts;
+    assert_eq!(
+        rules.check(&book, &tail, &losses(0, vec![foreign])),
+        Verdict::Reject(PipelineReason::LossesBadReceipt)
+    );
+    let mut detour = record(&plan, 0, 2, &tail);
+    let mut other_path = detour.pathway.clone();
+    other_path[1] = on(&plan, 1)[1].clone();
+    detour.receipts = receipts(&plan, detour.sample, &other_path);
+    assert_eq!(
+        rules.check(&book, &tail, &losses(0, vec![detour])),
+        Verdict::Reject(PipelineReason::LossesBadReceipt)
+    );
+    // A link that does not follow from the hop before.
+    let mut broken = record(&plan, 0, 2, &tail);
+    broken.receipts[2].received = broken.receipts[0].sent;
+    assert_eq!(
+        rules.check(&book, &tail, &losses(0, vec![broken])),
+        Verdict::Reject(PipelineReason::LossesBrokenChain)
+    );
+    // None of it claimed anything: the tails that served the samples are heard.
+    let honest = losses(
+        0,
+        vec![
+            record(&plan, 0, 0, &tail),
+            record(&plan, 0, 2, &tail),
+            record(&plan, 0, 3, &tail),
+        ],
+    );
+    assert_eq!(rules.check(&book, &tail, &honest), Verdict::Accept);
+    assert_eq!(
+        rules.check(&book, &tail, &losses(0, vec![real])),
+        Verdict::Accept
+    );
+}
+
+#[test]
+fn refusals_for_receipts_are_the_ones_held_against_the_sender_as_forged_credit() {
+    for reason in [
+        PipelineReason::LossesNoReceipts,
+        PipelineReason::LossesBadReceipt,
+        PipelineReason::LossesBrokenChain,
+    ] {
+        assert!(reason.forges_credit(), "{}", reason.label());
+    }
+    for reason in [
+        PipelineReason::LossesNotTail,
+        PipelineReason::LossesDuplicate,
+        PipelineReason::LossesNotDrawn,
+        PipelineReason::LossesBadRecord,
+    ] {
+        assert!(!reason.forges_credit(), "{}", reason.label());
+    }
 }
 
 #[test]

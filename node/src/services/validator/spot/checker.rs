@@ -19,6 +19,7 @@ use super::{
 };
 use crate::rules::{Expect, FrameRules};
 use crate::wire::messages::{self, Service, SpotCheckRequest};
+use crate::wire::receipt;
 
 /// How long a miner has to answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -107,6 +108,13 @@ impl Checker {
             }
         };
         self.check_frames(target, &evidence)?;
+        if let Some((received, sent)) = target.receipt {
+            if receipt::digest(evidence.input) != received
+                || receipt::digest(evidence.output) != sent
+            {
+                return Err(Outcome::Fail(SpotFailure::EvidenceNotReceipted));
+            }
+        }
         let mut stages = self.stages.lock().await;
         let scratch = self.scratch_for(&mut stages, evidence.stage).await?;
         if evidence.weights.len() != 4 * scratch.handle.num_params() {
