@@ -117,9 +117,10 @@ pub(crate) async fn serve(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
     if evidence.generation != generation {
         return superseded(ctx);
     }
-    let Ok(weights) = worker.flat_params().await else {
+    let Ok(mut weights) = worker.flat_params().await else {
         return not_held();
     };
+    super::faults::shown_weights(ctx, &mut weights);
     // A merge that began while the weights were read may have replaced them.
     if evidence.generation != ctx.generation() {
         return superseded(ctx);

@@ -395,7 +395,7 @@ async fn serve_tail(
         records,
     })
     .await;
-    let grad = faults::outgoing(ctx, out.grad_frame.unwrap_or_default(), header.sample);
+    let grad = faults::upstream(ctx, out.grad_frame.unwrap_or_default(), header.sample);
     ctx.keep_evidence(Evidence {
         epoch: header.epoch,
         sample: header.sample,
@@ -456,7 +456,7 @@ async fn serve_middle(
     match worker.backward_and_step(grad, ctx.step_due(plan)).await {
         Ok(grad_in) => {
             ctx.after_backward().await;
-            let grad_in = faults::outgoing(ctx, grad_in.unwrap_or_default(), header.sample);
+            let grad_in = faults::upstream(ctx, grad_in.unwrap_or_default(), header.sample);
             forward_reply(&ForwardReply::Done { loss, pathway }, &grad_in)
         }
         Err(error) => forward_failed(error.to_string()),

@@ -19,13 +19,17 @@ use std::path::Path;
 use crate::cli::{Adversary, Fault};
 use crate::services::validator::api::EpochWeights;
 
-/// Which miners (by index, of `miners`) misbehave how: the highest-numbered ones. They are
+/// Which nodes (by index, of `peers`) misbehave how: the highest-numbered ones. They are
 /// started after the honest miners are in a plan, so each joins the stage with the fewest
-/// miners (with 5 honest miners on 3 stages, the tail).
-pub(crate) fn place(
+/// miners (with 5 honest miners on 3 stages, the tail). A plan places the miners that join
+/// together in peer id order, so the faults go to the adversaries in that order: the first
+/// mode given joins first (with 4 honest miners on 3 stages, the middle stage, then the
+/// tail).
+pub(crate) fn place<P: Ord>(
     adversaries: &[Adversary],
-    miners: usize,
+    peers: &[P],
 ) -> anyhow::Result<BTreeMap<usize, Fault>> {
+    let miners = peers.len();
     let wanted: u32 = adversaries.iter().map(|a| a.count).sum();
     anyhow::ensure!(
         (wanted as usize) < miners,
@@ -34,7 +38,9 @@ pub(crate) fn place(
     let faults = adversaries
         .iter()
         .flat_map(|a| std::iter::repeat_n(a.fault, a.count as usize));
-    Ok((0..miners).rev().zip(faults).collect())
+    let mut chosen: Vec<usize> = (miners - wanted as usize..miners).collect();
+    chosen.sort_by(|a, b| peers[*a].cmp(&peers[*b]));
+    Ok(chosen.into_iter().zip(faults).collect())
 }
 
 /// What the run's validator concluded about one miner.
@@ -357,12 +363,20 @@ mod tests {
     #[test]
     fn adversaries_are_the_last_miners_and_one_stays_honest() {
         let adversaries = [parse("lie-loss").unwrap(), parse("noise:2").unwrap()];
-        let placed = place(&adversaries, 6).unwrap();
+        let peers = ["a", "b", "c", "f", "e", "d"];
+        let placed = place(&adversaries, &peers).unwrap();
+        // The lowest peer id among the last three gets the first mode given.
         assert_eq!(
             placed.into_iter().collect::<Vec<_>>(),
             vec![(3, Fault::Noise), (4, Fault::Noise), (5, Fault::LieLoss)]
         );
-        assert!(place(&[parse("noise:6").unwrap()], 6).is_err());
+        let peers = ["a", "b", "c", "d", "e", "f"];
+        let placed = place(&adversaries, &peers).unwrap();
+        assert_eq!(
+            placed.into_iter().collect::<Vec<_>>(),
+            vec![(3, Fault::LieLoss), (4, Fault::Noise), (5, Fault::Noise)]
+        );
+        assert!(place(&[parse("noise:6").unwrap()], &peers).is_err());
     }
 
     #[test]
