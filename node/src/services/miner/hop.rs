@@ -12,7 +12,7 @@ use training::worker::{EvalOutput, StageInput};
 use training::StageHandle;
 
 use super::context::Ctx;
-use super::evidence::Evidence;
+use super::evidence::{Evidence, Gradients};
 use super::faults;
 use super::state::{Routing, Throughput};
 use super::task::Note;
@@ -404,6 +404,7 @@ async fn serve_tail(
         output: grad.clone(),
         loss: Some(loss),
         generation: 0,
+        gradients: Gradients::None,
     });
     forward_reply(
         &ForwardReply::Done { loss, pathway },
@@ -438,6 +439,7 @@ async fn serve_middle(
         output: activation.clone(),
         loss: None,
         generation: 0,
+        gradients: Gradients::Pending,
     });
     let next = ForwardHeader {
         epoch: header.epoch,
@@ -453,10 +455,12 @@ async fn serve_middle(
             return forward_failed(reason);
         }
     };
+    let received = grad.clone();
     match worker.backward_and_step(grad, ctx.step_due(plan)).await {
         Ok(grad_in) => {
             ctx.after_backward().await;
             let grad_in = faults::upstream(ctx, grad_in.unwrap_or_default(), header.sample);
+            ctx.keep_gradients(header.epoch, header.sample, received, grad_in.clone());
             forward_reply(&ForwardReply::Done { loss, pathway }, &grad_in)
         }
         Err(error) => forward_failed(error.to_string()),

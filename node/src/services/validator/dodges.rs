@@ -318,6 +318,7 @@ mod tests {
             sample: 9,
             claimed_loss: 2.0,
             served: 40,
+            replicas: vec![id(6).to_string()],
         }
     }
 
