@@ -75,10 +75,9 @@ pub(crate) const COSINE_MIN: f64 = 0.9;
 /// the miner's: a gradient moves more with the weights than an activation does, and a tail
 /// steps once per sample, so the weights it answers with are up to a few steps past the
 /// sample. Honest tails measured 0.798–1.000 after the first epoch (439 checks, 1 % below
-/// 0.89); `noise` tails at most 0.006. Honest middle stages measured 0.993–1.000 after the
-/// first epoch (0.960 and more in it); `noise-grad`
-/// middle stages −0.004–0.006 on half their checks, 0.87–0.92 on the others (the noise keeps
-/// the frame's mean, which for some samples carries most of the gradient).
+/// 0.89); `noise` tails at most 0.006. Honest middle stages measured 0.987–1.000 after the
+/// first epoch (0.960 and more in it); `noise-grad` middle stages −0.013–0.008 (0.87–0.92
+/// on samples whose gradient a `noise` tail had sent it).
 pub(crate) const GRADIENT_COSINE_MIN: f64 = 0.5;
 
 /// Least ratio of the miner's output norm to the recomputed one (and at most its inverse).
