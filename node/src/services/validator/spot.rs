@@ -76,8 +76,8 @@ pub(crate) const COSINE_MIN: f64 = 0.9;
 /// steps once per sample, so the weights it answers with are up to a few steps past the
 /// sample. Honest tails measured 0.798–1.000 after the first epoch (439 checks, 1 % below
 /// 0.89); `noise` tails at most 0.006. Honest middle stages measured 0.987–1.000 after the
-/// first epoch (0.896 and more in it, where it is not judged); `noise-grad` middle stages −0.013–0.008 (0.87–0.92
-/// on samples whose gradient a `noise` tail had sent it).
+/// first epoch (0.896 and more in it, where it is not judged); `noise-grad` middle stages
+/// −0.013–0.008 (0.87–0.92 on samples whose gradient a `noise` tail had sent it).
 pub(crate) const GRADIENT_COSINE_MIN: f64 = 0.5;
 
 /// Least ratio of the miner's output norm to the recomputed one (and at most its inverse).
