@@ -259,6 +259,12 @@ pub(crate) enum Fault {
     Noise,
     /// Serve samples but never take an optimizer step, bringing stale weights to the merge.
     Lazy,
+    /// As `lazy`, but answer spot checks with one weight changed by one ulp, so that the
+    /// weights shown never hash to the epoch's starting weights.
+    LazyUlp,
+    /// Forward honest activations, but send random gradients of the right shape and scale
+    /// upstream (a middle stage's or a tail's backward pass, faked).
+    NoiseGrad,
     /// As a tail, report losses 20 % below what was computed.
     LieLoss,
     /// As a tail, claim samples never served (one per sample served).
@@ -366,9 +372,10 @@ pub(crate) struct LocalSwarmArgs {
     /// Seconds the whole run may take before it is stopped as failed.
     #[arg(long, default_value_t = 1200)]
     pub(crate) timeout_secs: u64,
-    /// Miners that misbehave: MODE[:COUNT], repeatable. Modes: noise, lazy, lie-loss,
-    /// inflate, preclaim, dodge, inflate-samples, nan-merge, poison-merge, poison-random
-    /// (miners), skew-weights (a validator). The report shows what the validators made of them.
+    /// Miners that misbehave: MODE[:COUNT], repeatable. Modes: noise, noise-grad, lazy,
+    /// lazy-ulp, lie-loss, inflate, preclaim, dodge, inflate-samples, nan-merge, poison-merge,
+    /// poison-random (miners), skew-weights (a validator). Adversaries join in the order given.
+    /// The report shows what the validators made of them.
     #[arg(long, value_name = "MODE[:COUNT]", value_parser = parse_adversary)]
     pub(crate) adversary: Vec<Adversary>,
     /// Held-out loss of the single-process reference after the same tokens, drawn in
@@ -574,13 +581,15 @@ pub(crate) fn parse_adversary(text: &str) -> Result<Adversary, String> {
 
 /// The modes `--adversary` takes.
 pub(crate) const MODES: &str =
-    "noise, lazy, lie-loss, inflate, preclaim, inflate-samples, nan-merge, poison-merge, poison-random, dodge (miners), skew-weights (a validator)";
+    "noise, noise-grad, lazy, lazy-ulp, lie-loss, inflate, preclaim, inflate-samples, nan-merge, poison-merge, poison-random, dodge (miners), skew-weights (a validator)";
 
 /// The `--fault` value of a miner misbehaviour (`None` for faults that are not one).
 pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
     match fault {
         Fault::Noise => Some("noise"),
         Fault::Lazy => Some("lazy"),
+        Fault::LazyUlp => Some("lazy-ulp"),
+        Fault::NoiseGrad => Some("noise-grad"),
         Fault::LieLoss => Some("lie-loss"),
         Fault::Inflate => Some("inflate"),
         Fault::Dodge => Some("dodge"),

@@ -1,8 +1,8 @@
-//! Adversarial miners in a live swarm: 1 validator (2 in the last test) and 6 miners on 3
-//! stages on 127.0.0.1, one miner committing a hidden fault (7 miners and two faults in the
-//! noise test, 8 and two in the poison test). The validator must catch it from what it
-//! observes, weigh it at (almost) nothing, and keep paying the honest miners alike; every
-//! node must hold the same consensus (but a preclaimer, which gossip scoring cuts off).
+//! Adversarial miners in a live swarm: 1 validator (2 in the last test) and 6 to 8 miners
+//! on 3 stages on 127.0.0.1, one to three miners committing a hidden fault. The validator
+//! must catch it from what it observes, weigh it at (almost) nothing, and keep paying the
+//! honest miners alike; every node must hold the same consensus (but a preclaimer, which
+//! gossip scoring cuts off).
 //!
 //! Each test runs `iota-p2p local-swarm --adversary MODE` (4 epochs of 60 samples per head),
 //! which starts the adversary once the honest miners are in a plan (so it joins at epoch 1)
@@ -64,6 +64,13 @@ fn run_swarm(out: &Path, extra: &[&str]) {
 /// (but a preclaimer, which its peers' gossip scoring cuts off).
 fn assert_caught(weights: &Value, mode: &str) {
     assert_caught_among(weights, mode, 6, 5);
+}
+
+/// Asserts that the adversary `mode` held `stage` when it was last scored.
+fn assert_stage(weights: &Value, mode: &str, stage: u64) {
+    let miners = weights["miners"].as_array().expect("miners");
+    let adversary = miners.iter().find(|m| m["role"] == mode).expect(mode);
+    assert_eq!(adversary["stage"].as_u64(), Some(stage), "{weights:#}");
 }
 
 /// [`assert_caught`] for a swarm of `miners` miners, `honest_miners` of them honest.
@@ -144,11 +151,12 @@ fn assert_caught_among(weights: &Value, mode: &str, miners_total: usize, honest_
 }
 
 #[test]
-fn a_noise_miner_and_a_tail_that_preclaims_the_epoch_are_caught_and_paid_nothing() {
-    // 5 honest miners hold stages of 2, 2 and 1; the preclaiming tail joins the tail (tail
-    // modes go first), the noise miner the head stage as its third replica. The preclaimer
-    // publishes a record of every sample of the epoch the moment the plan is out: without
-    // receipts, or with receipts it signed alone. None may take the honest tail's credit.
+fn noise_miners_and_a_tail_that_preclaims_the_epoch_are_caught_and_paid_nothing() {
+    // 4 honest miners hold stages of 2, 1 and 1 replicas; the adversaries join in the order
+    // given: a middle stage that forwards honest activations but sends random gradients
+    // upstream; a tail that publishes a record of every sample of the epoch the moment the
+    // plan is out (without receipts, or with receipts it signed alone), which must not take
+    // the honest tail's credit; and a head sending random activations.
     let out = scratch_dir("adversary-noise");
     let weights = swarm(
         &out,
@@ -156,13 +164,17 @@ fn a_noise_miner_and_a_tail_that_preclaims_the_epoch_are_caught_and_paid_nothing
             "--miners",
             "7",
             "--adversary",
-            "noise",
+            "noise-grad",
             "--adversary",
             "preclaim",
+            "--adversary",
+            "noise",
         ],
     );
-    assert_caught_among(&weights, "noise", 7, 5);
-    assert_caught_among(&weights, "preclaim", 7, 5);
+    assert_caught_among(&weights, "noise-grad", 7, 4);
+    assert_caught_among(&weights, "preclaim", 7, 4);
+    assert_caught_among(&weights, "noise", 7, 4);
+    assert_stage(&weights, "noise-grad", 1);
 }
 
 #[test]
@@ -249,10 +261,23 @@ fn a_tail_that_lies_and_dodges_its_checks_is_caught_and_paid_nothing() {
 }
 
 #[test]
-fn a_lazy_miner_is_caught_and_paid_nothing() {
+fn lazy_miners_are_caught_and_paid_nothing() {
+    // 5 honest miners hold stages of 2, 2 and 1 replicas; a lazy tail joins first, then a
+    // lazy head that shows its weights changed by one ulp.
     let out = scratch_dir("adversary-lazy");
-    let weights = swarm(&out, &["--adversary", "lazy"]);
-    assert_caught(&weights, "lazy");
+    let weights = swarm(
+        &out,
+        &[
+            "--miners",
+            "7",
+            "--adversary",
+            "lazy",
+            "--adversary",
+            "lazy-ulp",
+        ],
+    );
+    assert_caught_among(&weights, "lazy", 7, 5);
+    assert_caught_among(&weights, "lazy-ulp", 7, 5);
 }
 
 /// Two validators (stake 2 : 1), the smaller one publishing skewed weights: every node

@@ -237,7 +237,10 @@ fn faults(list: &[Fault]) -> Faults {
             poison_random: on(Fault::PoisonRandom),
             compute_dies: on(Fault::ComputeDies),
             noise: on(Fault::Noise),
-            lazy: on(Fault::Lazy),
+            // A lazy miner that hides its laziness behind one changed ulp.
+            lazy: on(Fault::Lazy) || on(Fault::LazyUlp),
+            lazy_ulp: on(Fault::LazyUlp),
+            noise_grad: on(Fault::NoiseGrad),
             // A dodging miner has something to hide: it lies about its losses too.
             lie_loss: on(Fault::LieLoss) || on(Fault::Dodge),
             inflate: on(Fault::Inflate),

@@ -61,7 +61,11 @@ impl Router {
         let checked = match service {
             Service::Forward => self.requests.forward(book, peer_str.as_str(), &data),
             Service::Eval => self.requests.eval(book, peer_str.as_str(), &data),
-            Service::Weights => self.requests.weights(book, peer_str.as_str(), &data),
+            Service::Weights => {
+                let view = self.services.consensus.view.borrow();
+                self.requests
+                    .weights(book, &view.validators, peer_str.as_str(), &data)
+            }
             Service::SpotCheck => {
                 let view = self.services.consensus.view.borrow();
                 spot_check_request(&view.validators, peer_str.as_str(), &data)

@@ -67,6 +67,7 @@ pub fn spot_check_reply(body: &[u8]) -> bool {
         claimed_loss: 1.0,
         served: 0,
         receipt: None,
+        replicas: Vec::new(),
     };
     let tail = crate::services::validator::api::Target {
         tail: true,
@@ -246,8 +247,23 @@ fn spot_check_bodies(frame: &[u8], weights: &[f32]) -> Vec<Option<Vec<u8>>> {
                 input_len: frame.len() as u64,
                 output_len: frame.len() as u64,
                 weights_len: weights.len() as u64,
+                received_len: 0,
+                sent_back_len: 0,
             },
             &[frame, frame, &messages::f32_bytes(weights)].concat(),
+        ),
+        body(
+            Service::SpotCheck,
+            &SpotCheckReply::Evidence {
+                stage: 1,
+                loss: None,
+                input_len: frame.len() as u64,
+                output_len: frame.len() as u64,
+                weights_len: weights.len() as u64,
+                received_len: frame.len() as u64,
+                sent_back_len: frame.len() as u64,
+            },
+            &[frame, frame, &messages::f32_bytes(weights), frame, frame].concat(),
         ),
         body(Service::SpotCheck, &SpotCheckReply::NotHeld, b""),
         body(

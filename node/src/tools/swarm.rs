@@ -216,12 +216,12 @@ fn cast(args: &LocalSwarmArgs, out: &Path) -> anyhow::Result<(Cast, Vec<LocalNeu
         .adversary
         .iter()
         .partition(|a| a.fault == crate::cli::Fault::SkewWeights);
-    let validator_peers: Vec<PeerIdStr> = neurons
+    let faults = adversary::place(&miner_adversaries, &miner_peers)?;
+    let validator_peers: Vec<&PeerIdStr> = neurons
         .iter()
         .take(validators)
-        .map(|n| n.peer_id.clone())
+        .map(|n| &n.peer_id)
         .collect();
-    let faults = adversary::place(&miner_adversaries, &miner_peers)?;
     let validator_faults = adversary::place(&validator_adversaries, &validator_peers)?;
     let role_of = |fault: Option<&crate::cli::Fault>| {
         fault

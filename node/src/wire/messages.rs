@@ -204,7 +204,9 @@ pub(crate) struct SpotCheckRequest {
 /// Header of a spot-check response. With `Evidence` the payload is the input frame
 /// (`input_len` bytes; none at the head, whose input the sample id determines), then the
 /// frame the miner sent on (`output_len` bytes: the activation, or the gradient at the tail),
-/// then its current weights as little-endian f32 (`weights_len` values).
+/// then its current weights as little-endian f32 (`weights_len` values), then, from a
+/// middle stage, the gradient frame it received from the next stage (`received_len` bytes)
+/// and the one it sent back upstream (`sent_back_len` bytes).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) enum SpotCheckReply {
     /// What the miner kept of the sample.
@@ -219,6 +221,12 @@ pub(crate) enum SpotCheckReply {
         output_len: u64,
         /// Number of f32 weights.
         weights_len: u64,
+        /// Bytes of the gradient frame received from the next stage (a middle stage's).
+        #[serde(default)]
+        received_len: u64,
+        /// Bytes of the gradient frame sent back upstream (a middle stage's).
+        #[serde(default)]
+        sent_back_len: u64,
     },
     /// The miner kept nothing of that sample (it never served it, or too long ago).
     NotHeld,

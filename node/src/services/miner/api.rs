@@ -50,6 +50,11 @@ pub(crate) struct MinerFaults {
     pub(crate) noise: bool,
     /// Samples served but no optimizer step ever taken (stale weights to the merge).
     pub(crate) lazy: bool,
+    /// Spot checks answered with one weight changed by one ulp (with `lazy`: weights that
+    /// never hash to the epoch's start).
+    pub(crate) lazy_ulp: bool,
+    /// Random gradients of the right shape and scale sent upstream (activations honest).
+    pub(crate) noise_grad: bool,
     /// A tail reporting losses 20 % below what it computed.
     pub(crate) lie_loss: bool,
     /// A tail claiming, besides each sample it served, one it never saw.

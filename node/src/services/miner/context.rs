@@ -223,6 +223,20 @@ impl Ctx {
         store.recent.keep(evidence);
     }
 
+    /// Keeps a middle stage's gradients of a sample with its evidence: the frame received
+    /// from the next stage and the one sent back upstream.
+    pub(crate) fn keep_gradients(
+        &self,
+        epoch: u64,
+        sample: u64,
+        received: Vec<u8>,
+        sent_back: Vec<u8>,
+    ) {
+        lock(&self.evidence)
+            .recent
+            .keep_gradients(epoch, sample, received, sent_back);
+    }
+
     /// The stage's weights were replaced wholesale, by those of `origin`: evidence served
     /// so far no longer reproduces.
     pub(crate) fn new_generation(&self, origin: WeightsOrigin) {

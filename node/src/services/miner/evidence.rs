@@ -3,7 +3,9 @@
 //!
 //! For each sample it serves, a miner keeps the input frame it received (none at the head,
 //! whose input the sample id determines), the frame it sent on (the activation, or at the
-//! tail the gradient it sent back) and, at the tail, the loss it reported. A validator names
+//! tail the gradient it sent back), at the tail the loss it reported, and at a middle stage
+//! the gradient it received from the next stage and the one it sent back upstream (kept once
+//! the backward pass is done; a check that comes before waits up to [`GRADIENT_WAIT`]). A validator names
 //! a sample it saw in the authenticated ledger; the miner answers with that evidence and its
 //! current weights, from which the validator recomputes the stage (see
 //! `crate::services::validator::spot`). The store is bounded by count and by bytes; a sample older
@@ -13,6 +15,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::context::{Ctx, WeightsOrigin};
 use super::lock;
@@ -25,6 +28,43 @@ pub(crate) const KEEP_SAMPLES: usize = 64;
 
 /// Bytes of frames kept, whatever their count (large presets have large frames).
 pub(crate) const KEEP_BYTES: usize = 64 << 20;
+
+/// How long a spot check of a middle stage's sample waits for its backward pass to end
+/// (the tail records a sample before its gradient comes back through the middle).
+const GRADIENT_WAIT: Duration = Duration::from_secs(3);
+
+/// How often a waiting check looks again.
+const GRADIENT_POLL: Duration = Duration::from_millis(20);
+
+/// What a stage kept of the gradients of one sample.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) enum Gradients {
+    /// None to keep: the head sends none back, the tail's is its output.
+    #[default]
+    None,
+    /// A middle stage's, once its backward pass is done.
+    Pending,
+    /// A middle stage's: the gradient frame received from the next stage, and the one it
+    /// sent back upstream.
+    Kept {
+        /// Received from the next stage.
+        received: Vec<u8>,
+        /// Sent back upstream.
+        sent_back: Vec<u8>,
+    },
+}
+
+impl Gradients {
+    fn bytes(&self) -> usize {
+        match self {
+            Gradients::Kept {
+                received,
+                sent_back,
+            } => received.len() + sent_back.len(),
+            Gradients::None | Gradients::Pending => 0,
+        }
+    }
+}
 
 /// One sample as the miner served it.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,11 +83,13 @@ pub(crate) struct Evidence {
     pub(crate) loss: Option<f32>,
     /// The miner's weights generation when it served the sample (see [`super::context::EvidenceStore`]).
     pub(crate) generation: u64,
+    /// The gradients of a middle stage.
+    pub(crate) gradients: Gradients,
 }
 
 impl Evidence {
     fn bytes(&self) -> usize {
-        self.input.len() + self.output.len()
+        self.input.len() + self.output.len() + self.gradients.bytes()
     }
 }
 
@@ -66,6 +108,39 @@ impl Recent {
         }
         self.bytes += evidence.bytes();
         self.items.push_back(evidence);
+        self.forget_beyond_bounds();
+    }
+
+    /// Keeps a middle stage's gradients of `sample` in `epoch` with its evidence, if that is
+    /// still kept and waits for them.
+    pub(crate) fn keep_gradients(
+        &mut self,
+        epoch: u64,
+        sample: u64,
+        received: Vec<u8>,
+        sent_back: Vec<u8>,
+    ) {
+        let Some(item) = self
+            .items
+            .iter_mut()
+            .rev()
+            .find(|e| e.epoch == epoch && e.sample == sample)
+        else {
+            return;
+        };
+        if item.gradients != Gradients::Pending {
+            return;
+        }
+        item.gradients = Gradients::Kept {
+            received,
+            sent_back,
+        };
+        self.bytes += item.gradients.bytes();
+        self.forget_beyond_bounds();
+    }
+
+    /// Forgets the oldest samples beyond [`KEEP_SAMPLES`] or [`KEEP_BYTES`].
+    fn forget_beyond_bounds(&mut self) {
         while self.items.len() > KEEP_SAMPLES || self.bytes > KEEP_BYTES {
             match self.items.pop_front() {
                 Some(old) => self.bytes -= old.bytes(),
@@ -99,11 +174,7 @@ pub(crate) async fn serve(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
     if ctx.cfg.faults.dodge {
         return super::faults::dodge(ctx);
     }
-    let (evidence, generation) = {
-        let store = lock(&ctx.evidence);
-        let found = store.recent.find(request.epoch, request.sample).cloned();
-        (found, store.generation)
-    };
+    let (evidence, generation) = find(ctx, &request).await;
     let in_force = ctx.in_force();
     let (stage, worker) = (in_force.stage, in_force.worker);
     let (Some(evidence), Some(stage), Some(worker)) = (evidence, stage, worker) else {
@@ -117,24 +188,56 @@ pub(crate) async fn serve(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
     if evidence.generation != generation {
         return superseded(ctx);
     }
-    let Ok(weights) = worker.flat_params().await else {
+    let Ok(mut weights) = worker.flat_params().await else {
         return not_held();
     };
+    super::faults::shown_weights(ctx, &mut weights);
     // A merge that began while the weights were read may have replaced them.
     if evidence.generation != ctx.generation() {
         return superseded(ctx);
     }
+    let (received, sent_back) = match evidence.gradients {
+        Gradients::Kept {
+            received,
+            sent_back,
+        } => (received, sent_back),
+        Gradients::None | Gradients::Pending => (Vec::new(), Vec::new()),
+    };
     let header = SpotCheckReply::Evidence {
         stage,
         loss: evidence.loss,
         input_len: evidence.input.len() as u64,
         output_len: evidence.output.len() as u64,
         weights_len: weights.len() as u64,
+        received_len: received.len() as u64,
+        sent_back_len: sent_back.len() as u64,
     };
     let mut payload = evidence.input;
     payload.extend_from_slice(&evidence.output);
     payload.extend_from_slice(&messages::f32_bytes(&weights));
+    payload.extend_from_slice(&received);
+    payload.extend_from_slice(&sent_back);
     messages::encode(Service::SpotCheck, &header, &payload).unwrap_or_default()
+}
+
+/// The evidence `request` names, if kept, and the weights' generation; a middle stage's
+/// sample whose backward pass is still running is waited for (up to [`GRADIENT_WAIT`]).
+async fn find(ctx: &Ctx, request: &SpotCheckRequest) -> (Option<Evidence>, u64) {
+    let deadline = tokio::time::Instant::now() + GRADIENT_WAIT;
+    loop {
+        let (found, generation) = {
+            let store = lock(&ctx.evidence);
+            let found = store.recent.find(request.epoch, request.sample).cloned();
+            (found, store.generation)
+        };
+        let pending = found
+            .as_ref()
+            .is_some_and(|e| e.gradients == Gradients::Pending);
+        if !pending || tokio::time::Instant::now() >= deadline {
+            return (found, generation);
+        }
+        tokio::time::sleep(GRADIENT_POLL).await;
+    }
 }
 
 /// A `Superseded` reply naming what replaced the weights: the merge the weights held now
@@ -166,7 +269,40 @@ mod tests {
             output: vec![0; bytes - bytes / 2],
             loss: None,
             generation: 0,
+            gradients: Gradients::None,
         }
+    }
+
+    #[test]
+    fn a_middle_stages_gradients_join_its_evidence_within_the_bounds() {
+        let mut recent = Recent::default();
+        let mut pending = evidence(1, 10);
+        pending.gradients = Gradients::Pending;
+        recent.keep(pending);
+        recent.keep(evidence(2, 10));
+        // Only a sample that waits for them takes gradients.
+        recent.keep_gradients(1, 2, vec![9; 4], vec![8; 4]);
+        assert_eq!(recent.find(1, 2).unwrap().gradients, Gradients::None);
+        recent.keep_gradients(1, 1, vec![1; 4], vec![2; 6]);
+        assert_eq!(
+            recent.find(1, 1).unwrap().gradients,
+            Gradients::Kept {
+                received: vec![1; 4],
+                sent_back: vec![2; 6]
+            }
+        );
+        assert_eq!(recent.bytes, 30);
+        // Kept once: a second backward pass of the sample changes nothing.
+        recent.keep_gradients(1, 1, vec![0; 100], vec![]);
+        assert_eq!(recent.bytes, 30);
+        // Gradients that overflow the byte bound push the oldest samples out.
+        let mut big = evidence(3, 10);
+        big.gradients = Gradients::Pending;
+        recent.keep(big);
+        recent.keep_gradients(1, 3, vec![0; KEEP_BYTES - 20], vec![]);
+        assert!(recent.bytes <= KEEP_BYTES);
+        assert!(recent.find(1, 1).is_none());
+        assert!(recent.find(1, 3).is_some());
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The miner's fault modes (the node's hidden `--fault` flags, for testing the other nodes'
-//! defences): the frames a `noise` or `huge-frames` miner sends, the loss a `lie-loss` tail
-//! reports, the samples an `inflate` tail claims, the records a `preclaim` tail publishes
-//! the moment a plan is out and what a `dodge` miner answers a spot check. All off in a
-//! normal run.
+//! defences): the frames a `noise`, `noise-grad` or `huge-frames` miner sends, the loss a
+//! `lie-loss` tail reports, the samples an `inflate` tail claims, the records a `preclaim`
+//! tail publishes the moment a plan is out, what a `dodge` miner answers a spot check and the
+//! weights a `lazy-ulp` miner shows. All off in a normal run.
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
@@ -68,6 +68,20 @@ pub(crate) fn outgoing(ctx: &Ctx, frame: Vec<u8>, sample: u64) -> Vec<u8> {
     if !ctx.cfg.faults.noise {
         return frame;
     }
+    noised(ctx, frame, sample)
+}
+
+/// The gradient frame `frame` as this miner sends it upstream: random values of its shape
+/// and scale if it is a `noise` or `noise-grad` miner, else unchanged.
+pub(crate) fn upstream(ctx: &Ctx, frame: Vec<u8>, sample: u64) -> Vec<u8> {
+    if !(ctx.cfg.faults.noise || ctx.cfg.faults.noise_grad) {
+        return frame;
+    }
+    noised(ctx, frame, sample)
+}
+
+/// Random values of `frame`'s shape and scale, drawn from the sample and the run.
+fn noised(ctx: &Ctx, frame: Vec<u8>, sample: u64) -> Vec<u8> {
     let seed = ctx.run_id ^ sample.rotate_left(7) ^ ctx.fabricated.load(Ordering::Relaxed);
     noise_frame(&frame, &ctx.frames.limits(), seed).unwrap_or(frame)
 }
@@ -94,6 +108,22 @@ pub(crate) fn reported_loss(ctx: &Ctx, loss: f32) -> f32 {
 /// validator can check, and finds true at the start of an epoch), never the evidence.
 pub(crate) fn dodge(ctx: &Ctx) -> Vec<u8> {
     super::evidence::superseded(ctx)
+}
+
+/// The weights a `lazy-ulp` miner shows a spot check: its own with the first value changed
+/// by one ulp (the lowest bit of its mantissa flipped), so that they never hash to the
+/// epoch's starting weights while reproducing every output.
+pub(crate) fn shown_weights(ctx: &Ctx, weights: &mut [f32]) {
+    if ctx.cfg.faults.lazy_ulp {
+        nudge_one_ulp(weights);
+    }
+}
+
+/// Flips the lowest mantissa bit of the first value: a change of one ulp.
+fn nudge_one_ulp(weights: &mut [f32]) {
+    if let Some(first) = weights.first_mut() {
+        *first = f32::from_bits(first.to_bits() ^ 1);
+    }
 }
 
 /// What an `inflate` tail claims besides `real`: a sample the same head draws near the end
@@ -180,4 +210,19 @@ fn self_signed_chain(
         received = sent;
     }
     chain
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lazy_ulp_nudge_changes_one_value_by_one_ulp() {
+        let mut weights = vec![0.5f32, -1.25, 3.0];
+        nudge_one_ulp(&mut weights);
+        assert_ne!(weights[0], 0.5);
+        assert_eq!(weights[0].to_bits().abs_diff(0.5f32.to_bits()), 1);
+        assert_eq!(&weights[1..], &[-1.25, 3.0]);
+        nudge_one_ulp(&mut []);
+    }
 }

@@ -9,7 +9,7 @@ use training::worker::EvalOutput;
 use training::StageHandle;
 
 use super::context::Ctx;
-use super::evidence::Evidence;
+use super::evidence::{Evidence, Gradients};
 use super::hop::{now_ms, send_eval, send_forward, tokens_input};
 use super::{faults, VAL_BATCHES};
 use crate::run_spec::sample_id;
@@ -125,6 +125,7 @@ async fn one_sample(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle, id: u64
         output: frame.clone(),
         loss: None,
         generation: 0,
+        gradients: Gradients::None,
     });
     let header = ForwardHeader {
         epoch: plan.epoch,

@@ -17,7 +17,7 @@ use training::worker::{EvalOutput, StageInput};
 use training::StageHandle;
 
 use super::context::Ctx;
-use super::evidence::Evidence;
+use super::evidence::{Evidence, Gradients};
 use super::faults;
 use super::state::{Routing, Throughput};
 use super::task::Note;
@@ -410,7 +410,7 @@ async fn serve_tail(
     ctx.after_backward().await;
     ctx.train_loss(out.loss).await;
     let loss = faults::reported_loss(ctx, out.loss);
-    let grad = faults::outgoing(ctx, out.grad_frame.unwrap_or_default(), header.sample);
+    let grad = faults::upstream(ctx, out.grad_frame.unwrap_or_default(), header.sample);
     let sent = faults::sent_frame(ctx, &grad).into_owned();
     // The tail's receipt: the activation it received, the gradient it returns (to no next
     // hop); the chain that came with the sample was checked on the way in.
@@ -458,6 +458,7 @@ async fn serve_tail(
         output: grad,
         loss: Some(loss),
         generation: 0,
+        gradients: Gradients::None,
     });
     forward_reply(&ForwardReply::Done { loss, pathway }, &sent)
 }
@@ -489,6 +490,7 @@ async fn serve_middle(
         output: activation.clone(),
         loss: None,
         generation: 0,
+        gradients: Gradients::Pending,
     });
     let next = ForwardHeader {
         epoch: header.epoch,
@@ -507,10 +509,12 @@ async fn serve_middle(
             return forward_failed(reason);
         }
     };
+    let received = grad.clone();
     match worker.backward_and_step(grad, ctx.step_due(plan)).await {
         Ok(grad_in) => {
             ctx.after_backward().await;
-            let grad_in = faults::outgoing(ctx, grad_in.unwrap_or_default(), header.sample);
+            let grad_in = faults::upstream(ctx, grad_in.unwrap_or_default(), header.sample);
+            ctx.keep_gradients(header.epoch, header.sample, received, grad_in.clone());
             forward_reply(&ForwardReply::Done { loss, pathway }, &grad_in)
         }
         Err(error) => forward_failed(error.to_string()),

@@ -8,10 +8,13 @@
 //!   chain only after this check, so its records are never refused for a hop before it.
 //! * **Evaluation**: from a previous-stage miner of the current (or previous) plan.
 //! * **Weights**: from a replica of the requested stage in the current plan (a miner that
-//!   joins or changes stage).
+//!   joins or changes stage), or from a permitted validator of the metagraph (who measures
+//!   how far a replica's weights moved from the merged ones in a spot check).
 //!
 //! The frame each request carries is checked against [`crate::rules::FrameRules`] (shared:
 //! the validator's recomputations check frames too).
+
+use std::collections::BTreeSet;
 
 use bootstrap::{PeerIdStr, RunConfig};
 use training::wire::FrameKind;
@@ -70,11 +73,17 @@ impl PipelineRequests {
         )
     }
 
-    /// Checks a weights request of `peer`.
-    pub(crate) fn weights(&self, book: &PlanBook, peer: &str, data: &[u8]) -> Result<(), Refusal> {
+    /// Checks a weights request of `peer`, with `validators` the metagraph's permitted ones.
+    pub(crate) fn weights(
+        &self,
+        book: &PlanBook,
+        validators: &BTreeSet<PeerIdStr>,
+        peer: &str,
+        data: &[u8],
+    ) -> Result<(), Refusal> {
         let (request, _) = messages::decode::<messages::WeightsRequest>(Service::Weights, data)
             .map_err(|_| Refusal::FrameMalformed)?;
-        check_weights(book, peer, request.stage)
+        check_weights(book, validators, peer, request.stage)
     }
 }
 
@@ -146,8 +155,17 @@ pub(crate) fn check_eval(book: &PlanBook, me: &str, sender: &str) -> Result<u32,
 }
 
 /// Checks a weights request for `stage` from `sender`: only a replica of that stage in the
-/// current plan (a miner that joins or changes stage) is served.
-pub(crate) fn check_weights(book: &PlanBook, sender: &str, stage: u32) -> Result<(), Refusal> {
+/// current plan (a miner that joins or changes stage) or one of the permitted `validators`
+/// is served.
+pub(crate) fn check_weights(
+    book: &PlanBook,
+    validators: &BTreeSet<PeerIdStr>,
+    sender: &str,
+    stage: u32,
+) -> Result<(), Refusal> {
+    if validators.contains(sender) {
+        return Ok(());
+    }
     let current = book.current().ok_or(Refusal::WrongEpoch)?;
     if stage_in(current, sender) == Some(stage) {
         Ok(())
@@ -303,11 +321,18 @@ mod tests {
             Err(Refusal::NotPreviousStage)
         );
         assert_eq!(check_eval(&book, &head, &head), Err(Refusal::WrongStage));
-        assert_eq!(check_weights(&book, &other_middle, 1), Ok(()));
+        let none = BTreeSet::new();
+        assert_eq!(check_weights(&book, &none, &other_middle, 1), Ok(()));
         assert_eq!(
-            check_weights(&book, &stranger, 1),
+            check_weights(&book, &none, &stranger, 1),
             Err(Refusal::NotAReplica)
         );
-        assert_eq!(check_weights(&book, &head, 1), Err(Refusal::NotAReplica));
+        assert_eq!(
+            check_weights(&book, &none, &head, 1),
+            Err(Refusal::NotAReplica)
+        );
+        // A validator measures how far a replica moved from the merged weights.
+        let validators: BTreeSet<PeerIdStr> = [peer(99)].into();
+        assert_eq!(check_weights(&book, &validators, &stranger, 1), Ok(()));
     }
 }

@@ -319,6 +319,7 @@ mod tests {
             claimed_loss: 2.0,
             served: 40,
             receipt: None,
+            replicas: vec![id(6).to_string()],
         }
     }
 

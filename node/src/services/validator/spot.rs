@@ -8,10 +8,11 @@
 //!
 //! **The evidence.** The miner returns the sample's input frame (none at the head: the
 //! sample id gives its tokens), the frame it sent on (the activation, or at the tail the
-//! gradient it sent back) and its current weights (`crate::services::miner`'s evidence store).
-//! The two frames must hash to what the miner's receipt in the loss record says it
-//! received and sent (`crate::wire::receipt`): a miner cannot send one frame and show
-//! another.
+//! gradient it sent back), its current weights, and at a middle stage the gradient it
+//! received from the next stage and the one it sent back upstream
+//! (`crate::services::miner`'s evidence store). The input and output frames must hash to
+//! what the miner's receipt in the loss record says it received and sent
+//! (`crate::wire::receipt`): a miner cannot send one frame and show another.
 //!
 //! **Which weights are reproducible.** The only weights every node agrees on by hash are
 //! the merged weights an epoch starts from, but a miner's outputs come from weights that an
@@ -20,7 +21,17 @@
 //! newest samples are asked for; a merge since the sample leaves the miner nothing to show,
 //! and it answers `Superseded` naming that merge); the hash-agreed weights serve to catch a miner that never steps: weights
 //! whose hash is the epoch's starting hash (the run seed's, or a merge hash its stage
-//! gossiped for the epoch before) after [`lazy_threshold`] samples served in the epoch fail.
+//! gossiped for the epoch before) after [`lazy_threshold`] samples served in the epoch fail,
+//! and so do weights that moved from those starting weights by less than [`MOVED_MIN`]
+//! learning rates (root mean square per weight, [`moved`]): the optimizer steps such a
+//! miner owes move an honest replica's weights by a good fraction of a learning rate each,
+//! while changing a few weights by an ulp, to dodge the hash, moves them by nothing.
+//!
+//! **A middle stage's backward pass.** The gradient a middle stage sends upstream is
+//! recomputed too: forward and backward on the miner's weights, from its input and the
+//! gradient it received from the next stage, and compared with what it sent (cosine ≥
+//! [`GRADIENT_COSINE_MIN`], the norm ratio as for outputs). A middle stage that shows no
+//! gradients for a sample dodged the check ([`SpotInconclusive::GradientsNotHeld`]).
 //!
 //! **Tolerances** (measured on honest miners in local swarms, docs/BENCHMARKS.md): the
 //! recomputed activation and the miner's must have cosine ≥ [`COSINE_MIN`] and norm ratio
@@ -63,16 +74,27 @@ pub(crate) const RECENT_RECORDS: usize = 4;
 /// middle stages measured 0.96–1.000 after the first epoch; `noise` miners about 0.0.
 pub(crate) const COSINE_MIN: f64 = 0.9;
 
-/// Least cosine between the recomputed gradient a tail sent back and the tail's: a
-/// gradient moves more with the weights than an activation does, and a tail steps once per
-/// sample, so the weights it answers with are up to a few steps past the sample. Honest
-/// tails measured 0.798–1.000 after the first epoch (439 checks, 1 % below 0.89); `noise`
-/// tails at most 0.006.
+/// Least cosine between the recomputed gradient a tail (or a middle stage) sent back and
+/// the miner's: a gradient moves more with the weights than an activation does, and a tail
+/// steps once per sample, so the weights it answers with are up to a few steps past the
+/// sample. Honest tails measured 0.798–1.000 after the first epoch (439 checks, 1 % below
+/// 0.89); `noise` tails at most 0.006. Honest middle stages measured 0.987–1.000 after the
+/// first epoch (0.896 and more in it, where it is not judged); `noise-grad` middle stages
+/// −0.013–0.008 (0.87–0.92 on samples whose gradient a `noise` tail had sent it).
 pub(crate) const GRADIENT_COSINE_MIN: f64 = 0.5;
 
 /// Least ratio of the miner's output norm to the recomputed one (and at most its inverse).
 /// Honest miners measured 0.905–1.155 after the first epoch.
 pub(crate) const NORM_RATIO_MIN: f64 = 0.75;
+
+/// Least root-mean-square change per weight since the epoch's starting weights, in
+/// learning rates of the epoch (`RunConfig::lr_at`), of a miner that owes optimizer steps
+/// ([`lazy_threshold`]). Each AdamW step moves most weights by about its learning rate, and
+/// the two steps owed at least take 1/30 and 2/30 of it in the warm-up, so the bound stays
+/// below the smallest move owed. Honest miners measured 0.96–17.7 once they owed steps
+/// (1.02 and more after the first epoch); a `lazy-ulp` miner (one weight changed by one
+/// ulp) 2.7e-10–2.3e-9.
+pub(crate) const MOVED_MIN: f64 = 0.01;
 
 /// Largest relative difference between the ledger's loss and the recomputed loss. Honest
 /// tails measured within 4.1 % after the first epoch (the largest right after a merge);
@@ -105,6 +127,9 @@ pub(crate) struct Target {
     /// The hashes its receipt in the record says it received and sent: the evidence it
     /// shows must be those frames.
     pub(crate) receipt: Option<(Digest, Digest)>,
+    /// The miners that served the stage in the epoch (the ledger's pathways), the target
+    /// among them: whom to ask for the stage's starting weights.
+    pub(crate) replicas: Vec<String>,
 }
 
 /// What recomputing the evidence measured.
@@ -120,6 +145,15 @@ pub(crate) struct Measured {
     pub(crate) gradient: bool,
     /// The weights are the epoch's starting weights.
     pub(crate) unchanged_weights: bool,
+    /// Root-mean-square change per weight since the epoch's starting weights, in learning
+    /// rates ([`moved`]); `None` when the starting weights could not be had.
+    pub(crate) moved: Option<f64>,
+    /// Cosine between the gradient a middle stage sent upstream and the recomputed one.
+    pub(crate) grad_cosine: Option<f64>,
+    /// Norm of the gradient a middle stage sent upstream over the recomputed one's.
+    pub(crate) grad_norm_ratio: Option<f64>,
+    /// A middle stage showed no gradients for the sample.
+    pub(crate) gradients_missing: bool,
     /// Samples served in the epoch when the check was chosen.
     pub(crate) served: u64,
     /// What the miner's `Superseded` answer claimed, if it answered so (the check's outcome
@@ -130,7 +164,8 @@ pub(crate) struct Measured {
 /// Why a spot check caught a miner: its work was not reproduced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SpotFailure {
-    /// Its weights are still the epoch's starting weights after enough samples to owe a step.
+    /// Its weights are still the epoch's starting weights (or as good as: they moved less
+    /// than [`MOVED_MIN`]) after enough samples to owe a step.
     WeightsNeverStepped,
     /// The output it sent on points elsewhere than the recomputed one.
     OutputNotReproduced,
@@ -138,6 +173,10 @@ pub(crate) enum SpotFailure {
     OutputScaleWrong,
     /// The loss in the ledger is not the recomputed loss.
     LossNotReproduced,
+    /// The gradient a middle stage sent upstream points elsewhere than the recomputed one.
+    GradientNotReproduced,
+    /// The gradient a middle stage sent upstream has the wrong norm.
+    GradientScaleWrong,
     /// The evidence does not parse, or does not fit the run's shapes.
     EvidenceMalformed,
     /// A tail cannot show a sample it claimed a loss for.
@@ -160,6 +199,8 @@ impl SpotFailure {
             SpotFailure::OutputNotReproduced => "output_not_reproduced",
             SpotFailure::OutputScaleWrong => "output_scale_wrong",
             SpotFailure::LossNotReproduced => "loss_not_reproduced",
+            SpotFailure::GradientNotReproduced => "gradient_not_reproduced",
+            SpotFailure::GradientScaleWrong => "gradient_scale_wrong",
             SpotFailure::EvidenceMalformed => "evidence_malformed",
             SpotFailure::ClaimedSampleNotHeld => "claimed_sample_not_held",
             SpotFailure::EvidenceNotReceipted => "evidence_not_receipted",
@@ -190,6 +231,9 @@ pub(crate) enum SpotInconclusive {
     /// The miner answered `Superseded` naming a merge that cannot be checked: the run seed,
     /// a merge older than the sample's epoch, or one nobody announced in time.
     SupersededUnverified,
+    /// A middle stage showed no gradients for the sample (its backward pass did not end in
+    /// time, or it keeps none).
+    GradientsNotHeld,
     /// The miner's peer id does not parse.
     BadPeer,
     /// The request could not be encoded.
@@ -212,6 +256,7 @@ impl SpotInconclusive {
             SpotInconclusive::NotHeld => "not_held",
             SpotInconclusive::Superseded => "superseded",
             SpotInconclusive::SupersededUnverified => "superseded_unverified",
+            SpotInconclusive::GradientsNotHeld => "gradients_not_held",
             SpotInconclusive::BadPeer => "bad_peer",
             SpotInconclusive::RequestNotEncoded => "request_not_encoded",
             SpotInconclusive::NoAnswer => "no_answer",
@@ -229,6 +274,7 @@ impl SpotInconclusive {
             | SpotInconclusive::NotHeld
             | SpotInconclusive::Superseded
             | SpotInconclusive::SupersededUnverified
+            | SpotInconclusive::GradientsNotHeld
             | SpotInconclusive::NoAnswer => true,
             SpotInconclusive::BadPeer
             | SpotInconclusive::RequestNotEncoded
@@ -265,11 +311,12 @@ impl std::fmt::Debug for Outcome {
 }
 
 /// Judges measured evidence (pure). In the run's first epoch (`first_epoch`) only the
-/// exact test (weights never stepped) is judged: the warm-up moves the weights too fast for
+/// tests of the weights' steps are judged: the warm-up moves the weights too fast for
 /// weights taken a moment after a sample to reproduce it (honest miners measured cosine down
 /// to 0.57 and losses 6.9 % off there).
 pub(crate) fn judge(m: &Measured, lazy_threshold: u64, first_epoch: bool) -> Outcome {
-    if m.unchanged_weights && m.served >= lazy_threshold {
+    let barely_moved = m.moved.is_some_and(|x| x.is_nan() || x < MOVED_MIN);
+    if (m.unchanged_weights || barely_moved) && m.served >= lazy_threshold {
         return Outcome::Fail(SpotFailure::WeightsNeverStepped);
     }
     if first_epoch {
@@ -293,7 +340,35 @@ pub(crate) fn judge(m: &Measured, lazy_threshold: u64, first_epoch: bool) -> Out
     {
         return Outcome::Fail(SpotFailure::LossNotReproduced);
     }
+    if m.grad_cosine
+        .is_some_and(|c| c.is_nan() || c < GRADIENT_COSINE_MIN)
+    {
+        return Outcome::Fail(SpotFailure::GradientNotReproduced);
+    }
+    if m.grad_norm_ratio
+        .is_some_and(|r| !(NORM_RATIO_MIN..=1.0 / NORM_RATIO_MIN).contains(&r))
+    {
+        return Outcome::Fail(SpotFailure::GradientScaleWrong);
+    }
+    if m.gradients_missing {
+        return Outcome::Inconclusive(SpotInconclusive::GradientsNotHeld);
+    }
     Outcome::Pass
+}
+
+/// Root-mean-square difference per value between `weights` and `start`, in units of `lr`:
+/// how far the optimizer steps since `start` moved the weights. `None` for different
+/// lengths, no values or a learning rate that is not positive.
+pub(crate) fn moved(weights: &[f32], start: &[f32], lr: f64) -> Option<f64> {
+    if weights.len() != start.len() || weights.is_empty() || lr.is_nan() || lr <= 0.0 {
+        return None;
+    }
+    let sum: f64 = weights
+        .iter()
+        .zip(start)
+        .map(|(w, s)| (f64::from(*w) - f64::from(*s)).powi(2))
+        .sum();
+    Some((sum / weights.len() as f64).sqrt() / lr)
 }
 
 /// Cosine and norm ratio (`a` over `b`) of two vectors; `None` for different lengths or a
@@ -373,6 +448,11 @@ impl Schedule {
             .take(RECENT_RECORDS)
             .collect();
         let &(stage, record) = recent.get(self.rng.gen_range(0..recent.len().max(1)))?;
+        let replicas: std::collections::BTreeSet<&str> = records
+            .iter()
+            .filter_map(|r| r.pathway.get(stage))
+            .map(String::as_str)
+            .collect();
         Some(Target {
             epoch,
             stage: stage as u32,
@@ -381,6 +461,7 @@ impl Schedule {
             claimed_loss: record.loss,
             served: served.get(peer.as_str()).copied().unwrap_or(0),
             receipt: record.receipts.get(stage).map(|r| (r.received, r.sent)),
+            replicas: replicas.into_iter().map(str::to_string).collect(),
             peer,
         })
     }
@@ -408,6 +489,10 @@ pub(crate) struct Evidence<'a> {
     pub(crate) output: &'a [u8],
     /// Its weights, little-endian f32.
     pub(crate) weights: &'a [u8],
+    /// A middle stage's gradient frame received from the next stage (else empty).
+    pub(crate) received: &'a [u8],
+    /// A middle stage's gradient frame sent back upstream (else empty).
+    pub(crate) sent_back: &'a [u8],
 }
 
 /// What a miner's `Superseded` answer claims replaced the weights a sample was served with:
@@ -453,14 +538,25 @@ pub(crate) fn parse_reply<'a>(reply: &'a [u8], target: &Target) -> Result<Reply<
     }
     let (header, payload) =
         messages::decode::<SpotCheckReply>(Service::SpotCheck, reply).map_err(|_| malformed)?;
-    let (stage, input_len, output_len, weights_len) = match header {
+    let (stage, lens) = match header {
         SpotCheckReply::Evidence {
             stage,
             input_len,
             output_len,
             weights_len,
+            received_len,
+            sent_back_len,
             ..
-        } => (stage, input_len, output_len, weights_len),
+        } => (
+            stage,
+            [
+                input_len,
+                output_len,
+                weights_len,
+                received_len,
+                sent_back_len,
+            ],
+        ),
         // Only the tail's own claims are its to prove; an earlier stage may have lost a
         // sample a tail claimed falsely.
         SpotCheckReply::NotHeld if target.tail => {
@@ -475,21 +571,33 @@ pub(crate) fn parse_reply<'a>(reply: &'a [u8], target: &Target) -> Result<Reply<
     if stage != target.stage {
         return Err(malformed);
     }
+    let [input_len, output_len, weights_len, received_len, sent_back_len] = lens;
     let weights_bytes = weights_len.checked_mul(4).ok_or(malformed)?;
-    let total = input_len
-        .checked_add(output_len)
-        .and_then(|n| n.checked_add(weights_bytes))
+    let sizes = [
+        input_len,
+        output_len,
+        weights_bytes,
+        received_len,
+        sent_back_len,
+    ];
+    let total = sizes
+        .iter()
+        .try_fold(0u64, |sum, n| sum.checked_add(*n))
         .ok_or(malformed)?;
     if total != payload.len() as u64 {
         return Err(malformed);
     }
     let (input, rest) = payload.split_at(input_len as usize);
-    let (output, weights) = rest.split_at(output_len as usize);
+    let (output, rest) = rest.split_at(output_len as usize);
+    let (weights, rest) = rest.split_at(weights_bytes as usize);
+    let (received, sent_back) = rest.split_at(received_len as usize);
     Ok(Reply::Evidence(Evidence {
         stage,
         input,
         output,
         weights,
+        received,
+        sent_back,
     }))
 }
 
@@ -516,6 +624,10 @@ mod tests {
             loss_ratio: Some(0.995),
             gradient: false,
             unchanged_weights: false,
+            moved: Some(0.5),
+            grad_cosine: None,
+            grad_norm_ratio: None,
+            gradients_missing: false,
             served: 100,
             claim: None,
         };
@@ -598,11 +710,112 @@ mod tests {
             ..honest
         };
         assert_eq!(judge(&early, lazy, false), Outcome::Pass);
-        // The first epoch judges only the exact test.
+        // The first epoch judges only the tests of the weights' steps.
         assert_eq!(judge(&noise, lazy, true), Outcome::Pass);
         assert_eq!(
             judge(&stale, lazy, true),
             Outcome::Fail(SpotFailure::WeightsNeverStepped)
+        );
+    }
+
+    #[test]
+    fn weights_changed_by_an_ulp_have_not_stepped() {
+        let honest = Measured {
+            moved: Some(0.5),
+            served: 100,
+            ..Measured::default()
+        };
+        let lazy = lazy_threshold(1);
+        assert_eq!(judge(&honest, lazy, false), Outcome::Pass);
+        let start = vec![0.25f32; 1000];
+        let mut nudged = start.clone();
+        nudged[0] = f32::from_bits(nudged[0].to_bits() ^ 1);
+        let ulp = Measured {
+            moved: moved(&nudged, &start, 3e-3),
+            ..honest
+        };
+        assert!(ulp.moved.unwrap() < 1e-6, "{ulp:?}");
+        for first_epoch in [false, true] {
+            assert_eq!(
+                judge(&ulp, lazy, first_epoch),
+                Outcome::Fail(SpotFailure::WeightsNeverStepped)
+            );
+        }
+        // Too early in the epoch for a step to be owed; unknown starting weights judge
+        // nothing.
+        let early = Measured {
+            served: lazy - 1,
+            ..ulp
+        };
+        assert_eq!(judge(&early, lazy, false), Outcome::Pass);
+        let unknown = Measured {
+            moved: None,
+            ..honest
+        };
+        assert_eq!(judge(&unknown, lazy, false), Outcome::Pass);
+        let nan = Measured {
+            moved: Some(f64::NAN),
+            ..honest
+        };
+        assert_eq!(
+            judge(&nan, lazy, false),
+            Outcome::Fail(SpotFailure::WeightsNeverStepped)
+        );
+        // Every weight moved by an AdamW step of a tenth of the learning rate: enough.
+        let stepped: Vec<f32> = start.iter().map(|w| w + 3e-4).collect();
+        let moved_by = moved(&stepped, &start, 3e-3).unwrap();
+        assert!((moved_by - 0.1).abs() < 1e-3, "{moved_by}");
+        assert!(moved(&start, &start[1..], 3e-3).is_none());
+        assert!(moved(&start, &start, 0.0).is_none());
+        assert!(moved(&[], &[], 3e-3).is_none());
+    }
+
+    #[test]
+    fn a_middle_stages_gradient_upstream_is_judged_like_a_tails() {
+        let honest = Measured {
+            cosine: Some(0.99),
+            norm_ratio: Some(1.0),
+            grad_cosine: Some(0.95),
+            grad_norm_ratio: Some(1.02),
+            served: 100,
+            ..Measured::default()
+        };
+        let lazy = lazy_threshold(1);
+        assert_eq!(judge(&honest, lazy, false), Outcome::Pass);
+        for (cosine, ratio, why) in [
+            (0.01, 1.0, SpotFailure::GradientNotReproduced),
+            (f64::NAN, 1.0, SpotFailure::GradientNotReproduced),
+            (0.99, 1.5, SpotFailure::GradientScaleWrong),
+            (0.99, 0.5, SpotFailure::GradientScaleWrong),
+        ] {
+            let wrong = Measured {
+                grad_cosine: Some(cosine),
+                grad_norm_ratio: Some(ratio),
+                ..honest
+            };
+            assert_eq!(judge(&wrong, lazy, false), Outcome::Fail(why));
+            // The warm-up's first epoch is not judged so.
+            assert_eq!(judge(&wrong, lazy, true), Outcome::Pass);
+        }
+        // No gradients shown: a dodge, unless the activation already failed.
+        let missing = Measured {
+            grad_cosine: None,
+            grad_norm_ratio: None,
+            gradients_missing: true,
+            ..honest
+        };
+        assert_eq!(
+            judge(&missing, lazy, false),
+            Outcome::Inconclusive(SpotInconclusive::GradientsNotHeld)
+        );
+        assert!(SpotInconclusive::GradientsNotHeld.against_miner());
+        let missing_and_noise = Measured {
+            cosine: Some(0.0),
+            ..missing
+        };
+        assert_eq!(
+            judge(&missing_and_noise, lazy, false),
+            Outcome::Fail(SpotFailure::OutputNotReproduced)
         );
     }
 
@@ -617,8 +830,9 @@ mod tests {
             claimed_loss: 2.0,
             served: 40,
             receipt: None,
+            replicas: vec!["p".into()],
         };
-        let reply = |stage: u32, lens: [u64; 3], payload: &[u8]| {
+        let reply = |stage: u32, lens: [u64; 5], payload: &[u8]| {
             messages::encode(
                 Service::SpotCheck,
                 &SpotCheckReply::Evidence {
@@ -627,13 +841,15 @@ mod tests {
                     input_len: lens[0],
                     output_len: lens[1],
                     weights_len: lens[2],
+                    received_len: lens[3],
+                    sent_back_len: lens[4],
                 },
                 payload,
             )
             .unwrap()
         };
         let payload = [1u8, 2, 3, 4, 5, 0, 0, 128, 63];
-        let good = reply(1, [3, 2, 1], &payload);
+        let good = reply(1, [3, 2, 1, 0, 0], &payload);
         assert_eq!(
             parse_reply(&good, &target).unwrap(),
             Reply::Evidence(Evidence {
@@ -641,14 +857,50 @@ mod tests {
                 input: &payload[..3],
                 output: &payload[3..5],
                 weights: &payload[5..],
+                received: &[],
+                sent_back: &[],
             })
         );
+        // A middle stage's gradients follow the weights.
+        let with_gradients = [&payload[..], &[7, 7, 8]].concat();
+        assert_eq!(
+            parse_reply(&reply(1, [3, 2, 1, 2, 1], &with_gradients), &target).unwrap(),
+            Reply::Evidence(Evidence {
+                stage: 1,
+                input: &payload[..3],
+                output: &payload[3..5],
+                weights: &payload[5..],
+                received: &[7, 7],
+                sent_back: &[8],
+            })
+        );
+        // A header without the gradients' sizes (as before they were kept) reads as none.
+        let json =
+            br#"{"Evidence":{"stage":1,"loss":null,"input_len":3,"output_len":2,"weights_len":1}}"#;
+        let older = [
+            &[crate::wire::rpc::SPOT_CHECK][..],
+            &(json.len() as u32).to_be_bytes(),
+            json,
+            &payload,
+        ]
+        .concat();
+        assert!(matches!(
+            parse_reply(&older, &target),
+            Ok(Reply::Evidence(Evidence {
+                received: &[],
+                sent_back: &[],
+                ..
+            }))
+        ));
         let malformed = Err(Outcome::Fail(SpotFailure::EvidenceMalformed));
         for bad in [
-            reply(1, [3, 2, 2], &payload),
-            reply(1, [u64::MAX, 2, 1], &payload),
-            reply(1, [3, 2, u64::MAX / 2], &payload),
-            reply(0, [3, 2, 1], &payload),
+            reply(1, [3, 2, 2, 0, 0], &payload),
+            reply(1, [u64::MAX, 2, 1, 0, 0], &payload),
+            reply(1, [3, 2, u64::MAX / 2, 0, 0], &payload),
+            reply(0, [3, 2, 1, 0, 0], &payload),
+            reply(1, [3, 2, 1, 1, 0], &payload),
+            reply(1, [3, 2, 1, u64::MAX, 4], &with_gradients),
+            reply(1, [3, 2, 1, 0, u64::MAX], &with_gradients),
             vec![crate::wire::rpc::SPOT_CHECK, 0, 0],
         ] {
             assert_eq!(parse_reply(&bad, &target), malformed);
@@ -687,6 +939,7 @@ mod tests {
             claimed_loss: 2.0,
             served: 40,
             receipt: None,
+            replicas: vec!["p".into()],
         };
         let superseded = |epoch: Option<u64>, hash: &str| {
             let header = SpotCheckReply::Superseded {
@@ -797,6 +1050,12 @@ mod tests {
             assert_eq!(target.stage, expected_stage);
             assert_eq!(target.tail, expected_stage == 2);
             assert_eq!(target.served, if expected_stage == 0 { 20 } else { 40 });
+            let replicas: &[&str] = match expected_stage {
+                0 => &["h0", "h1"],
+                1 => &["m"],
+                _ => &["t"],
+            };
+            assert_eq!(target.replicas, replicas);
             seen.insert(target.peer);
         }
         assert_eq!(seen.len(), 4, "one round checks each miner once");
@@ -818,6 +1077,11 @@ mod tests {
             (SpotFailure::OutputNotReproduced, "output_not_reproduced"),
             (SpotFailure::OutputScaleWrong, "output_scale_wrong"),
             (SpotFailure::LossNotReproduced, "loss_not_reproduced"),
+            (
+                SpotFailure::GradientNotReproduced,
+                "gradient_not_reproduced",
+            ),
+            (SpotFailure::GradientScaleWrong, "gradient_scale_wrong"),
             (SpotFailure::EvidenceMalformed, "evidence_malformed"),
             (SpotFailure::ClaimedSampleNotHeld, "claimed_sample_not_held"),
             (SpotFailure::SupersededFalse, "superseded_false"),
@@ -838,6 +1102,7 @@ mod tests {
                 SpotInconclusive::SupersededUnverified,
                 "superseded_unverified",
             ),
+            (SpotInconclusive::GradientsNotHeld, "gradients_not_held"),
             (SpotInconclusive::BadPeer, "bad_peer"),
             (SpotInconclusive::RequestNotEncoded, "request_not_encoded"),
             (SpotInconclusive::NoAnswer, "no_answer"),

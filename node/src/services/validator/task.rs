@@ -294,6 +294,9 @@ impl Validator {
                 norm_ratio = measured.norm_ratio,
                 loss_ratio = measured.loss_ratio,
                 unchanged_weights = measured.unchanged_weights,
+                moved = measured.moved,
+                grad_cosine = measured.grad_cosine,
+                grad_norm_ratio = measured.grad_norm_ratio,
                 served = measured.served,
                 "spot check"
             );

@@ -19,18 +19,19 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use bootstrap::PeerIdStr;
 
 use crate::cli::{Adversary, Fault};
 use crate::services::validator::api::EpochWeights;
 
-/// Which miners (by index of `peers`) misbehave how: the highest-numbered ones. They are
+/// Which nodes (by index, of `peers`) misbehave how: the highest-numbered ones. They are
 /// started after the honest miners are in a plan, so each joins the stage with the fewest
-/// miners (with 5 honest miners on 3 stages, the tail); the modes only a tail can commit go
-/// to the lowest peer ids among them, whom the orchestrator places first.
-pub(crate) fn place(
+/// miners (with 5 honest miners on 3 stages, the tail). A plan places the miners that join
+/// together in peer id order, so the faults go to the adversaries in that order: the first
+/// mode given joins first (with 4 honest miners on 3 stages, the middle stage, then the
+/// tail).
+pub(crate) fn place<P: Ord>(
     adversaries: &[Adversary],
-    peers: &[PeerIdStr],
+    peers: &[P],
 ) -> anyhow::Result<BTreeMap<usize, Fault>> {
     let miners = peers.len();
     let wanted: u32 = adversaries.iter().map(|a| a.count).sum();
@@ -38,22 +39,12 @@ pub(crate) fn place(
         (wanted as usize) < miners,
         "--adversary asks for {wanted} adversaries among {miners} miners: at least one must be honest"
     );
-    let mut faults: Vec<Fault> = adversaries
+    let faults = adversaries
         .iter()
-        .flat_map(|a| std::iter::repeat_n(a.fault, a.count as usize))
-        .collect();
-    faults.sort_by_key(|fault| !tail_only(*fault));
-    let mut slots: Vec<usize> = (miners - faults.len()..miners).collect();
-    slots.sort_by(|a, b| peers[*a].cmp(&peers[*b]));
-    Ok(slots.into_iter().zip(faults).collect())
-}
-
-/// Whether only a tail can commit `fault` (it is about loss records).
-fn tail_only(fault: Fault) -> bool {
-    matches!(
-        fault,
-        Fault::LieLoss | Fault::Inflate | Fault::Dodge | Fault::Preclaim
-    )
+        .flat_map(|a| std::iter::repeat_n(a.fault, a.count as usize));
+    let mut chosen: Vec<usize> = (miners - wanted as usize..miners).collect();
+    chosen.sort_by(|a, b| peers[*a].cmp(&peers[*b]));
+    Ok(chosen.into_iter().zip(faults).collect())
 }
 
 /// What the run's validator concluded about one miner.
@@ -393,23 +384,20 @@ mod tests {
     }
 
     #[test]
-    fn adversaries_are_the_last_miners_tail_modes_first_and_one_stays_honest() {
-        let mut peers: Vec<PeerIdStr> = (0..6u8)
-            .map(crate::services::consensus::api::fixture::peer)
-            .collect();
-        peers.sort();
-        // The last three in peer id order: the tail mode gets the lowest id of them.
-        let adversaries = [parse("noise:2").unwrap(), parse("lie-loss").unwrap()];
+    fn adversaries_are_the_last_miners_and_one_stays_honest() {
+        let adversaries = [parse("lie-loss").unwrap(), parse("noise:2").unwrap()];
+        let peers = ["a", "b", "c", "f", "e", "d"];
+        let placed = place(&adversaries, &peers).unwrap();
+        // The lowest peer id among the last three gets the first mode given.
+        assert_eq!(
+            placed.into_iter().collect::<Vec<_>>(),
+            vec![(3, Fault::Noise), (4, Fault::Noise), (5, Fault::LieLoss)]
+        );
+        let peers = ["a", "b", "c", "d", "e", "f"];
         let placed = place(&adversaries, &peers).unwrap();
         assert_eq!(
             placed.into_iter().collect::<Vec<_>>(),
             vec![(3, Fault::LieLoss), (4, Fault::Noise), (5, Fault::Noise)]
-        );
-        peers.reverse();
-        let placed = place(&adversaries, &peers).unwrap();
-        assert_eq!(
-            placed.into_iter().collect::<Vec<_>>(),
-            vec![(3, Fault::Noise), (4, Fault::Noise), (5, Fault::LieLoss)]
         );
         assert!(place(&[parse("noise:6").unwrap()], &peers).is_err());
     }

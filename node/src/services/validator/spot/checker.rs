@@ -3,6 +3,11 @@
 //! ([`super::parse_reply`], [`super::judge`], [`super::compare`]); this module only fetches
 //! and computes what they judge. Each step that cannot go on ends the check with its
 //! [`Outcome`], in the order the steps run (the first that fails is the one reported).
+//!
+//! The weights an epoch starts from, against which a miner's steps are measured, are the
+//! run seed's in the first epoch (kept with the scratch stage) and later the merged
+//! snapshot of the stage, asked of its replicas and accepted only when it hashes to a merge
+//! hash the stage gossiped for the epoch before; one per stage is kept.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -14,11 +19,11 @@ use training::worker::{EvalOutput, StageInput};
 use training::{Corpus, StageHandle};
 
 use super::{
-    compare, judge, lazy_threshold, parse_reply, Evidence, Measured, Outcome, Reply, SpotFailure,
-    SpotInconclusive, Target,
+    compare, judge, lazy_threshold, moved, parse_reply, Evidence, Measured, Outcome, Reply,
+    SpotFailure, SpotInconclusive, Target,
 };
 use crate::rules::{Expect, FrameRules};
-use crate::wire::messages::{self, Service, SpotCheckRequest};
+use crate::wire::messages::{self, Service, SpotCheckRequest, WeightsReply, WeightsRequest};
 use crate::wire::receipt;
 
 /// How long a miner has to answer.
@@ -37,7 +42,12 @@ struct Scratch {
     handle: StageHandle,
     /// Hash of the run seed's weights of the stage.
     seed_hash: String,
+    /// The run seed's weights of the stage (the first epoch's start).
+    seed: Arc<Vec<f32>>,
 }
+
+/// A stage's merged weights, by their hash.
+type Start = (String, Arc<Vec<f32>>);
 
 /// What a validator recomputes spot checks with: the network, the run's data, and one
 /// scratch copy of each stage (built when first needed).
@@ -48,6 +58,8 @@ pub(crate) struct Checker {
     frames: FrameRules,
     corpus: Arc<Corpus>,
     stages: tokio::sync::Mutex<BTreeMap<u32, Scratch>>,
+    /// The last merged weights fetched of each stage.
+    merged: tokio::sync::Mutex<BTreeMap<u32, Start>>,
 }
 
 impl Checker {
@@ -65,6 +77,7 @@ impl Checker {
             corpus: Arc::new(Corpus::shakespeare()?),
             run,
             stages: tokio::sync::Mutex::new(BTreeMap::new()),
+            merged: tokio::sync::Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -123,6 +136,12 @@ impl Checker {
         let weights = messages::f32_from_bytes(evidence.weights).ok_or(MALFORMED)?;
         let hash = hex(&training::stage::hash_f32(&weights));
         measured.unchanged_weights = hash == scratch.seed_hash || starts.contains(&hash);
+        let start = match target.epoch {
+            0 => Some(scratch.seed.clone()),
+            _ => self.start_of(target, starts, weights.len()).await,
+        };
+        measured.moved =
+            start.and_then(|start| moved(&weights, &start, self.run.lr_at(target.epoch)));
         let worker = &scratch.handle;
         worker
             .set_flat_params(weights)
@@ -197,6 +216,24 @@ impl Checker {
                 .check(evidence.output, expect_out)
                 .map_err(|_| MALFORMED)?;
         }
+        let gradients = !evidence.received.is_empty() || !evidence.sent_back.is_empty();
+        if gradients {
+            // Only a middle stage sends a gradient back besides its output.
+            if stage == 0 || target.tail {
+                return Err(MALFORMED);
+            }
+            let gradient = |boundary| Expect {
+                sample: Some(target.sample),
+                boundary,
+                kind: FrameKind::Gradient,
+            };
+            self.frames
+                .check(evidence.received, gradient(stage))
+                .map_err(|_| MALFORMED)?;
+            self.frames
+                .check(evidence.sent_back, gradient(boundary_in))
+                .map_err(|_| MALFORMED)?;
+        }
         Ok(())
     }
 
@@ -255,12 +292,150 @@ impl Checker {
                 measured.loss_ratio = Some(f64::from(target.claimed_loss) / f64::from(out.loss));
             }
             Ok(out.grad_frame)
+        } else if evidence.stage > 0 {
+            self.forward_backward(worker, target, evidence, stage_input, measured)
+                .await
+                .map(Some)
         } else {
             match worker.eval(stage_input, None).await {
                 Ok(EvalOutput::Activation(frame)) => Ok(Some(frame)),
                 _ => Err(MALFORMED),
             }
         }
+    }
+
+    /// A middle stage's sample: the activation recomputed, and the gradient it should have
+    /// sent upstream recomputed from the one it received (compared into `measured`); a
+    /// middle stage that shows no gradients is noted so.
+    async fn forward_backward(
+        &self,
+        worker: &StageHandle,
+        target: &Target,
+        evidence: &Evidence<'_>,
+        stage_input: StageInput,
+        measured: &mut Measured,
+    ) -> Result<Vec<u8>, Outcome> {
+        if evidence.received.is_empty() {
+            measured.gradients_missing = true;
+            return match worker.eval(stage_input, None).await {
+                Ok(EvalOutput::Activation(frame)) => Ok(frame),
+                _ => Err(MALFORMED),
+            };
+        }
+        let activation = worker
+            .forward(target.sample, stage_input)
+            .await
+            .map_err(|_| MALFORMED)?;
+        let ours = match worker.backward(evidence.received.to_vec()).await {
+            Ok(Some(frame)) => frame,
+            _ => {
+                // The graph kept for the backward pass is freed whatever happened.
+                let _ = worker.drop_sample(target.sample).await;
+                return Err(MALFORMED);
+            }
+        };
+        let limits = self.frames.limits();
+        let theirs = training::wire::decode(evidence.sent_back, &limits).map_err(|_| MALFORMED)?;
+        let ours = training::wire::decode(&ours, &limits)
+            .map_err(|_| Outcome::Inconclusive(SpotInconclusive::RecomputeFailed))?;
+        let (cosine, ratio) = compare(&theirs.values, &ours.values).ok_or(MALFORMED)?;
+        measured.grad_cosine = Some(cosine);
+        measured.grad_norm_ratio = Some(ratio);
+        Ok(activation)
+    }
+
+    /// The weights `target`'s stage started its epoch from (a merge hash in `starts`), of
+    /// `len` values: the one kept, or asked of the stage's replicas (the target last).
+    async fn start_of(
+        &self,
+        target: &Target,
+        starts: &BTreeSet<String>,
+        len: usize,
+    ) -> Option<Arc<Vec<f32>>> {
+        if let Some((hash, values)) = self.merged.lock().await.get(&target.stage) {
+            if starts.contains(hash) {
+                return Some(values.clone());
+            }
+        }
+        if starts.is_empty() {
+            return None;
+        }
+        let others = target.replicas.iter().filter(|p| **p != target.peer);
+        for peer in others.chain(std::iter::once(&target.peer)) {
+            match self.fetch_start(peer, target.stage, starts, len).await {
+                Ok(start) => {
+                    let values = start.1.clone();
+                    self.merged.lock().await.insert(target.stage, start);
+                    return Some(values);
+                }
+                Err(why) => {
+                    tracing::debug!(%peer, stage = target.stage, why, "no merged weights")
+                }
+            }
+        }
+        None
+    }
+
+    /// The merged weights of `stage` from `peer`, chunk by chunk, checked against `starts`.
+    async fn fetch_start(
+        &self,
+        peer: &str,
+        stage: u32,
+        starts: &BTreeSet<String>,
+        len: usize,
+    ) -> Result<Start, &'static str> {
+        let peer: p2p::PeerId = peer.parse().map_err(|_| "bad peer id")?;
+        let mut values: Vec<f32> = Vec::new();
+        let mut named: Option<String> = None;
+        while values.len() < len {
+            let request = WeightsRequest {
+                stage,
+                offset: values.len() as u64,
+                count: (len - values.len()) as u64,
+            };
+            let body = messages::encode(Service::Weights, &request, &[])
+                .map_err(|_| "request not encoded")?;
+            let reply =
+                match tokio::time::timeout(ANSWER_TIMEOUT, self.client.request(peer, body)).await {
+                    Ok(Ok(reply)) => reply,
+                    _ => return Err("no answer"),
+                };
+            let (header, payload) = messages::decode::<WeightsReply>(Service::Weights, &reply)
+                .map_err(|_| "malformed reply")?;
+            let WeightsReply::Weights {
+                stage: served,
+                hash,
+                total,
+                offset,
+                ..
+            } = header
+            else {
+                return Err("does not hold the stage");
+            };
+            // The weights may be followed by the outer momentum: `total` is one or two
+            // stages' worth.
+            let sized = total == len as u64 || total == 2 * len as u64;
+            if served != stage || !sized || offset != values.len() as u64 {
+                return Err("chunk out of place");
+            }
+            if !starts.contains(&hash) || named.as_ref().is_some_and(|h| *h != hash) {
+                return Err("holds another snapshot");
+            }
+            let chunk = messages::f32_from_bytes(payload).ok_or("chunk not f32")?;
+            if chunk.is_empty() || values.len() + chunk.len() > len {
+                return Err("chunk of the wrong size");
+            }
+            if values.is_empty() {
+                values.reserve_exact(len);
+            }
+            values.extend_from_slice(&chunk);
+            named = Some(hash);
+        }
+        let hash = named.ok_or("no chunk")?;
+        if hex(&training::stage::hash_f32(&values)) != hash {
+            return Err("weights do not hash to the merge hash");
+        }
+        Ok((hash, Arc::new(values)))
     }
 
     /// Builds `stage` from the run seed and notes its weights' hash.
@@ -271,6 +446,11 @@ impl Checker {
         // The thread ends when the handle is dropped with the checker.
         let (handle, _thread) = StageHandle::spawn(worker_cfg).await?;
         let seed_hash = hex(&handle.weights_hash().await?);
-        Ok(Scratch { handle, seed_hash })
+        let seed = Arc::new(handle.flat_params().await?);
+        Ok(Scratch {
+            handle,
+            seed_hash,
+            seed,
+        })
     }
 }
