@@ -231,11 +231,6 @@ impl Ctx {
         store.origin = origin;
     }
 
-    /// The weights' generation now.
-    pub(crate) fn generation(&self) -> u64 {
-        lock(&self.evidence).generation
-    }
-
     /// The learning rate of the optimizer step due after the backward pass about to run, if
     /// one is: every `inner_steps` backward passes, counted when they are asked for (a
     /// failed one counts too, and its step is skipped). The compute thread takes the step

@@ -12,9 +12,11 @@
 //! (its epoch and hash), which the validator checks against the merge hashes it heard.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use super::context::{Ctx, WeightsOrigin};
+use training::StageHandle;
+
+use super::context::{Ctx, EvidenceStore, WeightsOrigin};
 use super::lock;
 use crate::wire::messages::{self, Service, SpotCheckReply, SpotCheckRequest};
 
@@ -91,21 +93,36 @@ impl Recent {
 
 /// Answers a validator's spot check (the router let only permitted validators through).
 pub(crate) async fn serve(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
+    if ctx.cfg.faults.dodge {
+        return super::faults::dodge(ctx);
+    }
+    let in_force = ctx.in_force();
+    answer(
+        &ctx.evidence,
+        in_force.stage,
+        in_force.worker.as_ref(),
+        body,
+    )
+    .await
+}
+
+/// Answers a spot check from `store`, for a miner holding `stage` on `worker`.
+pub(crate) async fn answer(
+    store: &Mutex<EvidenceStore>,
+    stage: Option<u32>,
+    worker: Option<&StageHandle>,
+    body: &[u8],
+) -> Vec<u8> {
     let not_held =
         || messages::encode(Service::SpotCheck, &SpotCheckReply::NotHeld, &[]).unwrap_or_default();
     let Ok((request, _)) = messages::decode::<SpotCheckRequest>(Service::SpotCheck, body) else {
         return not_held();
     };
-    if ctx.cfg.faults.dodge {
-        return super::faults::dodge(ctx);
-    }
     let (evidence, generation) = {
-        let store = lock(&ctx.evidence);
+        let store = lock(store);
         let found = store.recent.find(request.epoch, request.sample).cloned();
         (found, store.generation)
     };
-    let in_force = ctx.in_force();
-    let (stage, worker) = (in_force.stage, in_force.worker);
     let (Some(evidence), Some(stage), Some(worker)) = (evidence, stage, worker) else {
         return not_held();
     };
@@ -115,14 +132,14 @@ pub(crate) async fn serve(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
         return not_held();
     }
     if evidence.generation != generation {
-        return superseded(ctx);
+        return superseded_from(store);
     }
     let Ok(weights) = worker.flat_params().await else {
         return not_held();
     };
     // A merge that began while the weights were read may have replaced them.
-    if evidence.generation != ctx.generation() {
-        return superseded(ctx);
+    if evidence.generation != lock(store).generation {
+        return superseded_from(store);
     }
     let header = SpotCheckReply::Evidence {
         stage,
@@ -140,7 +157,12 @@ pub(crate) async fn serve(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
 /// A `Superseded` reply naming what replaced the weights: the merge the weights held now
 /// come from.
 pub(crate) fn superseded(ctx: &Ctx) -> Vec<u8> {
-    let origin = lock(&ctx.evidence).origin.clone();
+    superseded_from(&ctx.evidence)
+}
+
+/// A `Superseded` reply naming the origin of the weights `store` describes.
+fn superseded_from(store: &Mutex<EvidenceStore>) -> Vec<u8> {
+    let origin = lock(store).origin.clone();
     superseded_reply(origin)
 }
 
