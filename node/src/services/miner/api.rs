@@ -12,6 +12,12 @@ use crate::wire::messages::{PipelineGossip, Service};
 /// Starting the service: the miner's fixed parts, then its task.
 pub(crate) use super::context::Miner;
 pub(crate) use super::task::spawn;
+/// A miner's spot-check evidence and its answer, for the end-to-end check test.
+#[cfg(test)]
+pub(crate) use super::{
+    context::EvidenceStore,
+    evidence::{answer as answer_spot_check, Evidence},
+};
 
 /// Settings of the miner, fixed for the node's life.
 #[derive(Clone, Debug)]

@@ -204,6 +204,9 @@ impl ValidatorHandle {
 pub(crate) use super::confirmation::{decide, Decision};
 /// The spot-check reply parser, for the fuzzer.
 pub(crate) use super::spot::{parse_reply, Reply, Target};
+/// What recomputes a spot check and what it concludes, for the end-to-end check test.
+#[cfg(test)]
+pub(crate) use super::spot::{Checker, Outcome, SpotFailure};
 /// Starting the service.
 pub(crate) use super::task::spawn;
 /// The rules of spot-check and confirmation requests.
