@@ -1,5 +1,5 @@
 //! A spot check end to end at a real model size: a miner holding a `base` stage (2 stages,
-//! so about 57 M parameters, 229 MB of f32 weights) answers a validator over the real
+//! so 57 M parameters, 227 MB of f32 weights) answers a validator over the real
 //! request-response protocol with its default 64 MiB frame limit, and the validator's
 //! checker fetches and recomputes the sample. Honest evidence passes; weights other than
 //! those the output was computed with fail.
@@ -48,6 +48,13 @@ async fn listen_addr(events: &mut tokio::sync::mpsc::Receiver<p2p::Event>) -> p2
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_base_stage_is_spot_checked_within_the_default_frame_limit() {
+    // `RUST_LOG=iota_p2p=debug` shows the evidence frozen and fetched, with its timing.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
     let run = RunConfig {
         preset: ModelPreset::Base,
         stages: 2,
@@ -79,6 +86,7 @@ async fn a_base_stage_is_spot_checked_within_the_default_frame_limit() {
         tokens: batch.inputs,
     };
     let output = worker.forward(sample, input).await.expect("forward");
+    let output_len = output.len();
     let store = Arc::new(Mutex::new(EvidenceStore::default()));
     store.lock().expect("store").recent.keep(Evidence {
         epoch: 1,
@@ -89,8 +97,11 @@ async fn a_base_stage_is_spot_checked_within_the_default_frame_limit() {
         loss: None,
         generation: 0,
     });
+    let evidence_bytes = output_len as u64 + 4 * params as u64;
     eprintln!(
-        "base stage built and sample served in {:?}",
+        "base stage 0: {params} parameters, evidence of {evidence_bytes} bytes in {} chunks; \
+         built and sample served in {:?}",
+        evidence_bytes.div_ceil(crate::wire::messages::EVIDENCE_CHUNK_BYTES),
         started.elapsed()
     );
 
@@ -103,8 +114,10 @@ async fn a_base_stage_is_spot_checked_within_the_default_frame_limit() {
         let (miner, store, worker) = (miner.clone(), store.clone(), worker.clone());
         tokio::spawn(async move {
             while let Some(event) = miner_events.recv().await {
-                if let p2p::Event::Request { id, data, .. } = event {
-                    let reply = answer_spot_check(&store, Some(0), Some(&worker), &data).await;
+                if let p2p::Event::Request { id, data, peer } = event {
+                    let validator = peer.to_string();
+                    let reply =
+                        answer_spot_check(&store, Some(0), Some(&worker), &validator, &data).await;
                     let _ = miner.respond(id, reply).await;
                 }
             }

@@ -115,6 +115,8 @@ pub(crate) enum MinerMsg {
     Gossip(Box<PipelineGossip>),
     /// A pipeline request the router authorised; the answer goes to `reply`.
     Request {
+        /// Who asks (a spot check's chunks come from what it froze for this peer).
+        peer: PeerIdStr,
         service: Service,
         body: Vec<u8>,
         reply: oneshot::Sender<Vec<u8>>,
@@ -149,10 +151,12 @@ impl MinerHandle {
     /// Has the miner answer an authorised request.
     pub(crate) async fn request(
         &self,
+        peer: PeerIdStr,
         service: Service,
         body: Vec<u8>,
     ) -> Result<Vec<u8>, ServiceGone> {
         ask(&self.tx, "miner", |reply| MinerMsg::Request {
+            peer,
             service,
             body,
             reply,

@@ -140,6 +140,8 @@ pub(crate) struct Views {
 pub(crate) struct EvidenceStore {
     /// The recent samples.
     pub(crate) recent: super::evidence::Recent,
+    /// The checks whose evidence is frozen while validators fetch it.
+    pub(crate) frozen: super::evidence::FrozenChecks,
     /// Counts the times the stage's weights were replaced wholesale (a new stage, a merge):
     /// evidence of an older generation no longer reproduces.
     pub(crate) generation: u64,
