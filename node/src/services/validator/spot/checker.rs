@@ -14,7 +14,7 @@ use training::wire::FrameKind;
 use training::worker::{EvalOutput, StageInput};
 use training::{Corpus, StageHandle};
 
-use super::transfer::{parse_chunk, Assembly, Bounds};
+use super::transfer::{fetch_timeout, parse_chunk, Assembly, Bounds};
 use super::{
     compare, judge, lazy_threshold, parse_reply, Evidence, Measured, Outcome, Reply, SpotFailure,
     SpotInconclusive, Target,
@@ -24,10 +24,6 @@ use crate::wire::messages::{self, Service, SpotCheckRequest};
 
 /// How long a miner has to answer one request.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How long a miner has to serve the whole evidence: a `large` stage's weights (about 1 GB
-/// for 4 stages) at 100 Mbit/s, with room to spare.
-const EVIDENCE_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// The evidence does not parse or does not fit the run.
 const MALFORMED: Outcome = Outcome::Fail(SpotFailure::EvidenceMalformed);
@@ -149,7 +145,7 @@ impl Checker {
         let mut assembly = Assembly::start(first, self.bounds(target.stage)?)?;
         drop(reply);
         let not_served = Outcome::Inconclusive(SpotInconclusive::ChunkNotServed);
-        let deadline = started + EVIDENCE_TIMEOUT;
+        let deadline = started + fetch_timeout(assembly.total());
         while let Some(offset) = assembly.next_offset() {
             let reply = tokio::time::timeout_at(deadline, self.ask(target, offset))
                 .await

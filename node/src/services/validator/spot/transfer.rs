@@ -10,7 +10,8 @@
 //! malformed before anything is allocated. A chunk out of place (another layout, total or
 //! hash than the first reply's, another offset or length than asked) and a whole that does
 //! not hash to the declared hash are malformed evidence too: the miner is caught. A chunk the
-//! miner does not serve (no answer, an error, `NotHeld`, `Superseded`) is a dodge
+//! miner does not serve (no answer, an error, `NotHeld`, `Superseded`, or not all of them
+//! within [`fetch_timeout`] of the first request) is a dodge
 //! ([`SpotInconclusive::ChunkNotServed`]), like the other checks a miner ends without
 //! evidence.
 //!
@@ -18,11 +19,27 @@
 //! weights is [`Layout`]'s, so evidence with more parts needs a longer layout, not another
 //! transfer.
 
+use std::time::Duration;
+
 use super::{Evidence, Outcome, Reply, SpotFailure, SpotInconclusive, Target};
 use crate::wire::messages;
 
 /// The evidence does not parse, or does not fit the run.
 const MALFORMED: Outcome = Outcome::Fail(SpotFailure::EvidenceMalformed);
+
+/// Slowest transfer a miner may serve its evidence at, in bytes per second (50 Mbit/s).
+const LEAST_RATE: u64 = 50_000_000 / 8;
+
+/// Time a miner has for the whole evidence besides the transfer itself (it freezes it first).
+const FETCH_SLACK: Duration = Duration::from_secs(30);
+
+/// How long a miner has to serve `total` bytes of evidence: [`FETCH_SLACK`] plus the bytes
+/// at [`LEAST_RATE`] (a 2-stage `base` stage: 66 s; a 2-stage `large` one: 6 min). The
+/// validator checks one miner at a time, so a miner that drips its chunks delays the next
+/// check by no more than this.
+pub(crate) fn fetch_timeout(total: u64) -> Duration {
+    FETCH_SLACK + Duration::from_secs(total / LEAST_RATE)
+}
 
 /// What the evidence holds, in payload order, as the miner declares it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -319,6 +336,14 @@ mod tests {
             assembly.add(piece).unwrap();
         }
         assert_eq!(assembly.finish().map(|_| ()), Err(MALFORMED));
+    }
+
+    #[test]
+    fn a_miner_has_time_for_its_evidence_in_proportion_to_its_size() {
+        assert_eq!(fetch_timeout(0), FETCH_SLACK);
+        // A 2-stage base stage, and a 2-stage large one.
+        assert_eq!(fetch_timeout(227_418_030), Duration::from_secs(66));
+        assert_eq!(fetch_timeout(2_057_474_048), Duration::from_secs(359));
     }
 
     #[test]
