@@ -17,3 +17,6 @@ pub mod merge;
 pub(crate) mod miner;
 pub(crate) mod observe;
 pub(crate) mod validator;
+
+#[cfg(test)]
+mod spot_check_tests;

@@ -80,7 +80,7 @@ impl Router {
         }
         let client = self.client.clone();
         tokio::spawn(async move {
-            let reply = match miner.request(service, data).await {
+            let reply = match miner.request(peer_str, service, data).await {
                 Ok(reply) => reply,
                 Err(_) => rpc::error_response(rpc::ErrorCode::Busy),
             };

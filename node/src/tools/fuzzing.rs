@@ -55,10 +55,13 @@ pub fn spot_check_request(body: &[u8]) -> bool {
     messages::decode::<SpotCheckRequest>(Service::SpotCheck, body).is_ok()
 }
 
-/// A validator's split of a spot-check reply (for a middle stage and for a tail), then
-/// [`messages::f32_from_bytes`] of the weights it carries.
+/// A validator's reading of a spot-check reply (for a middle stage and for a tail), then,
+/// for evidence whole in one chunk, its gathering against the run's sizes (those of
+/// [`pipeline_samples`]: 64 weights), its split and [`messages::f32_from_bytes`] of the
+/// weights.
 pub fn spot_check_reply(body: &[u8]) -> bool {
-    let target = crate::services::validator::api::Target {
+    use crate::services::validator::api::{parse_reply, Assembly, Bounds, Reply, Target};
+    let target = Target {
         epoch: 1,
         peer: String::new(),
         stage: 1,
@@ -69,14 +72,21 @@ pub fn spot_check_reply(body: &[u8]) -> bool {
         receipt: None,
         replicas: Vec::new(),
     };
-    let tail = crate::services::validator::api::Target {
+    let tail = Target {
         tail: true,
         ..target.clone()
     };
-    use crate::services::validator::api::Reply;
-    let _ = crate::services::validator::api::parse_reply(body, &tail);
-    match crate::services::validator::api::parse_reply(body, &target) {
-        Ok(Reply::Evidence(evidence)) => messages::f32_from_bytes(evidence.weights).is_some(),
+    let _ = parse_reply(body, &tail);
+    let bounds = Bounds {
+        weights: 64,
+        frame: 1 << 20,
+    };
+    match parse_reply(body, &target) {
+        Ok(Reply::Evidence(chunk)) => Assembly::start(chunk, bounds).is_ok_and(|assembly| {
+            assembly
+                .finish()
+                .is_ok_and(|evidence| messages::f32_from_bytes(evidence.weights).is_some())
+        }),
         Ok(Reply::Superseded(_)) | Err(_) => false,
     }
 }
@@ -230,41 +240,30 @@ fn weights_and_confirmation_bodies(weights: &[f32]) -> Vec<Option<Vec<u8>>> {
 
 /// Spot-check requests and replies.
 fn spot_check_bodies(frame: &[u8], weights: &[f32]) -> Vec<Option<Vec<u8>>> {
+    let evidence = [frame, frame, &messages::f32_bytes(weights)].concat();
+    let header = SpotCheckReply::Evidence {
+        stage: 1,
+        loss: None,
+        input_len: frame.len() as u64,
+        output_len: frame.len() as u64,
+        weights_len: weights.len() as u64,
+        received_len: 0,
+        sent_back_len: 0,
+        total: evidence.len() as u64,
+        hash: blake3::hash(&evidence).to_hex().to_string(),
+        offset: 0,
+    };
     vec![
         body(
             Service::SpotCheck,
             &SpotCheckRequest {
                 epoch: 3,
                 sample: 42,
+                offset: 0,
             },
             b"",
         ),
-        body(
-            Service::SpotCheck,
-            &SpotCheckReply::Evidence {
-                stage: 1,
-                loss: None,
-                input_len: frame.len() as u64,
-                output_len: frame.len() as u64,
-                weights_len: weights.len() as u64,
-                received_len: 0,
-                sent_back_len: 0,
-            },
-            &[frame, frame, &messages::f32_bytes(weights)].concat(),
-        ),
-        body(
-            Service::SpotCheck,
-            &SpotCheckReply::Evidence {
-                stage: 1,
-                loss: None,
-                input_len: frame.len() as u64,
-                output_len: frame.len() as u64,
-                weights_len: weights.len() as u64,
-                received_len: frame.len() as u64,
-                sent_back_len: frame.len() as u64,
-            },
-            &[frame, frame, &messages::f32_bytes(weights), frame, frame].concat(),
-        ),
+        body(Service::SpotCheck, &header, &evidence),
         body(Service::SpotCheck, &SpotCheckReply::NotHeld, b""),
         body(
             Service::SpotCheck,

@@ -191,22 +191,32 @@ pub(crate) enum WeightsReply {
     NotHeld,
 }
 
+/// Bytes of a spot check's evidence one reply carries (the last chunk fewer): far below any
+/// request-response frame limit, so a stage of any size can be checked.
+pub(crate) const EVIDENCE_CHUNK_BYTES: u64 = 8 << 20;
+
 /// Header of a spot-check request: a validator asks a miner for the evidence of a sample
-/// it took part in.
+/// it took part in, one chunk at a time.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) struct SpotCheckRequest {
     /// Epoch of the sample.
     pub(crate) epoch: u64,
     /// The sample.
     pub(crate) sample: u64,
+    /// First byte of the evidence wanted. At 0 the miner freezes its evidence of the sample
+    /// (with its current weights) for this validator; the later chunks come from that copy.
+    #[serde(default)]
+    pub(crate) offset: u64,
 }
 
-/// Header of a spot-check response. With `Evidence` the payload is the input frame
-/// (`input_len` bytes; none at the head, whose input the sample id determines), then the
-/// frame the miner sent on (`output_len` bytes: the activation, or the gradient at the tail),
-/// then its current weights as little-endian f32 (`weights_len` values), then, from a
+/// Header of a spot-check response. With `Evidence` the payload is bytes `offset ..` of the
+/// evidence, [`EVIDENCE_CHUNK_BYTES`] of them (the last chunk fewer). The evidence is the
+/// input frame (`input_len` bytes; none at the head, whose input the sample id determines),
+/// then the frame the miner sent on (`output_len` bytes: the activation, or the gradient at
+/// the tail), then its weights as little-endian f32 (`weights_len` values), then, from a
 /// middle stage, the gradient frame it received from the next stage (`received_len` bytes)
-/// and the one it sent back upstream (`sent_back_len` bytes).
+/// and the one it sent back upstream (`sent_back_len` bytes): `total` bytes in all, hashing
+/// to `hash`; every chunk's header is the same but for `offset`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) enum SpotCheckReply {
     /// What the miner kept of the sample.
@@ -227,6 +237,12 @@ pub(crate) enum SpotCheckReply {
         /// Bytes of the gradient frame sent back upstream (a middle stage's).
         #[serde(default)]
         sent_back_len: u64,
+        /// Bytes of the whole evidence.
+        total: u64,
+        /// blake3 of the whole evidence, hex.
+        hash: String,
+        /// First byte of this chunk.
+        offset: u64,
     },
     /// The miner kept nothing of that sample (it never served it, or too long ago).
     NotHeld,

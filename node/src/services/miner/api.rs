@@ -12,6 +12,12 @@ use crate::wire::messages::{PipelineGossip, Service};
 /// Starting the service: the miner's fixed parts, then its task.
 pub(crate) use super::context::Miner;
 pub(crate) use super::task::spawn;
+/// A miner's spot-check evidence and its answer, for the end-to-end check test.
+#[cfg(test)]
+pub(crate) use super::{
+    context::EvidenceStore,
+    evidence::{answer as answer_spot_check, Evidence},
+};
 
 /// Settings of the miner, fixed for the node's life.
 #[derive(Clone, Debug)]
@@ -118,6 +124,8 @@ pub(crate) enum MinerMsg {
     Gossip(Box<PipelineGossip>),
     /// A pipeline request the router authorised; the answer goes to `reply`.
     Request {
+        /// Who asks (a spot check's chunks come from what it froze for this peer).
+        peer: PeerIdStr,
         service: Service,
         body: Vec<u8>,
         reply: oneshot::Sender<Vec<u8>>,
@@ -152,10 +160,12 @@ impl MinerHandle {
     /// Has the miner answer an authorised request.
     pub(crate) async fn request(
         &self,
+        peer: PeerIdStr,
         service: Service,
         body: Vec<u8>,
     ) -> Result<Vec<u8>, ServiceGone> {
         ask(&self.tx, "miner", |reply| MinerMsg::Request {
+            peer,
             service,
             body,
             reply,

@@ -140,6 +140,8 @@ pub(crate) struct Views {
 pub(crate) struct EvidenceStore {
     /// The recent samples.
     pub(crate) recent: super::evidence::Recent,
+    /// The checks whose evidence is frozen while validators fetch it.
+    pub(crate) frozen: super::evidence::FrozenChecks,
     /// Counts the times the stage's weights were replaced wholesale (a new stage, a merge):
     /// evidence of an older generation no longer reproduces.
     pub(crate) generation: u64,
@@ -243,11 +245,6 @@ impl Ctx {
         let mut store = lock(&self.evidence);
         store.generation += 1;
         store.origin = origin;
-    }
-
-    /// The weights' generation now.
-    pub(crate) fn generation(&self) -> u64 {
-        lock(&self.evidence).generation
     }
 
     /// The learning rate of the optimizer step due after the backward pass about to run, if

@@ -12,12 +12,24 @@
 //! than that is answered `NotHeld`. A sample served with weights a merge (or a rebuilt stage)
 //! has replaced since is answered `Superseded`, naming the merge the weights now come from
 //! (its epoch and hash), which the validator checks against the merge hashes it heard.
+//!
+//! **In chunks.** A stage's weights outgrow any request-response frame, so the evidence
+//! travels in chunks of [`messages::EVIDENCE_CHUNK_BYTES`]. The weights change with every
+//! optimizer step, so the chunks must come from one copy: a check's first request (offset 0)
+//! freezes the evidence with the weights of that moment and its blake3 hash ([`Frozen`]),
+//! which every reply names; the validator asks for the later chunks by offset. The frozen
+//! checks are bounded ([`FrozenChecks`]): one per validator (a new check replaces its last),
+//! at most [`MAX_FROZEN`] in all, each dropped [`FROZEN_IDLE`] after its last chunk was asked
+//! for. A chunk of a check no longer held is answered `NotHeld` (a dodge, for the validator).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use super::context::{Ctx, WeightsOrigin};
+use training::StageHandle;
+
+use super::api::MinerFaults;
+use super::context::{Ctx, EvidenceStore, WeightsOrigin};
 use super::lock;
 use crate::wire::messages::{self, Service, SpotCheckReply, SpotCheckRequest};
 
@@ -165,18 +177,47 @@ impl Recent {
 }
 
 /// Answers a validator's spot check (the router let only permitted validators through).
-pub(crate) async fn serve(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
+pub(crate) async fn serve(ctx: &Arc<Ctx>, validator: &str, body: &[u8]) -> Vec<u8> {
+    if ctx.cfg.faults.dodge {
+        return super::faults::dodge(ctx);
+    }
+    let in_force = ctx.in_force();
+    answer(
+        &ctx.evidence,
+        in_force.stage,
+        in_force.worker.as_ref(),
+        &ctx.cfg.faults,
+        validator,
+        body,
+    )
+    .await
+}
+
+/// Answers `validator`'s spot-check request from `store`, for a miner holding `stage` on
+/// `worker`: a later chunk from the check it froze, or a new check frozen now.
+pub(crate) async fn answer(
+    store: &Mutex<EvidenceStore>,
+    stage: Option<u32>,
+    worker: Option<&StageHandle>,
+    faults: &MinerFaults,
+    validator: &str,
+    body: &[u8],
+) -> Vec<u8> {
     let not_held =
         || messages::encode(Service::SpotCheck, &SpotCheckReply::NotHeld, &[]).unwrap_or_default();
     let Ok((request, _)) = messages::decode::<SpotCheckRequest>(Service::SpotCheck, body) else {
         return not_held();
     };
-    if ctx.cfg.faults.dodge {
-        return super::faults::dodge(ctx);
+    if request.offset > 0 {
+        let held = lock(store)
+            .frozen
+            .get(Instant::now(), validator, request.epoch, request.sample);
+        return match held {
+            Some(frozen) => frozen.reply(request.offset),
+            None => not_held(),
+        };
     }
-    let (evidence, generation) = find(ctx, &request).await;
-    let in_force = ctx.in_force();
-    let (stage, worker) = (in_force.stage, in_force.worker);
+    let (evidence, generation) = find(store, &request).await;
     let (Some(evidence), Some(stage), Some(worker)) = (evidence, stage, worker) else {
         return not_held();
     };
@@ -186,47 +227,243 @@ pub(crate) async fn serve(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
         return not_held();
     }
     if evidence.generation != generation {
-        return superseded(ctx);
+        return superseded_from(store);
     }
     let Ok(mut weights) = worker.flat_params().await else {
         return not_held();
     };
-    super::faults::shown_weights(ctx, &mut weights);
+    super::faults::shown_weights(faults, &mut weights);
     // A merge that began while the weights were read may have replaced them.
-    if evidence.generation != ctx.generation() {
-        return superseded(ctx);
+    if evidence.generation != lock(store).generation {
+        return superseded_from(store);
     }
-    let (received, sent_back) = match evidence.gradients {
-        Gradients::Kept {
-            received,
-            sent_back,
-        } => (received, sent_back),
-        Gradients::None | Gradients::Pending => (Vec::new(), Vec::new()),
+    let Ok(frozen) =
+        tokio::task::spawn_blocking(move || Frozen::new(stage, evidence, weights)).await
+    else {
+        return not_held();
     };
-    let header = SpotCheckReply::Evidence {
-        stage,
-        loss: evidence.loss,
-        input_len: evidence.input.len() as u64,
-        output_len: evidence.output.len() as u64,
-        weights_len: weights.len() as u64,
-        received_len: received.len() as u64,
-        sent_back_len: sent_back.len() as u64,
+    let frozen = Arc::new(frozen);
+    let held = {
+        let mut store = lock(store);
+        store.frozen.put(Instant::now(), validator, frozen.clone());
+        store.frozen.bytes()
     };
-    let mut payload = evidence.input;
-    payload.extend_from_slice(&evidence.output);
-    payload.extend_from_slice(&messages::f32_bytes(&weights));
-    payload.extend_from_slice(&received);
-    payload.extend_from_slice(&sent_back);
-    messages::encode(Service::SpotCheck, &header, &payload).unwrap_or_default()
+    tracing::debug!(
+        validator,
+        epoch = request.epoch,
+        sample = request.sample,
+        bytes = frozen.bytes(),
+        held,
+        "spot-check evidence frozen"
+    );
+    frozen.reply(0)
+}
+
+/// Checks whose evidence is held frozen at once, one per validator: the memory a miner
+/// gives its checks is this many copies of its stage's weights at most.
+pub(crate) const MAX_FROZEN: usize = 4;
+
+/// How long a frozen check is kept after its last chunk was asked for.
+pub(crate) const FROZEN_IDLE: Duration = Duration::from_secs(60);
+
+/// A part of the evidence's payload.
+#[derive(Debug)]
+enum Part {
+    /// A frame, as it was sent.
+    Bytes(Vec<u8>),
+    /// Weights, served as little-endian f32 (kept as values: no second copy as bytes).
+    F32(Vec<f32>),
+}
+
+impl Part {
+    fn len(&self) -> u64 {
+        match self {
+            Part::Bytes(b) => b.len() as u64,
+            Part::F32(v) => 4 * v.len() as u64,
+        }
+    }
+
+    /// Appends bytes `start..end` of the part to `out`.
+    fn read(&self, start: u64, end: u64, out: &mut Vec<u8>) {
+        match self {
+            Part::Bytes(b) => out.extend_from_slice(&b[start as usize..end as usize]),
+            Part::F32(v) => {
+                let first = (start / 4) as usize;
+                let last = end.div_ceil(4) as usize;
+                let bytes = messages::f32_bytes(&v[first..last]);
+                let skip = (start % 4) as usize;
+                out.extend_from_slice(&bytes[skip..skip + (end - start) as usize]);
+            }
+        }
+    }
+}
+
+/// One check's evidence, frozen when the validator first asked for it: the miner trains on
+/// meanwhile, and every chunk comes from this copy.
+#[derive(Debug)]
+pub(crate) struct Frozen {
+    /// Epoch of the sample.
+    epoch: u64,
+    /// The sample.
+    sample: u64,
+    /// The header every reply carries (its `offset` set per chunk).
+    header: SpotCheckReply,
+    /// The payload: input frame, output frame, weights, and a middle stage's gradients
+    /// (received, sent back).
+    parts: Vec<Part>,
+    /// Bytes of the payload.
+    total: u64,
+}
+
+impl Frozen {
+    /// Freezes `evidence` with `weights` (hashing them: a fraction of a second for a large
+    /// stage, so run it off the async threads).
+    pub(crate) fn new(stage: u32, evidence: Evidence, weights: Vec<f32>) -> Frozen {
+        let (received, sent_back) = match evidence.gradients {
+            Gradients::Kept {
+                received,
+                sent_back,
+            } => (received, sent_back),
+            Gradients::None | Gradients::Pending => (Vec::new(), Vec::new()),
+        };
+        let parts = vec![
+            Part::Bytes(evidence.input),
+            Part::Bytes(evidence.output),
+            Part::F32(weights),
+            Part::Bytes(received),
+            Part::Bytes(sent_back),
+        ];
+        let total = parts.iter().map(Part::len).sum();
+        let mut hasher = blake3::Hasher::new();
+        let mut buffer = Vec::new();
+        for part in &parts {
+            let len = part.len();
+            let mut at = 0;
+            while at < len {
+                let end = (at + HASH_BLOCK).min(len);
+                buffer.clear();
+                part.read(at, end, &mut buffer);
+                hasher.update(&buffer);
+                at = end;
+            }
+        }
+        let lens: Vec<u64> = parts.iter().map(Part::len).collect();
+        let header = SpotCheckReply::Evidence {
+            stage,
+            loss: evidence.loss,
+            input_len: lens[0],
+            output_len: lens[1],
+            weights_len: lens[2] / 4,
+            received_len: lens[3],
+            sent_back_len: lens[4],
+            total,
+            hash: super::hex(hasher.finalize().as_bytes()),
+            offset: 0,
+        };
+        Frozen {
+            epoch: evidence.epoch,
+            sample: evidence.sample,
+            header,
+            parts,
+            total,
+        }
+    }
+
+    /// Bytes `offset..` of the payload, at most [`messages::EVIDENCE_CHUNK_BYTES`].
+    fn chunk(&self, offset: u64) -> Vec<u8> {
+        let start = offset.min(self.total);
+        let end = start
+            .saturating_add(messages::EVIDENCE_CHUNK_BYTES)
+            .min(self.total);
+        let mut out = Vec::with_capacity((end - start) as usize);
+        let mut part_start = 0;
+        for part in &self.parts {
+            let part_end = part_start + part.len();
+            let (lo, hi) = (start.max(part_start), end.min(part_end));
+            if lo < hi {
+                part.read(lo - part_start, hi - part_start, &mut out);
+            }
+            part_start = part_end;
+        }
+        out
+    }
+
+    /// The reply carrying the chunk at `offset`.
+    pub(crate) fn reply(&self, offset: u64) -> Vec<u8> {
+        let chunk = self.chunk(offset);
+        let mut header = self.header.clone();
+        if let SpotCheckReply::Evidence { offset: at, .. } = &mut header {
+            *at = offset.min(self.total);
+        }
+        messages::encode(Service::SpotCheck, &header, &chunk).unwrap_or_default()
+    }
+
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.total
+    }
+}
+
+/// Bytes hashed at a time when freezing weights.
+const HASH_BLOCK: u64 = 1 << 20;
+
+/// The checks held frozen, one per validator (pure: time is an argument).
+#[derive(Debug, Default)]
+pub(crate) struct FrozenChecks {
+    /// (validator, last asked, the check), least recently asked first.
+    held: Vec<(String, Instant, Arc<Frozen>)>,
+}
+
+impl FrozenChecks {
+    /// Holds `frozen` for `validator`, replacing the check it held; beyond [`MAX_FROZEN`]
+    /// the least recently asked is dropped.
+    pub(crate) fn put(&mut self, now: Instant, validator: &str, frozen: Arc<Frozen>) {
+        self.expire(now);
+        self.held.retain(|(v, _, _)| v != validator);
+        self.held.push((validator.to_string(), now, frozen));
+        while self.held.len() > MAX_FROZEN {
+            self.held.remove(0);
+        }
+    }
+
+    /// The check `validator` froze for `sample` of `epoch`, if still held; asking keeps it
+    /// held for another [`FROZEN_IDLE`].
+    pub(crate) fn get(
+        &mut self,
+        now: Instant,
+        validator: &str,
+        epoch: u64,
+        sample: u64,
+    ) -> Option<Arc<Frozen>> {
+        self.expire(now);
+        let at = self
+            .held
+            .iter()
+            .position(|(v, _, f)| v == validator && f.epoch == epoch && f.sample == sample)?;
+        let (v, _, frozen) = self.held.remove(at);
+        self.held.push((v, now, frozen.clone()));
+        Some(frozen)
+    }
+
+    /// Drops the checks not asked for in [`FROZEN_IDLE`].
+    fn expire(&mut self, now: Instant) {
+        self.held
+            .retain(|(_, last, _)| now.saturating_duration_since(*last) < FROZEN_IDLE);
+    }
+
+    /// Bytes held in all.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.held.iter().map(|(_, _, f)| f.bytes()).sum()
+    }
 }
 
 /// The evidence `request` names, if kept, and the weights' generation; a middle stage's
 /// sample whose backward pass is still running is waited for (up to [`GRADIENT_WAIT`]).
-async fn find(ctx: &Ctx, request: &SpotCheckRequest) -> (Option<Evidence>, u64) {
+async fn find(store: &Mutex<EvidenceStore>, request: &SpotCheckRequest) -> (Option<Evidence>, u64) {
     let deadline = tokio::time::Instant::now() + GRADIENT_WAIT;
     loop {
         let (found, generation) = {
-            let store = lock(&ctx.evidence);
+            let store = lock(store);
             let found = store.recent.find(request.epoch, request.sample).cloned();
             (found, store.generation)
         };
@@ -243,7 +480,12 @@ async fn find(ctx: &Ctx, request: &SpotCheckRequest) -> (Option<Evidence>, u64) 
 /// A `Superseded` reply naming what replaced the weights: the merge the weights held now
 /// come from.
 pub(crate) fn superseded(ctx: &Ctx) -> Vec<u8> {
-    let origin = lock(&ctx.evidence).origin.clone();
+    superseded_from(&ctx.evidence)
+}
+
+/// A `Superseded` reply naming the origin of the weights `store` describes.
+fn superseded_from(store: &Mutex<EvidenceStore>) -> Vec<u8> {
+    let origin = lock(store).origin.clone();
     superseded_reply(origin)
 }
 
@@ -271,6 +513,99 @@ mod tests {
             generation: 0,
             gradients: Gradients::None,
         }
+    }
+
+    fn frozen(sample: u64, input: Vec<u8>, output: Vec<u8>, weights: Vec<f32>) -> Arc<Frozen> {
+        let evidence = Evidence {
+            input,
+            output,
+            sample,
+            ..evidence(sample, 0)
+        };
+        Arc::new(Frozen::new(1, evidence, weights))
+    }
+
+    #[test]
+    fn frozen_evidence_is_served_in_chunks_that_make_up_the_hashed_whole() {
+        // Frames of odd sizes, so chunk boundaries fall inside weight values.
+        let input = vec![7u8; 3];
+        let output = vec![9u8; 2];
+        let chunk = messages::EVIDENCE_CHUNK_BYTES as usize;
+        let weights: Vec<f32> = (0..(2 * chunk / 4 + 10)).map(|i| i as f32 * 0.5).collect();
+        let whole = [&input[..], &output, &messages::f32_bytes(&weights)].concat();
+        let frozen = frozen(5, input, output, weights);
+        let mut gathered = Vec::new();
+        let mut offset = 0;
+        while offset < whole.len() as u64 {
+            let reply = frozen.reply(offset);
+            let (header, payload) =
+                messages::decode::<SpotCheckReply>(Service::SpotCheck, &reply).unwrap();
+            let SpotCheckReply::Evidence {
+                stage,
+                input_len,
+                output_len,
+                weights_len,
+                total,
+                hash,
+                offset: at,
+                ..
+            } = header
+            else {
+                panic!("{header:?}");
+            };
+            assert_eq!((stage, input_len, output_len), (1, 3, 2));
+            assert_eq!(weights_len, (2 * chunk / 4 + 10) as u64);
+            assert_eq!(total, whole.len() as u64);
+            assert_eq!(hash, blake3::hash(&whole).to_hex().to_string());
+            assert_eq!(at, offset);
+            assert_eq!(payload.len(), chunk.min(whole.len() - offset as usize));
+            gathered.extend_from_slice(payload);
+            offset += payload.len() as u64;
+        }
+        assert_eq!(gathered, whole);
+        assert_eq!(frozen.bytes(), whole.len() as u64);
+        // Past the end: an empty chunk at the end.
+        let past = frozen.reply(u64::MAX);
+        let (_, payload) = messages::decode::<SpotCheckReply>(Service::SpotCheck, &past).unwrap();
+        assert!(payload.is_empty());
+    }
+
+    #[test]
+    fn frozen_checks_are_one_per_validator_few_in_all_and_dropped_when_idle() {
+        let t0 = Instant::now();
+        let small = |sample| frozen(sample, vec![1], vec![2], vec![3.0]);
+        let mut checks = FrozenChecks::default();
+        checks.put(t0, "v1", small(1));
+        assert!(checks.get(t0, "v1", 1, 1).is_some());
+        assert!(checks.get(t0, "v2", 1, 1).is_none(), "another validator's");
+        assert!(
+            checks.get(t0, "v1", 2, 1).is_none(),
+            "epoch and sample must match"
+        );
+        // A validator's new check replaces its last.
+        checks.put(t0, "v1", small(2));
+        assert!(checks.get(t0, "v1", 1, 1).is_none());
+        assert!(checks.get(t0, "v1", 1, 2).is_some());
+        // Beyond the bound the least recently asked goes.
+        for v in 2..=MAX_FROZEN {
+            checks.put(t0, &format!("v{v}"), small(v as u64));
+        }
+        assert!(checks.get(t0, "v1", 1, 2).is_some());
+        checks.put(t0, "late", small(9));
+        assert!(
+            checks.get(t0, "v2", 1, 2).is_none(),
+            "the least recently asked"
+        );
+        assert!(checks.get(t0, "v1", 1, 2).is_some());
+        assert!(checks.get(t0, "late", 1, 9).is_some());
+        assert_eq!(checks.bytes(), MAX_FROZEN as u64 * 6);
+        // Asking keeps a check held; one not asked for a while is dropped.
+        let later = t0 + FROZEN_IDLE - Duration::from_secs(1);
+        assert!(checks.get(later, "v1", 1, 2).is_some());
+        let idle = t0 + FROZEN_IDLE;
+        assert!(checks.get(idle, "late", 1, 9).is_none());
+        assert!(checks.get(idle, "v1", 1, 2).is_some());
+        assert_eq!(checks.bytes(), 6);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 
 use bootstrap::EpochPlan;
 
+use super::api::MinerFaults;
 use super::context::Ctx;
 use crate::wire::messages::LossRecord;
 
@@ -113,8 +114,8 @@ pub(crate) fn dodge(ctx: &Ctx) -> Vec<u8> {
 /// The weights a `lazy-ulp` miner shows a spot check: its own with the first value changed
 /// by one ulp (the lowest bit of its mantissa flipped), so that they never hash to the
 /// epoch's starting weights while reproducing every output.
-pub(crate) fn shown_weights(ctx: &Ctx, weights: &mut [f32]) {
-    if ctx.cfg.faults.lazy_ulp {
+pub(crate) fn shown_weights(faults: &MinerFaults, weights: &mut [f32]) {
+    if faults.lazy_ulp {
         nudge_one_ulp(weights);
     }
 }

@@ -163,13 +163,14 @@ impl Task {
             }
             MinerMsg::Gossip(message) => self.on_gossip(&message),
             MinerMsg::Request {
+                peer,
                 service,
                 body,
                 reply,
             } => {
                 let ctx = self.ctx.clone();
                 tokio::spawn(async move {
-                    let _ = reply.send(answer(&ctx, service, body).await);
+                    let _ = reply.send(answer(&ctx, &peer, service, body).await);
                 });
             }
             MinerMsg::Tick { live } => {
@@ -335,12 +336,12 @@ impl Task {
 }
 
 /// Answers a pipeline request.
-async fn answer(ctx: &Arc<Ctx>, service: Service, body: Vec<u8>) -> Vec<u8> {
+async fn answer(ctx: &Arc<Ctx>, peer: &PeerIdStr, service: Service, body: Vec<u8>) -> Vec<u8> {
     match service {
         Service::Forward => hop::serve_forward(ctx, &body).await,
         Service::Eval => hop::serve_eval(ctx, &body).await,
         Service::Weights => snapshot::serve(ctx, &body),
-        Service::SpotCheck => evidence::serve(ctx, &body).await,
+        Service::SpotCheck => evidence::serve(ctx, peer.as_str(), &body).await,
         // A validator's service; the router never hands it to a miner.
         Service::Confirmation => {
             crate::wire::rpc::error_response(crate::wire::rpc::ErrorCode::UnknownService)

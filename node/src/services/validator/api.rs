@@ -225,8 +225,15 @@ impl ValidatorHandle {
 
 /// What a joiner makes of the validators' word on a merge.
 pub(crate) use super::confirmation::{decide, Decision};
-/// The spot-check reply parser, for the fuzzer.
-pub(crate) use super::spot::{parse_reply, Reply, Target};
+/// The spot-check reply parser and the evidence's gathering, for the fuzzer.
+pub(crate) use super::spot::{
+    parse_reply,
+    transfer::{Assembly, Bounds},
+    Reply, Target,
+};
+/// What recomputes a spot check and what it concludes, for the end-to-end check test.
+#[cfg(test)]
+pub(crate) use super::spot::{Checker, Outcome, SpotFailure};
 /// Starting the service.
 pub(crate) use super::task::spawn;
 /// The rules of spot-check and confirmation requests.

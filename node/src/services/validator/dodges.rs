@@ -2,9 +2,10 @@
 //! against it (pure; the time is passed in).
 //!
 //! **Dodges.** A check the miner ends without evidence — `Superseded`, `NotHeld` at a stage
-//! before the tail, an error, or no answer in time ([`SpotInconclusive::against_miner`]) —
-//! is a dodge. The validator's own failures (no scratch stage, a recomputation that did not
-//! decode, a request it could not encode, a sample it could not draw) count against no one.
+//! before the tail, an error, no answer in time, or a later chunk of its evidence not served
+//! ([`SpotInconclusive::against_miner`]) — is a dodge. The validator's own failures (no
+//! scratch stage, a recomputation that did not decode, a request it could not encode, a
+//! sample it could not draw) count against no one.
 //! The [`DodgeBook`] counts, per miner and per epoch of the sample checked, the checks that
 //! reached it and the dodges among them, and judges the last [`WINDOW_EPOCHS`] epochs
 //! together: at least [`MIN_DODGES`] dodges that are more than half of its checks fail the

@@ -10,8 +10,9 @@
 //! sample id gives its tokens), the frame it sent on (the activation, or at the tail the
 //! gradient it sent back), its current weights, and at a middle stage the gradient it
 //! received from the next stage and the one it sent back upstream
-//! (`crate::services::miner`'s evidence store). The input and output frames must hash to
-//! what the miner's receipt in the loss record says it received and sent
+//! (`crate::services::miner`'s evidence store), frozen for the check and fetched in chunks
+//! that fit any frame limit ([`transfer`]). The input and output frames must hash to what
+//! the miner's receipt in the loss record says it received and sent
 //! (`crate::wire::receipt`): a miner cannot send one frame and show another.
 //!
 //! **Which weights are reproducible.** The only weights every node agrees on by hash are
@@ -42,16 +43,18 @@
 //! (see [`judge`]).
 //!
 //! **No evidence is evidence too.** A check the miner ends without evidence (`Superseded`,
-//! `NotHeld`, an error, no answer) concludes nothing about the sample, but it is a dodge,
+//! `NotHeld`, an error, no answer, a chunk of its evidence not served) concludes nothing about the sample, but it is a dodge,
 //! counted against the miner, which is checked again soon; a miner that dodges far more
 //! than honest miners do fails, and a `Superseded` naming a merge its stage's replicas did
 //! not announce is false (`super::dodges`).
 //!
 //! **Layout.** Everything here decides and is pure: the [`Schedule`], [`parse_reply`],
-//! [`judge`] and [`compare`]; [`Checker`] (`checker.rs`) does the IO around them, asking the
-//! miner and recomputing on a scratch stage.
+//! the chunks' bookkeeping ([`transfer`]), [`judge`] and [`compare`]; [`Checker`]
+//! (`checker.rs`) does the IO around them, asking the miner and recomputing on a scratch
+//! stage.
 
 mod checker;
+pub(crate) mod transfer;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -240,6 +243,8 @@ pub(crate) enum SpotInconclusive {
     RequestNotEncoded,
     /// No answer in time.
     NoAnswer,
+    /// The miner answered the check's first chunk of evidence but not a later one.
+    ChunkNotServed,
     /// The validator could not build the stage to recompute with.
     NoScratchStage,
     /// The validator could not draw the sample's batch.
@@ -260,6 +265,7 @@ impl SpotInconclusive {
             SpotInconclusive::BadPeer => "bad_peer",
             SpotInconclusive::RequestNotEncoded => "request_not_encoded",
             SpotInconclusive::NoAnswer => "no_answer",
+            SpotInconclusive::ChunkNotServed => "chunk_not_served",
             SpotInconclusive::NoScratchStage => "no_scratch_stage",
             SpotInconclusive::NoSample => "no_sample",
             SpotInconclusive::RecomputeFailed => "recompute_failed",
@@ -275,7 +281,8 @@ impl SpotInconclusive {
             | SpotInconclusive::Superseded
             | SpotInconclusive::SupersededUnverified
             | SpotInconclusive::GradientsNotHeld
-            | SpotInconclusive::NoAnswer => true,
+            | SpotInconclusive::NoAnswer
+            | SpotInconclusive::ChunkNotServed => true,
             SpotInconclusive::BadPeer
             | SpotInconclusive::RequestNotEncoded
             | SpotInconclusive::NoScratchStage
@@ -478,7 +485,7 @@ impl Schedule {
     }
 }
 
-/// A spot check's reply, split: nothing copied yet.
+/// A spot check's evidence, whole and split ([`transfer::Assembly::finish`]).
 #[derive(Debug, PartialEq)]
 pub(crate) struct Evidence<'a> {
     /// The stage the miner says it served the sample at.
@@ -508,8 +515,8 @@ pub(crate) struct Claim {
 /// A spot check's reply that is not its outcome yet.
 #[derive(Debug, PartialEq)]
 pub(crate) enum Reply<'a> {
-    /// The evidence, to recompute.
-    Evidence(Evidence<'a>),
+    /// A chunk of the evidence, to gather ([`transfer::Assembly`]) and recompute.
+    Evidence(transfer::Chunk<'a>),
     /// No evidence, and a claim of what replaced the weights, to check against the merges
     /// heard ([`super::dodges::judge_claim`]).
     Superseded(Claim),
@@ -528,9 +535,10 @@ fn parse_hash(text: &str) -> Option<[u8; 32]> {
     Some(hash)
 }
 
-/// Splits a spot check's reply to `target`, checking every declared size against the bytes
-/// before anything is copied. A reply that is neither evidence nor a checkable `Superseded`
-/// claim is the check's outcome; a `Superseded` naming no hash is malformed.
+/// Reads a spot check's reply to `target`: a chunk of evidence (its sizes are checked
+/// against the run's by [`transfer::Assembly`] before anything is held), or a checkable
+/// `Superseded` claim; any other reply is the check's outcome, and a `Superseded` naming no
+/// hash is malformed.
 pub(crate) fn parse_reply<'a>(reply: &'a [u8], target: &Target) -> Result<Reply<'a>, Outcome> {
     let malformed = Outcome::Fail(SpotFailure::EvidenceMalformed);
     if reply.first() == Some(&crate::wire::rpc::ERROR) {
@@ -538,7 +546,7 @@ pub(crate) fn parse_reply<'a>(reply: &'a [u8], target: &Target) -> Result<Reply<
     }
     let (header, payload) =
         messages::decode::<SpotCheckReply>(Service::SpotCheck, reply).map_err(|_| malformed)?;
-    let (stage, lens) = match header {
+    match header {
         SpotCheckReply::Evidence {
             stage,
             input_len,
@@ -546,59 +554,40 @@ pub(crate) fn parse_reply<'a>(reply: &'a [u8], target: &Target) -> Result<Reply<
             weights_len,
             received_len,
             sent_back_len,
+            total,
+            hash,
+            offset,
             ..
-        } => (
-            stage,
-            [
-                input_len,
-                output_len,
-                weights_len,
-                received_len,
-                sent_back_len,
-            ],
-        ),
+        } => {
+            if stage != target.stage {
+                return Err(malformed);
+            }
+            Ok(Reply::Evidence(transfer::Chunk {
+                layout: transfer::Layout {
+                    stage,
+                    input_len,
+                    output_len,
+                    weights_len,
+                    received_len,
+                    sent_back_len,
+                },
+                total,
+                hash: parse_hash(&hash).ok_or(malformed)?,
+                offset,
+                bytes: payload,
+            }))
+        }
         // Only the tail's own claims are its to prove; an earlier stage may have lost a
         // sample a tail claimed falsely.
         SpotCheckReply::NotHeld if target.tail => {
-            return Err(Outcome::Fail(SpotFailure::ClaimedSampleNotHeld))
+            Err(Outcome::Fail(SpotFailure::ClaimedSampleNotHeld))
         }
-        SpotCheckReply::NotHeld => return Err(Outcome::Inconclusive(SpotInconclusive::NotHeld)),
+        SpotCheckReply::NotHeld => Err(Outcome::Inconclusive(SpotInconclusive::NotHeld)),
         SpotCheckReply::Superseded { epoch, hash } => {
             let hash = parse_hash(&hash).ok_or(malformed)?;
-            return Ok(Reply::Superseded(Claim { epoch, hash }));
+            Ok(Reply::Superseded(Claim { epoch, hash }))
         }
-    };
-    if stage != target.stage {
-        return Err(malformed);
     }
-    let [input_len, output_len, weights_len, received_len, sent_back_len] = lens;
-    let weights_bytes = weights_len.checked_mul(4).ok_or(malformed)?;
-    let sizes = [
-        input_len,
-        output_len,
-        weights_bytes,
-        received_len,
-        sent_back_len,
-    ];
-    let total = sizes
-        .iter()
-        .try_fold(0u64, |sum, n| sum.checked_add(*n))
-        .ok_or(malformed)?;
-    if total != payload.len() as u64 {
-        return Err(malformed);
-    }
-    let (input, rest) = payload.split_at(input_len as usize);
-    let (output, rest) = rest.split_at(output_len as usize);
-    let (weights, rest) = rest.split_at(weights_bytes as usize);
-    let (received, sent_back) = rest.split_at(received_len as usize);
-    Ok(Reply::Evidence(Evidence {
-        stage,
-        input,
-        output,
-        weights,
-        received,
-        sent_back,
-    }))
 }
 
 #[cfg(test)]
@@ -820,7 +809,7 @@ mod tests {
     }
 
     #[test]
-    fn replies_are_split_only_when_every_size_adds_up() {
+    fn replies_are_read_as_chunks_of_the_stage_checked() {
         let target = Target {
             epoch: 2,
             peer: "p".into(),
@@ -832,75 +821,49 @@ mod tests {
             receipt: None,
             replicas: vec!["p".into()],
         };
-        let reply = |stage: u32, lens: [u64; 5], payload: &[u8]| {
+        let reply = |stage: u32, hash: &str, payload: &[u8]| {
             messages::encode(
                 Service::SpotCheck,
                 &SpotCheckReply::Evidence {
                     stage,
                     loss: None,
-                    input_len: lens[0],
-                    output_len: lens[1],
-                    weights_len: lens[2],
-                    received_len: lens[3],
-                    sent_back_len: lens[4],
+                    input_len: 3,
+                    output_len: 2,
+                    weights_len: 1,
+                    received_len: 0,
+                    sent_back_len: 0,
+                    total: 9,
+                    hash: hash.into(),
+                    offset: 4,
                 },
                 payload,
             )
             .unwrap()
         };
-        let payload = [1u8, 2, 3, 4, 5, 0, 0, 128, 63];
-        let good = reply(1, [3, 2, 1, 0, 0], &payload);
+        let payload = [5u8, 0, 0, 128, 63];
+        let hash = "0f".repeat(32);
+        let good = reply(1, &hash, &payload);
         assert_eq!(
             parse_reply(&good, &target).unwrap(),
-            Reply::Evidence(Evidence {
-                stage: 1,
-                input: &payload[..3],
-                output: &payload[3..5],
-                weights: &payload[5..],
-                received: &[],
-                sent_back: &[],
+            Reply::Evidence(transfer::Chunk {
+                layout: transfer::Layout {
+                    stage: 1,
+                    input_len: 3,
+                    output_len: 2,
+                    weights_len: 1,
+                    received_len: 0,
+                    sent_back_len: 0,
+                },
+                total: 9,
+                hash: [15; 32],
+                offset: 4,
+                bytes: &payload,
             })
         );
-        // A middle stage's gradients follow the weights.
-        let with_gradients = [&payload[..], &[7, 7, 8]].concat();
-        assert_eq!(
-            parse_reply(&reply(1, [3, 2, 1, 2, 1], &with_gradients), &target).unwrap(),
-            Reply::Evidence(Evidence {
-                stage: 1,
-                input: &payload[..3],
-                output: &payload[3..5],
-                weights: &payload[5..],
-                received: &[7, 7],
-                sent_back: &[8],
-            })
-        );
-        // A header without the gradients' sizes (as before they were kept) reads as none.
-        let json =
-            br#"{"Evidence":{"stage":1,"loss":null,"input_len":3,"output_len":2,"weights_len":1}}"#;
-        let older = [
-            &[crate::wire::rpc::SPOT_CHECK][..],
-            &(json.len() as u32).to_be_bytes(),
-            json,
-            &payload,
-        ]
-        .concat();
-        assert!(matches!(
-            parse_reply(&older, &target),
-            Ok(Reply::Evidence(Evidence {
-                received: &[],
-                sent_back: &[],
-                ..
-            }))
-        ));
         let malformed = Err(Outcome::Fail(SpotFailure::EvidenceMalformed));
         for bad in [
-            reply(1, [3, 2, 2, 0, 0], &payload),
-            reply(1, [u64::MAX, 2, 1, 0, 0], &payload),
-            reply(1, [3, 2, u64::MAX / 2, 0, 0], &payload),
-            reply(0, [3, 2, 1, 0, 0], &payload),
-            reply(1, [3, 2, 1, 1, 0], &payload),
-            reply(1, [3, 2, 1, u64::MAX, 4], &with_gradients),
-            reply(1, [3, 2, 1, 0, u64::MAX], &with_gradients),
+            reply(0, &hash, &payload),
+            reply(1, "0f", &payload),
             vec![crate::wire::rpc::SPOT_CHECK, 0, 0],
         ] {
             assert_eq!(parse_reply(&bad, &target), malformed);
@@ -1106,6 +1069,7 @@ mod tests {
             (SpotInconclusive::BadPeer, "bad_peer"),
             (SpotInconclusive::RequestNotEncoded, "request_not_encoded"),
             (SpotInconclusive::NoAnswer, "no_answer"),
+            (SpotInconclusive::ChunkNotServed, "chunk_not_served"),
             (SpotInconclusive::NoScratchStage, "no_scratch_stage"),
             (SpotInconclusive::NoSample, "no_sample"),
             (SpotInconclusive::RecomputeFailed, "recompute_failed"),

@@ -19,7 +19,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-
 use crate::cli::{Adversary, Fault};
 use crate::services::validator::api::EpochWeights;
 

@@ -1,8 +1,9 @@
-//! The IO of a spot check: asking the miner for its evidence, and recomputing the sample
-//! on a scratch copy of its stage. Every decision is made by the pure code of [`super`]
-//! ([`super::parse_reply`], [`super::judge`], [`super::compare`]); this module only fetches
-//! and computes what they judge. Each step that cannot go on ends the check with its
-//! [`Outcome`], in the order the steps run (the first that fails is the one reported).
+//! The IO of a spot check: asking the miner for its evidence, chunk by chunk, and
+//! recomputing the sample on a scratch copy of its stage. Every decision is made by the pure
+//! code of [`super`] ([`super::parse_reply`], [`super::transfer`], [`super::judge`],
+//! [`super::compare`]); this module only fetches and computes what they judge. Each step
+//! that cannot go on ends the check with its [`Outcome`], in the order the steps run (the
+//! first that fails is the one reported).
 //!
 //! The weights an epoch starts from, against which a miner's steps are measured, are the
 //! run seed's in the first epoch (kept with the scratch stage) and later the merged
@@ -18,6 +19,7 @@ use training::wire::FrameKind;
 use training::worker::{EvalOutput, StageInput};
 use training::{Corpus, StageHandle};
 
+use super::transfer::{fetch_timeout, parse_chunk, Assembly, Bounds};
 use super::{
     compare, judge, lazy_threshold, moved, parse_reply, Evidence, Measured, Outcome, Reply,
     SpotFailure, SpotInconclusive, Target,
@@ -26,7 +28,7 @@ use crate::rules::{Expect, FrameRules};
 use crate::wire::messages::{self, Service, SpotCheckRequest, WeightsReply, WeightsRequest};
 use crate::wire::receipt;
 
-/// How long a miner has to answer.
+/// How long a miner has to answer one request.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The evidence does not parse or does not fit the run.
@@ -112,14 +114,8 @@ impl Checker {
         starts: &BTreeSet<String>,
         measured: &mut Measured,
     ) -> Result<(), Outcome> {
-        let reply = self.ask(target).await?;
-        let evidence = match parse_reply(&reply, target)? {
-            Reply::Evidence(evidence) => evidence,
-            Reply::Superseded(claim) => {
-                measured.claim = Some(claim);
-                return Err(Outcome::Inconclusive(SpotInconclusive::Superseded));
-            }
-        };
+        let assembly = self.fetch(target, measured).await?;
+        let evidence = assembly.finish()?;
         self.check_frames(target, &evidence)?;
         if let Some((received, sent)) = target.receipt {
             if receipt::digest(evidence.input) != received
@@ -160,8 +156,62 @@ impl Checker {
         Ok(())
     }
 
-    /// Asks the miner for its evidence of `target`'s sample: the reply's bytes.
-    async fn ask(&self, target: &Target) -> Result<Vec<u8>, Outcome> {
+    /// Fetches the miner's evidence of `target`'s sample, chunk by chunk, holding no more
+    /// than the run's sizes for the stage allow ([`Bounds`]); a `Superseded` answer's
+    /// claim goes into `measured`.
+    async fn fetch(&self, target: &Target, measured: &mut Measured) -> Result<Assembly, Outcome> {
+        let started = tokio::time::Instant::now();
+        let reply = self.ask(target, 0).await?;
+        let first = match parse_reply(&reply, target)? {
+            Reply::Evidence(chunk) => chunk,
+            Reply::Superseded(claim) => {
+                measured.claim = Some(claim);
+                return Err(Outcome::Inconclusive(SpotInconclusive::Superseded));
+            }
+        };
+        let mut assembly = Assembly::start(first, self.bounds(target.stage)?)?;
+        drop(reply);
+        let not_served = Outcome::Inconclusive(SpotInconclusive::ChunkNotServed);
+        let deadline = started + fetch_timeout(assembly.total());
+        while let Some(offset) = assembly.next_offset() {
+            let reply = tokio::time::timeout_at(deadline, self.ask(target, offset))
+                .await
+                .map_err(|_| not_served)?
+                .map_err(|_| not_served)?;
+            assembly.add(parse_chunk(&reply, target)?)?;
+        }
+        tracing::debug!(
+            peer = %target.peer,
+            bytes = assembly.total(),
+            chunks = assembly.chunks(),
+            took = ?started.elapsed(),
+            "spot-check evidence fetched"
+        );
+        Ok(assembly)
+    }
+
+    /// The largest evidence of `stage` the run allows: exactly the stage's weights, and
+    /// frames no larger than the run's largest raw frame twice over (an encoded frame is
+    /// smaller than its raw values, plus its header).
+    fn bounds(&self, stage: u32) -> Result<Bounds, Outcome> {
+        let model = crate::run_spec::preset(self.run.preset).config();
+        let layout = training::StageLayout::new(
+            &model,
+            self.run.stages as usize,
+            stage as usize,
+            crate::run_spec::bottleneck(&self.run),
+        )
+        .map_err(|_| Outcome::Inconclusive(SpotInconclusive::NoScratchStage))?;
+        let raw = self.frames.limits().max_raw_bytes as u64;
+        Ok(Bounds {
+            weights: layout.num_params(&model) as u64,
+            frame: raw.saturating_mul(2).saturating_add(64 << 10),
+        })
+    }
+
+    /// Asks the miner for the chunk at `offset` of its evidence of `target`'s sample (at 0
+    /// it freezes the evidence): the reply's bytes.
+    async fn ask(&self, target: &Target, offset: u64) -> Result<Vec<u8>, Outcome> {
         let peer: p2p::PeerId = target
             .peer
             .parse()
@@ -171,6 +221,7 @@ impl Checker {
             &SpotCheckRequest {
                 epoch: target.epoch,
                 sample: target.sample,
+                offset,
             },
             &[],
         )
