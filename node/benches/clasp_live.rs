@@ -30,8 +30,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 /// Every miner mode `--adversary` takes.
-const MODES: &str =
-    "noise,lazy,lie-loss,inflate,inflate-samples,nan-merge,poison-merge,poison-random,dodge";
+const MODES: &str = "noise,noise-grad,lazy,lazy-ulp,lie-loss,inflate,preclaim,inflate-samples,nan-merge,poison-merge,poison-random,dodge";
 
 /// Miners a run of `mode` needs: the adversary joins the stage with the fewest miners, so
 /// with 6 honest miners it is a third replica, which a robust merge can outvote.

@@ -30,7 +30,10 @@
 //!    * validator: spot checks, merge audits, scoring and weights;
 //!    * chain: with `--subtensor`, the reader of the subnet's stake, a validator's
 //!      `set_weights` submitter, and the `metagraph` command;
-//!    * observe: `/status`, `/metrics` and the dashboard at `/`.
+//!    * observe: `/status`, `/metrics` and the dashboard at `/`;
+//!
+//!    and `services::spot_check_tests`, a test of a miner and a validator together (each
+//!    through its `api`).
 //! 4. **Router** — `router`: the only consumer of the p2p layer's events. It decodes every
 //!    message, has the owning service's rules judge it, reports every gossip verdict to
 //!    gossipsub, and hands the message to its service's inbox.

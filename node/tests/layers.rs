@@ -147,6 +147,8 @@ const LAYERS: &[(&str, usize)] = &[
     ("services::validator", 3),
     ("services::chain", 3),
     ("services::observe", 3),
+    // A test of two services together, through their `api`s.
+    ("services::spot_check_tests", 3),
     ("router", 4),
     ("app", 5),
     ("cli", 5),
