@@ -756,4 +756,26 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_tail_that_dodged_a_check_of_the_epoch_does_not_shift_the_blame_to_its_sibling() {
+        // Peer 5 (a tail) reports losses far below the truth and answered the one check of
+        // the epoch it got before the epoch was scored `Superseded` (a live run: the `dodge`
+        // tail's honest sibling was flagged by CLASP in the epoch it joined).
+        let mut scoring = Scoring::default();
+        scoring.losses(2, records(400, Some((peer(5), -0.5))));
+        scoring.spot_checked(
+            2,
+            &peer(5),
+            Outcome::Inconclusive(crate::services::validator::spot::SpotInconclusive::Superseded),
+        );
+        let weights = scoring.score(&plan(2), &uids());
+        let sibling = weights
+            .miners
+            .iter()
+            .find(|m| m.peer_id == peer(4))
+            .unwrap();
+        assert!(!sibling.flagged, "{sibling:?}");
+        assert!(weights.miners.iter().all(|m| !m.flagged), "{weights:?}");
+    }
 }
