@@ -170,7 +170,17 @@ impl Scoring {
     /// and probations, and the spot checks counted since the last scoring.
     pub(crate) fn score(&mut self, plan: &EpochPlan, uids: &BTreeMap<String, Uid>) -> EpochWeights {
         let records = self.ledger.take(plan.epoch);
-        let (caught, liars) = self.take_catches(plan.epoch);
+        let (caught, mut liars) = self.take_catches(plan.epoch);
+        // A miner that ended a check of this epoch without evidence showed nothing of its
+        // work: its losses are not trusted in the fit either (honest miners measured no
+        // dodge in over a thousand checks; its pay is still its work's, unless caught).
+        liars.extend(
+            self.dodges
+                .epoch(plan.epoch)
+                .into_iter()
+                .filter(|(_, tally)| tally.dodged > 0)
+                .filter_map(|(peer, _)| PeerIdStr::parse(&peer).ok()),
+        );
         let caught = apply_probation(&mut self.probation, caught, plan.epoch);
         let mut weights =
             weigh_distrusting(plan, &records, uids, &caught, &liars, &mut self.scores);
@@ -250,8 +260,9 @@ type Effects = (BTreeMap<Uid, clasp::MinerEffect>, Option<String>);
 /// on chain. When the CLASP fit cannot run (too few records, a stage whose miners always
 /// travel together) no one is flagged and the work alone is scored; the reason is kept.
 ///
-/// The tails in `liars` have their losses kept out of the fit too: tails a
-/// spot check proved to lie in a later epoch, before this one was scored (a lie is caught
+/// The tails in `liars` have their losses kept out of the fit too: tails that ended a
+/// check of this epoch without evidence, or that a spot check proved to lie in a later
+/// epoch, before this one was scored (a lie is caught
 /// an epoch after it starts more often than not, and in the epoch it joined in, a lying
 /// tail's losses would shift the blame onto its honest sibling). Their pay for this epoch
 /// is left as `caught` says.
