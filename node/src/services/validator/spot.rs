@@ -760,6 +760,51 @@ mod tests {
     }
 
     #[test]
+    fn a_busy_honest_tails_gradient_norm_is_not_a_failure_but_a_scaled_one_is() {
+        // Live, an honest tail that carried its stage alone answered a check with a gradient
+        // of cosine 0.980 and norm ratio 1.347 (and 1.62 once before, on a loaded machine):
+        // its weights had moved 10 learning rates since the epoch began.
+        let busy = Measured {
+            cosine: Some(0.980),
+            norm_ratio: Some(1.347),
+            loss_ratio: Some(1.012),
+            gradient: true,
+            served: 121,
+            ..Measured::default()
+        };
+        let lazy = lazy_threshold(1);
+        assert_eq!(judge(&busy, lazy, false), Outcome::Pass);
+        for ratio in [1.62, 0.6] {
+            let loaded = Measured {
+                norm_ratio: Some(ratio),
+                ..busy
+            };
+            assert_eq!(judge(&loaded, lazy, false), Outcome::Pass, "{ratio}");
+        }
+        for ratio in [2.5, 0.4, f64::NAN] {
+            let scaled = Measured {
+                norm_ratio: Some(ratio),
+                ..busy
+            };
+            assert_eq!(
+                judge(&scaled, lazy, false),
+                Outcome::Fail(SpotFailure::OutputScaleWrong),
+                "{ratio}"
+            );
+        }
+        // An activation keeps the tighter band.
+        let activation = Measured {
+            gradient: false,
+            loss_ratio: None,
+            ..busy
+        };
+        assert_eq!(
+            judge(&activation, lazy, false),
+            Outcome::Fail(SpotFailure::OutputScaleWrong)
+        );
+    }
+
+    #[test]
     fn a_middle_stages_gradient_upstream_is_judged_like_a_tails() {
         let honest = Measured {
             cosine: Some(0.99),
