@@ -31,14 +31,15 @@
 //! **A middle stage's backward pass.** The gradient a middle stage sends upstream is
 //! recomputed too: forward and backward on the miner's weights, from its input and the
 //! gradient it received from the next stage, and compared with what it sent (cosine ≥
-//! [`GRADIENT_COSINE_MIN`], the norm ratio as for outputs). A middle stage that shows no
+//! [`GRADIENT_COSINE_MIN`], the norm ratio as for a tail's gradient). A middle stage that shows no
 //! gradients for a sample dodged the check ([`SpotInconclusive::GradientsNotHeld`]).
 //!
 //! **Tolerances** (measured on honest miners in local swarms, docs/BENCHMARKS.md): the
 //! recomputed activation and the miner's must have cosine ≥ [`COSINE_MIN`] and norm ratio
 //! within [`NORM_RATIO_MIN`]–1/[`NORM_RATIO_MIN`]; at the tail the loss in the ledger must be
 //! within [`LOSS_TOLERANCE`] (relative) of the recomputed loss, and the gradient it sent back
-//! must have cosine ≥ [`GRADIENT_COSINE_MIN`] and the same norm ratio. A tail that cannot
+//! must have cosine ≥ [`GRADIENT_COSINE_MIN`] and norm ratio within
+//! [`GRADIENT_NORM_RATIO_MIN`]–1/[`GRADIENT_NORM_RATIO_MIN`]. A tail that cannot
 //! show a sample it claimed fails. In the run's first epoch only the exact test is judged
 //! (see [`judge`]).
 //!
@@ -89,6 +90,13 @@ pub(crate) const GRADIENT_COSINE_MIN: f64 = 0.5;
 /// Least ratio of the miner's output norm to the recomputed one (and at most its inverse).
 /// Honest miners measured 0.905–1.155 after the first epoch.
 pub(crate) const NORM_RATIO_MIN: f64 = 0.75;
+
+/// [`NORM_RATIO_MIN`] for a gradient (a tail's, or the one a middle stage sends upstream):
+/// its norm moves with the weights more than an activation's does. Honest tails that
+/// carried their stage alone, or on a loaded machine, measured 1.347 and 1.62 (cosine 0.980
+/// and 0.836), a few to ten learning rates of steps after their sample; `noise` gradients
+/// keep the norm (they are caught by the cosine).
+pub(crate) const GRADIENT_NORM_RATIO_MIN: f64 = 0.5;
 
 /// Least root-mean-square change per weight since the epoch's starting weights, in
 /// learning rates of the epoch (`RunConfig::lr_at`), of a miner that owes optimizer steps
@@ -337,8 +345,13 @@ pub(crate) fn judge(m: &Measured, lazy_threshold: u64, first_epoch: bool) -> Out
     if m.cosine.is_some_and(|c| c.is_nan() || c < least) {
         return Outcome::Fail(SpotFailure::OutputNotReproduced);
     }
+    let band = if m.gradient {
+        GRADIENT_NORM_RATIO_MIN
+    } else {
+        NORM_RATIO_MIN
+    };
     if m.norm_ratio
-        .is_some_and(|r| !(NORM_RATIO_MIN..=1.0 / NORM_RATIO_MIN).contains(&r))
+        .is_some_and(|r| !(band..=1.0 / band).contains(&r))
     {
         return Outcome::Fail(SpotFailure::OutputScaleWrong);
     }
@@ -353,7 +366,7 @@ pub(crate) fn judge(m: &Measured, lazy_threshold: u64, first_epoch: bool) -> Out
         return Outcome::Fail(SpotFailure::GradientNotReproduced);
     }
     if m.grad_norm_ratio
-        .is_some_and(|r| !(NORM_RATIO_MIN..=1.0 / NORM_RATIO_MIN).contains(&r))
+        .is_some_and(|r| !(GRADIENT_NORM_RATIO_MIN..=1.0 / GRADIENT_NORM_RATIO_MIN).contains(&r))
     {
         return Outcome::Fail(SpotFailure::GradientScaleWrong);
     }
@@ -819,8 +832,8 @@ mod tests {
         for (cosine, ratio, why) in [
             (0.01, 1.0, SpotFailure::GradientNotReproduced),
             (f64::NAN, 1.0, SpotFailure::GradientNotReproduced),
-            (0.99, 1.5, SpotFailure::GradientScaleWrong),
-            (0.99, 0.5, SpotFailure::GradientScaleWrong),
+            (0.99, 2.5, SpotFailure::GradientScaleWrong),
+            (0.99, 0.4, SpotFailure::GradientScaleWrong),
         ] {
             let wrong = Measured {
                 grad_cosine: Some(cosine),
