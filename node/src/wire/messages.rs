@@ -385,9 +385,49 @@ pub(crate) fn f32_from_bytes(bytes: &[u8]) -> Option<Vec<f32>> {
     )
 }
 
+/// Appends a weights chunk's little-endian f32 `payload` to `values`, a vector being
+/// gathered up to `len` values (reserved whole with the first chunk): a chunk that is not
+/// f32, is empty or would run past `len` is refused and nothing is kept.
+pub(crate) fn append_f32_chunk(
+    values: &mut Vec<f32>,
+    payload: &[u8],
+    len: usize,
+) -> Result<(), &'static str> {
+    let chunk = f32_from_bytes(payload).ok_or("chunk not f32")?;
+    if chunk.is_empty() || values.len() + chunk.len() > len {
+        return Err("chunk of the wrong size");
+    }
+    if values.is_empty() {
+        values.reserve_exact(len);
+    }
+    values.extend_from_slice(&chunk);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weight_chunks_are_gathered_up_to_their_length_and_no_further() {
+        let mut values = Vec::new();
+        append_f32_chunk(&mut values, &f32_bytes(&[1.0, 2.0]), 3).unwrap();
+        assert_eq!(values.capacity(), 3);
+        assert_eq!(
+            append_f32_chunk(&mut values, &f32_bytes(&[3.0, 4.0]), 3),
+            Err("chunk of the wrong size")
+        );
+        assert_eq!(
+            append_f32_chunk(&mut values, &[], 3),
+            Err("chunk of the wrong size")
+        );
+        assert_eq!(
+            append_f32_chunk(&mut values, &[0, 0, 0], 3),
+            Err("chunk not f32")
+        );
+        append_f32_chunk(&mut values, &f32_bytes(&[3.0]), 3).unwrap();
+        assert_eq!(values, vec![1.0, 2.0, 3.0]);
+    }
 
     #[test]
     fn bodies_round_trip_and_garbage_is_rejected() {

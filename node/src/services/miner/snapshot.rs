@@ -410,14 +410,7 @@ async fn fetch_from(
         if hash != expected {
             return Err("holds another snapshot");
         }
-        let chunk = messages::f32_from_bytes(payload).ok_or("chunk not f32")?;
-        if chunk.is_empty() || values.len() + chunk.len() > len {
-            return Err("chunk of the wrong size");
-        }
-        if values.is_empty() {
-            values.reserve_exact(len);
-        }
-        values.extend_from_slice(&chunk);
+        messages::append_f32_chunk(&mut values, payload, len)?;
         merged_epoch = epoch;
     }
     let momentum = outer.then(|| values.split_off(weights_len));

@@ -472,14 +472,7 @@ impl Checker {
             if !starts.contains(&hash) || named.as_ref().is_some_and(|h| *h != hash) {
                 return Err("holds another snapshot");
             }
-            let chunk = messages::f32_from_bytes(payload).ok_or("chunk not f32")?;
-            if chunk.is_empty() || values.len() + chunk.len() > len {
-                return Err("chunk of the wrong size");
-            }
-            if values.is_empty() {
-                values.reserve_exact(len);
-            }
-            values.extend_from_slice(&chunk);
+            messages::append_f32_chunk(&mut values, payload, len)?;
             named = Some(hash);
         }
         let hash = named.ok_or("no chunk")?;
