@@ -78,6 +78,34 @@ impl Batch {
         }
     }
 
+    /// Builds a batch from `batch` windows of `seq + 1` token ids each, row-major.
+    pub fn from_ids(batch: usize, seq: usize, windows: &[u32]) -> Batch {
+        let mut inputs = Vec::with_capacity(batch * seq);
+        let mut targets = Vec::with_capacity(batch * seq);
+        for w in windows.chunks_exact(seq + 1).take(batch) {
+            inputs.extend(w[..seq].iter().map(|&t| i64::from(t)));
+            targets.extend(w[1..].iter().map(|&t| i64::from(t)));
+        }
+        Batch {
+            batch,
+            seq,
+            inputs,
+            targets,
+        }
+    }
+
+    /// The `batch` windows of `seq + 1` ids the batch was built from: each row's inputs and
+    /// its last target.
+    pub fn windows(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.batch * (self.seq + 1));
+        for r in 0..self.batch {
+            let row = &self.inputs[r * self.seq..(r + 1) * self.seq];
+            out.extend(row.iter().map(|&t| t as u32));
+            out.push(self.targets[(r + 1) * self.seq - 1] as u32);
+        }
+        out
+    }
+
     /// Number of target tokens.
     pub fn tokens(&self) -> usize {
         self.batch * self.seq

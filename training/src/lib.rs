@@ -1,6 +1,8 @@
 //! Model, pipeline stages, activation compression and checkpoints for iota-p2p.
 //!
 //! - [`data`]: the embedded Shakespeare corpus and a deterministic sample loader.
+//! - [`dataset`]: token shards named by a manifest, memory-mapped, and the ids a sample
+//!   carries between stages.
 //! - [`model`]: the Llama-style decoder and how it is cut into stages (with IOTA, ResBM or
 //!   subspace bottlenecks).
 //! - [`stage`]: one stage with its optimizer: forward, backward, step, flat weights.
@@ -16,6 +18,7 @@
 pub mod butterfly;
 pub mod checkpoint;
 pub mod data;
+pub mod dataset;
 pub mod export;
 pub mod generate;
 pub mod local;
@@ -28,6 +31,7 @@ pub mod worker;
 
 pub use checkpoint::CheckpointStore;
 pub use data::{Batch, Corpus};
+pub use dataset::{Dataset, TrainingData};
 pub use local::{LocalConfig, LocalReport};
 pub use model::{Bottleneck, BottleneckKind, StageLayout};
 pub use preset::{parse_device, DType, ModelConfig, Preset, VOCAB};
