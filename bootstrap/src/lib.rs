@@ -51,5 +51,5 @@ pub use plan::{
 };
 pub use run_config::{
     BottleneckKind, ModelPreset, RunConfig, RunConfigError, RunHash, RunHashError, WireFormat,
-    MAX_OPEN_REGISTRATION, MAX_RUN_CONFIG_BYTES, MAX_RUN_NAME_LEN, MAX_STAGES,
+    MAX_OPEN_REGISTRATION, MAX_RUN_CONFIG_BYTES, MAX_RUN_NAME_LEN, MAX_STAGES, MAX_VOCAB,
 };

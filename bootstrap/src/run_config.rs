@@ -171,7 +171,21 @@ pub struct RunConfig {
     pub outer_momentum_start: f64,
     /// Epochs over which the outer momentum warms up; 0 uses `outer_momentum` from the start.
     pub outer_warmup_epochs: u64,
+    /// The dataset trained on: the blake3 of its `manifest.json`, 64 hex digits. Left out: the
+    /// corpus embedded in the binary, byte tokens. Set together with `tokenizer` and `vocab`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
+    /// The blake3 of the dataset's `tokenizer.json`, 64 hex digits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
+    /// The tokenizer's vocabulary (ids are below it); the model's embedding and head are
+    /// padded to a multiple of 64. Left out: 256 byte tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<u32>,
 }
+
+/// The largest vocabulary a run may name.
+pub const MAX_VOCAB: u32 = 1 << 24;
 
 /// Most miners outside the metagraph a run may admit; with the metagraph's own it stays
 /// within a plan's bound of miners.
@@ -262,6 +276,9 @@ impl Default for RunConfig {
             outer_momentum: 0.0,
             outer_momentum_start: 0.0,
             outer_warmup_epochs: 0,
+            dataset: None,
+            tokenizer: None,
+            vocab: None,
         }
     }
 }
@@ -327,6 +344,9 @@ impl RunConfig {
             "outer_warmup_epochs" => {
                 self.outer_warmup_epochs = field("outer_warmup_epochs", value)?
             }
+            "dataset" => self.dataset = Some(field("dataset", value)?),
+            "tokenizer" => self.tokenizer = Some(field("tokenizer", value)?),
+            "vocab" => self.vocab = Some(field("vocab", value)?),
             _ => {
                 return Err(RunConfigError::UnknownField {
                     field: key.to_owned(),
@@ -403,7 +423,35 @@ impl RunConfig {
                 return invalid(field, "must be at least 0 and below 1");
             }
         }
+        for (field, value) in [("dataset", &self.dataset), ("tokenizer", &self.tokenizer)] {
+            let hex = |t: &String| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit());
+            if value.as_ref().is_some_and(|t| !hex(t)) {
+                return invalid(field, "must be 64 hex digits (a blake3 hash)");
+            }
+        }
+        match (&self.dataset, &self.tokenizer, self.vocab) {
+            (None, None, None) | (Some(_), Some(_), Some(_)) => {}
+            _ => return invalid("dataset", "dataset, tokenizer and vocab are set together"),
+        }
+        if self.vocab.is_some_and(|v| v == 0 || v > MAX_VOCAB) {
+            return invalid("vocab", "must be between 1 and 16777216");
+        }
         Ok(())
+    }
+
+    /// The vocabulary: `vocab`, else 256 byte tokens.
+    pub fn vocab_size(&self) -> u32 {
+        self.vocab.unwrap_or(256)
+    }
+
+    /// The dataset's manifest hash, when the run names one.
+    pub fn dataset_hash(&self) -> Option<[u8; 32]> {
+        self.dataset.as_deref().and_then(parse_hex32)
+    }
+
+    /// The tokenizer's hash, when the run names one.
+    pub fn tokenizer_hash(&self) -> Option<[u8; 32]> {
+        self.tokenizer.as_deref().and_then(parse_hex32)
     }
 
     /// The run's identity: blake3 of the canonical encoding of every field.
@@ -460,6 +508,20 @@ impl RunConfig {
     pub fn epoch_timeout(&self) -> Duration {
         Duration::from_secs(self.epoch_timeout_secs)
     }
+}
+
+/// 32 bytes from 64 hex digits.
+fn parse_hex32(text: &str) -> Option<[u8; 32]> {
+    let b = text.as_bytes();
+    if b.len() != 64 {
+        return None;
+    }
+    let nib = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = (nib(b[2 * i])? << 4) | nib(b[2 * i + 1])?;
+    }
+    Some(out)
 }
 
 /// Deserialises one field's value, naming the field in the error.

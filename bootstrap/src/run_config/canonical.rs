@@ -37,6 +37,9 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
         outer_momentum,
         outer_momentum_start,
         outer_warmup_epochs,
+        dataset,
+        tokenizer,
+        vocab,
     } = config;
     let mut out = Encoder(Vec::with_capacity(512));
     out.bytes(DOMAIN);
@@ -67,6 +70,12 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
     out.float("outer_momentum", *outer_momentum);
     out.float("outer_momentum_start", *outer_momentum_start);
     out.uint("outer_warmup_epochs", *outer_warmup_epochs);
+    // Only when set: a run on the embedded corpus keeps the hash it had before datasets.
+    if let (Some(dataset), Some(tokenizer), Some(vocab)) = (dataset, tokenizer, vocab) {
+        out.str("dataset", &dataset.to_ascii_lowercase());
+        out.str("tokenizer", &tokenizer.to_ascii_lowercase());
+        out.uint("vocab", (*vocab).into());
+    }
     out.0
 }
 

@@ -27,6 +27,9 @@ outer_lr = 0.5
 outer_momentum = 0.8
 outer_momentum_start = 0.4
 outer_warmup_epochs = 10
+dataset = "1111111111111111111111111111111111111111111111111111111111111111"
+tokenizer = "2222222222222222222222222222222222222222222222222222222222222222"
+vocab = 4096
 "#;
 
 fn every_field() -> RunConfig {
@@ -55,6 +58,9 @@ fn every_field() -> RunConfig {
         outer_momentum: 0.8,
         outer_momentum_start: 0.4,
         outer_warmup_epochs: 10,
+        dataset: Some("1".repeat(64)),
+        tokenizer: Some("2".repeat(64)),
+        vocab: Some(4096),
     }
 }
 
@@ -85,7 +91,7 @@ fn every_field_is_read_from_toml() {
     // A default config leaves `gradient_format` out: gradients then follow `wire_format`.
     assert!(!toml_default.contains_key("gradient_format"));
     assert_eq!(
-        toml_default.len() + 1,
+        toml_default.len() + 4,
         toml_every.len(),
         "the sample sets every field"
     );
@@ -211,6 +217,9 @@ fn bad_text_is_refused() {
 fn hash_does_not_depend_on_toml_layout() {
     let reordered = r#"
         # same run, written differently
+        vocab = 4_096
+        tokenizer = "2222222222222222222222222222222222222222222222222222222222222222"
+        dataset = "1111111111111111111111111111111111111111111111111111111111111111"
         outer_warmup_epochs = 10
         outer_momentum_start = 0.40
         outer_momentum = 0.8
@@ -278,6 +287,53 @@ fn hash_changes_with_every_field() {
             hashes.insert(config.hash()),
             "change #{i} did not change the hash"
         );
+    }
+}
+
+#[test]
+fn a_dataset_changes_the_hash_and_is_named_with_its_tokenizer_and_vocabulary() {
+    let base = every_field();
+    let changes: [fn(&mut RunConfig); 3] = [
+        |c| c.dataset = Some("3".repeat(64)),
+        |c| c.tokenizer = Some("3".repeat(64)),
+        |c| c.vocab = Some(50_257),
+    ];
+    let mut hashes = BTreeSet::from([
+        base.hash(),
+        RunConfig {
+            dataset: None,
+            tokenizer: None,
+            vocab: None,
+            ..base.clone()
+        }
+        .hash(),
+    ]);
+    for change in changes {
+        let mut c = base.clone();
+        change(&mut c);
+        assert!(hashes.insert(c.hash()));
+    }
+    assert_eq!(base.dataset_hash(), Some([0x11; 32]));
+    assert_eq!(base.vocab_size(), 4096);
+    assert_eq!(RunConfig::default().vocab_size(), 256);
+    for (toml, field) in [
+        (
+            "dataset = \"abc\"\ntokenizer = \"abc\"\nvocab = 5",
+            "dataset",
+        ),
+        (&format!("dataset = \"{}\"", "1".repeat(64)), "dataset"),
+        (
+            &format!(
+                "dataset = \"{0}\"\ntokenizer = \"{0}\"\nvocab = 0",
+                "1".repeat(64)
+            ),
+            "vocab",
+        ),
+    ] {
+        match RunConfig::from_toml_str(toml) {
+            Err(RunConfigError::Invalid { field: f, .. }) => assert_eq!(f, field, "{toml}"),
+            other => panic!("{toml}: {other:?}"),
+        }
     }
 }
 
