@@ -27,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::data::{Batch, Corpus, SampleError};
-pub use manifest::{Manifest, ManifestError, ShardEntry, Split, TokenizerInfo};
+pub use manifest::{Manifest, ManifestError, ShardEntry, Split, TokenizerInfo, CHUNK_BYTES};
 pub use shard::{ShardError, TokenWidth};
 
 /// The manifest's file name in a dataset directory.
@@ -449,56 +449,77 @@ impl TrainingData {
     }
 }
 
+/// Writes a synthetic dataset into `dir` (for tests and benchmarks): training shards of
+/// `train` tokens each and held-out shards of `val`, ids counting up modulo `vocab`, three
+/// text bytes per token, `manifest.json` last. Returns the manifest.
+pub fn write_synthetic(
+    dir: &Path,
+    train: &[u64],
+    val: &[u64],
+    vocab: u32,
+) -> Result<Manifest, ShardError> {
+    std::fs::create_dir_all(dir)?;
+    let mut shards = Vec::new();
+    let mut n = 0u32;
+    let width = TokenWidth::for_vocab(u64::from(vocab));
+    for (split, sizes) in [(Split::Train, train), (Split::Val, val)] {
+        for (k, &size) in sizes.iter().enumerate() {
+            let kind = if split == Split::Train {
+                "train"
+            } else {
+                "val"
+            };
+            let name = format!("{kind}_{k:06}.bin");
+            let mut w = shard::ShardWriter::create(&dir.join(&name), width)?;
+            let mut left = size;
+            while left > 0 {
+                let take = left.min(1 << 20);
+                let ids: Vec<u32> = (0..take)
+                    .map(|_| {
+                        n = n.wrapping_add(1);
+                        n % vocab.max(1)
+                    })
+                    .collect();
+                w.push(&ids)?;
+                left -= take;
+            }
+            let (_, hash) = w.finish()?;
+            let chunks = shard::chunk_hashes(&dir.join(&name), CHUNK_BYTES)?
+                .iter()
+                .map(shard::hex)
+                .collect();
+            shards.push(ShardEntry {
+                name,
+                tokens: size,
+                width: width.bytes() as u8,
+                blake3: shard::hex(&hash),
+                split,
+                text_bytes: size * 3,
+                chunks,
+            });
+        }
+    }
+    let m = Manifest {
+        format: manifest::FORMAT.into(),
+        tokenizer: TokenizerInfo {
+            blake3: "00".repeat(32),
+            vocab_size: vocab,
+            eod_id: 0,
+        },
+        shards,
+    };
+    std::fs::write(dir.join(MANIFEST_FILE), m.to_bytes())?;
+    Ok(m)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use shard::ShardWriter;
 
-    /// Writes a dataset of `train` and `val` shards (ids `i % vocab`) into a new directory.
     pub(crate) fn write_dataset(train: &[u64], val: &[u64], vocab: u32) -> (PathBuf, Manifest) {
         let dir = shard::tests::tempdir();
-        let mut shards = Vec::new();
-        let mut n = 0u32;
-        for (split, sizes) in [(Split::Train, train), (Split::Val, val)] {
-            for (k, &size) in sizes.iter().enumerate() {
-                let name = format!(
-                    "{}_{k:06}.bin",
-                    if split == Split::Train {
-                        "train"
-                    } else {
-                        "val"
-                    }
-                );
-                let width = TokenWidth::for_vocab(u64::from(vocab));
-                let mut w = ShardWriter::create(&dir.join(&name), width).unwrap();
-                let ids: Vec<u32> = (0..size)
-                    .map(|_| {
-                        n += 1;
-                        n % vocab
-                    })
-                    .collect();
-                w.push(&ids).unwrap();
-                let (_, hash) = w.finish().unwrap();
-                shards.push(ShardEntry {
-                    name,
-                    tokens: size,
-                    width: width.bytes() as u8,
-                    blake3: shard::hex(&hash),
-                    split,
-                    text_bytes: size * 3,
-                });
-            }
-        }
-        let m = Manifest {
-            format: manifest::FORMAT.into(),
-            tokenizer: TokenizerInfo {
-                blake3: "00".repeat(32),
-                vocab_size: vocab,
-                eod_id: 0,
-            },
-            shards,
-        };
-        std::fs::write(dir.join(MANIFEST_FILE), m.to_bytes()).unwrap();
+        let m = write_synthetic(&dir, train, val, vocab).unwrap();
         (dir, m)
     }
 

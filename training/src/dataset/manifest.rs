@@ -50,7 +50,15 @@ pub struct ShardEntry {
     pub split: Split,
     /// UTF-8 bytes of the text its tokens decode to (bits per byte are reported from it).
     pub text_bytes: u64,
+    /// blake3 of each [`CHUNK_BYTES`] slice of the file, hex ([`shard::chunk_hashes`]): a
+    /// node fetching the shard from peers checks every chunk as it arrives. Left out: only
+    /// the whole shard is checked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<String>,
 }
+
+/// Bytes per chunk a shard is served and checked in.
+pub const CHUNK_BYTES: u64 = 4 << 20;
 
 /// A dataset's manifest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,6 +149,18 @@ impl Manifest {
                     s.name, t.vocab_size
                 ));
             }
+            let file_len = shard::HEADER_BYTES as u64 + s.tokens * u64::from(s.width);
+            if !s.chunks.is_empty()
+                && (s.chunks.len() as u64 != file_len.div_ceil(CHUNK_BYTES)
+                    || s.chunks.iter().any(|c| parse_hex(c).is_none()))
+            {
+                return bad(format!(
+                    "shard {}: {} chunk hashes for {} chunks",
+                    s.name,
+                    s.chunks.len(),
+                    file_len.div_ceil(CHUNK_BYTES)
+                ));
+            }
             if s.tokens == 0 || s.tokens > shard::MAX_SHARD_TOKENS {
                 return bad(format!("shard {}: {} tokens", s.name, s.tokens));
             }
@@ -184,6 +204,17 @@ impl Manifest {
         self.shards
             .iter()
             .position(|s| parse_hex(&s.blake3).as_ref() == Some(hash))
+    }
+
+    /// The file length of shard `i`.
+    pub fn file_len(&self, i: usize) -> Option<u64> {
+        let s = self.shards.get(i)?;
+        Some(shard::HEADER_BYTES as u64 + s.tokens * u64::from(s.width))
+    }
+
+    /// Chunk `k` of shard `i`'s hash, when the manifest lists chunk hashes.
+    pub fn chunk_hash(&self, i: usize, k: usize) -> Option<[u8; 32]> {
+        parse_hex(self.shards.get(i)?.chunks.get(k)?)
     }
 
     /// Tokens and text bytes of a split.
@@ -250,14 +281,16 @@ mod tests {
                     blake3: h.clone(),
                     split: Split::Train,
                     text_bytes: 3000,
+                    chunks: Vec::new(),
                 },
                 ShardEntry {
                     name: "val_000000.bin".into(),
                     tokens: 100,
                     width: 2,
-                    blake3: h,
+                    blake3: h.clone(),
                     split: Split::Val,
                     text_bytes: 320,
+                    chunks: vec![h.clone()],
                 },
             ],
         }
@@ -297,6 +330,10 @@ mod tests {
                 "no Val shard",
             ),
             (|m| m.shards[0].tokens = 0, "0 tokens"),
+            (
+                |m| m.shards[1].chunks.push("ab".repeat(32)),
+                "2 chunk hashes",
+            ),
         ];
         for (edit, why) in cases {
             let mut m = sample();

@@ -290,6 +290,24 @@ pub fn inspect(path: &Path) -> Result<(ShardHeader, [u8; 32]), ShardError> {
     Ok((header, *hasher.finalize().as_bytes()))
 }
 
+/// blake3 of each `chunk`-byte slice of the file at `path` (the last may be shorter).
+pub fn chunk_hashes(path: &Path, chunk: u64) -> Result<Vec<[u8; 32]>, ShardError> {
+    let mut file = File::open(path)?;
+    let mut buf = vec![0u8; usize::try_from(chunk).unwrap_or(usize::MAX).min(64 << 20)];
+    let mut out = Vec::new();
+    loop {
+        let n = read_full(&mut file, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        out.push(*blake3::hash(&buf[..n]).as_bytes());
+        if n < buf.len() {
+            break;
+        }
+    }
+    Ok(out)
+}
+
 /// Lower-case hex of a hash.
 pub fn hex(hash: &[u8; 32]) -> String {
     blake3::Hash::from_bytes(*hash).to_hex().to_string()
