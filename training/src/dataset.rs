@@ -515,7 +515,6 @@ pub fn write_synthetic(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use shard::ShardWriter;
 
     pub(crate) fn write_dataset(train: &[u64], val: &[u64], vocab: u32) -> (PathBuf, Manifest) {
         let dir = shard::tests::tempdir();
