@@ -589,6 +589,7 @@ fn heartbeat_samples() -> Vec<Vec<u8>> {
             stage,
             dashboard: stage.map(|_| "http://127.0.0.1:9100".to_string()),
             binding: None,
+            dataset: None,
         }
         .to_bytes()
     })

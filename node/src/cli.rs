@@ -144,6 +144,18 @@ pub(crate) struct NodeArgs {
     #[arg(long = "run", env = "IOTA_RUN_CONFIG", value_name = "FILE")]
     pub(crate) run: Option<PathBuf>,
 
+    /// A dataset made by `prepare-data` (a directory with `manifest.json`), the one the run
+    /// names: the node trains on it and serves it to peers. Without it a node whose run
+    /// names a dataset fetches what it needs from the peers that serve it.
+    #[arg(long = "data", env = "IOTA_DATA", value_name = "DIR")]
+    pub(crate) data: Option<PathBuf>,
+
+    /// Most gigabytes of dataset shards fetched from peers kept on disk (least recently
+    /// used evicted first); they live under `--data-dir`, else the system's temporary
+    /// directory.
+    #[arg(long = "data-cache-gb", env = "IOTA_DATA_CACHE_GB", default_value_t = 10.0, value_parser = parse_cache_gb)]
+    pub(crate) data_cache_gb: f64,
+
     /// Device the miner's stage computes on: `cpu`, `cuda` or `cuda:N`.
     #[arg(long, env = "IOTA_DEVICE", default_value = "cpu", value_parser = parse_device)]
     pub(crate) device: training::Device,
@@ -385,6 +397,10 @@ pub(crate) struct LocalSwarmArgs {
     /// Run configuration fields (TOML) over the swarm's own: e.g. `outer_lr = 1.5`.
     #[arg(long = "run", value_name = "FILE")]
     pub(crate) run: Option<PathBuf>,
+    /// Train on a dataset made by `prepare-data` instead of the embedded corpus. Only the
+    /// first validator is given it: every other node fetches what it needs from it.
+    #[arg(long = "data", value_name = "DIR")]
+    pub(crate) data: Option<PathBuf>,
 }
 
 /// Options of `train-local`.
@@ -600,5 +616,15 @@ pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
         Fault::PoisonRandom => Some("poison-random"),
         Fault::SkewWeights => Some("skew-weights"),
         Fault::ForgePlans | Fault::HugeFrames | Fault::ComputeDies => None,
+    }
+}
+
+/// A cache size in gigabytes: a finite number, at least 0.01.
+fn parse_cache_gb(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(gb) if gb.is_finite() && gb >= 0.01 => Ok(gb),
+        _ => Err(format!(
+            "{text:?} is not a size in gigabytes of at least 0.01"
+        )),
     }
 }

@@ -40,6 +40,7 @@ use crate::services::consensus::api::{
     heartbeat_verdict, waits_for_election, waits_for_plan, ConsensusHandle, HeartbeatRejected,
     PipelineReason, PlanBook, PlanRejected,
 };
+use crate::services::data::api::DataHandle;
 use crate::services::inbox::ServiceGone;
 use crate::services::merge::api::{MergeGossip, MergeHandle, Readers};
 use crate::services::miner::api::{MinerHandle, PipelineRequests};
@@ -105,6 +106,7 @@ struct Services {
     miner: Option<MinerHandle>,
     merge: MergeHandle,
     validator: Option<ValidatorHandle>,
+    data: DataHandle,
 }
 
 /// The metrics the router counts in.
@@ -170,6 +172,7 @@ pub(crate) struct RouterParts {
     pub(crate) miner: Option<MinerHandle>,
     pub(crate) merge: MergeHandle,
     pub(crate) validator: Option<ValidatorHandle>,
+    pub(crate) data: DataHandle,
     pub(crate) p2p_metrics: p2p::Metrics,
     pub(crate) node_metrics: NodeMetrics,
     pub(crate) pipeline_metrics: PipelineMetrics,
@@ -191,6 +194,7 @@ impl Router {
                 miner: parts.miner,
                 merge: parts.merge,
                 validator: parts.validator,
+                data: parts.data,
             },
             reprocess: Reprocess::default(),
             budget: RequestBudget::default(),

@@ -3,6 +3,7 @@
 //! service's `api` (its handle, messages and views); `tests/layers.rs` checks it.
 //!
 //! * [`consensus`]: heartbeats, the stake election, epoch plans;
+//! * [`data`]: the run's training data, served to peers and fetched from them;
 //! * [`miner`]: the stage, the forward/backward traffic, the head's epoch;
 //! * [`merge`]: the butterfly all-reduce over libp2p, the miner's merges and the validator's
 //!   audits;
@@ -12,6 +13,7 @@
 
 pub mod chain;
 pub(crate) mod consensus;
+pub(crate) mod data;
 pub(crate) mod inbox;
 pub mod merge;
 pub(crate) mod miner;

@@ -60,6 +60,9 @@ pub struct Heartbeat {
     /// node that takes its stake from the chain gives the sender no stake.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub binding: Option<crate::HotkeyBinding>,
+    /// The dataset (its manifest's blake3, hex) the sender holds whole and serves to peers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
 }
 
 /// Why [`Heartbeat::from_bytes`] failed.
@@ -197,6 +200,7 @@ mod tests {
             stage: Some(1),
             dashboard: None,
             binding: None,
+            dataset: None,
         }
     }
 

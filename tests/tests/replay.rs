@@ -283,6 +283,7 @@ async fn a_replayed_heartbeat_does_not_keep_a_dead_orchestrator_elected() {
             stage: status["stage"].as_u64().map(|s| s as u32),
             dashboard: None,
             binding: None,
+            dataset: None,
         };
         let envelope = Envelope::seal(&key_a, &topic, beat.to_bytes()).unwrap();
         recorded.push(envelope.encode());

@@ -51,6 +51,8 @@ pub(crate) struct Heartbeats {
     pub(crate) dashboard: Option<String>,
     /// The node's settings (interval, role, hotkey, run, metagraph, faults).
     pub(crate) settings: NodeSettings,
+    /// The dataset this node holds whole and serves, announced to its peers.
+    pub(crate) dataset: Option<String>,
 }
 
 /// Starts the heartbeat task.
@@ -164,6 +166,7 @@ impl Heartbeats {
             stage: agreed.stage,
             dashboard: self.dashboard.clone(),
             binding: self.binding.as_ref().map(|(b, _)| b.clone()),
+            dataset: self.dataset.clone(),
         };
         if let Err(error) = self
             .client

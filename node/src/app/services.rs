@@ -27,6 +27,7 @@ use crate::metrics::{ChainMetrics, NodeMetrics, PipelineMetrics};
 use crate::router::{Router, RouterParts};
 use crate::schedule::unix_ms;
 use crate::services::consensus::api::{ConsensusHandle, ConsensusParts, Orchestration, PlanStore};
+use crate::services::data::api::DataHandle;
 use crate::services::inbox::ServiceGone;
 use crate::services::merge::api::MergeHandle;
 use crate::services::miner::api::{Miner, MinerConfig, MinerHandle};
@@ -139,6 +140,7 @@ pub(crate) async fn start(settings: NodeSettings, identity: NodeIdentity) -> any
         &mut tasks,
     );
     let merge = start_merge(&settings, &client, &mut metrics, &mut tasks);
+    let data = start_data(&settings, &identity, &client, &consensus)?;
     let started = Started {
         client: &client,
         consensus: &consensus,
@@ -169,6 +171,7 @@ pub(crate) async fn start(settings: NodeSettings, identity: NodeIdentity) -> any
         miner: miner.clone(),
         merge: merge.clone(),
         validator,
+        data: data.clone(),
         p2p_metrics: metrics.p2p,
         node_metrics: metrics.node.clone(),
         pipeline_metrics: metrics.pipeline,
@@ -185,6 +188,7 @@ pub(crate) async fn start(settings: NodeSettings, identity: NodeIdentity) -> any
         binding,
         dashboard,
         settings,
+        dataset: data.serves(),
     });
     Ok(Node {
         peer_id: identity.peer_id,
@@ -283,6 +287,30 @@ fn start_consensus(
     });
     tasks.add("consensus", task);
     consensus
+}
+
+/// The run's data: the embedded corpus, `--data`, or a dataset fetched from peers (cached
+/// under `--data-dir`, else under the system's temporary directory, per peer).
+fn start_data(
+    settings: &NodeSettings,
+    identity: &NodeIdentity,
+    client: &p2p::Client,
+    consensus: &ConsensusHandle,
+) -> anyhow::Result<DataHandle> {
+    let mut data = settings.data.clone();
+    if data.cache.is_none() {
+        data.cache = Some(std::env::temp_dir().join(format!("iota-p2p-data-{}", identity.me)));
+    }
+    let handle = DataHandle::start(
+        &settings.run,
+        &data,
+        Some(client.clone()),
+        Some(consensus.view.clone()),
+    )?;
+    if let Some(dataset) = handle.serves() {
+        tracing::info!(%dataset, "serving the run's dataset");
+    }
+    Ok(handle)
 }
 
 /// The miner, on a miner node.

@@ -20,6 +20,7 @@ use p2p::{identity::Keypair, Multiaddr, PeerId, Role};
 
 use crate::cli::{ChainArgs, Fault, NodeArgs, WalletArgs};
 use crate::services::chain::api::{Policy, RpcLimits, StakeSource, Submitter};
+use crate::services::data::api::DataSettings;
 use crate::services::miner::api::MinerFaults;
 
 /// How long a node's own hotkey binding lives; it is renewed at half its life.
@@ -52,6 +53,8 @@ pub(crate) struct NodeSettings {
     pub(crate) compute: ComputeSettings,
     /// Where `/metrics` and `/status` are served (`--metrics`).
     pub(crate) metrics: Option<SocketAddr>,
+    /// The run's data: `--data`, and where fetched shards are cached.
+    pub(crate) data: DataSettings,
 }
 
 /// Where the node listens and whom it joins through.
@@ -130,6 +133,11 @@ impl NodeSettings {
                 head_window: usize::try_from(args.head_window).unwrap_or(1),
             },
             metrics: args.metrics,
+            data: DataSettings {
+                dir: args.data.clone(),
+                cache: args.data_dir.as_ref().map(|d| d.join("datasets")),
+                cache_bytes: (args.data_cache_gb * 1e9) as u64,
+            },
         })
     }
 

@@ -51,6 +51,17 @@ impl Router {
             self.on_confirmation(id, &data, slot).await;
             return Ok(());
         }
+        if service == Service::Data {
+            // The run's data is for anyone in it, under the same budget as every request.
+            let data_service = self.services.data.clone();
+            let client = self.client.clone();
+            tokio::spawn(async move {
+                let reply = data_service.answer(&data).await;
+                let _ = client.respond(id, reply).await;
+                drop(slot);
+            });
+            return Ok(());
+        }
         let Some(miner) = self.services.miner.clone() else {
             self.refuse(id, Refusal::WrongStage).await;
             return Ok(());
@@ -71,7 +82,7 @@ impl Router {
                 spot_check_request(&view.validators, peer_str.as_str(), &data)
             }
             // Answered above.
-            Service::Confirmation => Err(Refusal::FrameMalformed),
+            Service::Confirmation | Service::Data => Err(Refusal::FrameMalformed),
         };
         if let Err(refusal) = checked {
             tracing::debug!(%peer, reason = refusal.label(), "request refused");

@@ -266,6 +266,8 @@ struct RunFiles {
     run_path: std::path::PathBuf,
     /// What `run_path` holds.
     run: RunConfig,
+    /// The dataset given to the first validator (`--data`).
+    data: Option<std::path::PathBuf>,
 }
 
 /// Writes the stake snapshot and the run configuration (the swarm's own, with `--run`'s
@@ -296,6 +298,10 @@ fn write_run_files(
         }
         None => run,
     };
+    let run = match &args.data {
+        Some(dir) => with_dataset(run, dir)?,
+        None => run,
+    };
     run.validate()?;
     let run_path = out.join("run.toml");
     std::fs::write(&run_path, run.to_toml_string()?)?;
@@ -303,6 +309,27 @@ fn write_run_files(
         metagraph: metagraph_path,
         run_path,
         run,
+        data: args.data.clone(),
+    })
+}
+
+/// `run` training on the dataset in `dir`: its manifest's hash, its tokenizer and vocabulary
+/// (every shard checked first, so a bad dataset fails here rather than in a node).
+fn with_dataset(run: RunConfig, dir: &Path) -> anyhow::Result<RunConfig> {
+    let d =
+        training::Dataset::open(dir, None).with_context(|| format!("--data {}", dir.display()))?;
+    let hash = blake3::Hash::from_bytes(d.hash()).to_hex().to_string();
+    let t = &d.manifest().tokenizer;
+    println!(
+        "  dataset {hash}: {} shards, vocabulary {}",
+        d.manifest().shards.len(),
+        t.vocab_size
+    );
+    Ok(RunConfig {
+        dataset: Some(hash),
+        tokenizer: Some(t.blake3.clone()),
+        vocab: Some(t.vocab_size),
+        ..run
     })
 }
 
@@ -345,6 +372,9 @@ async fn start_nodes(
         ];
         if i < cast.validators {
             node_args.push("--validator".into());
+        }
+        if let (0, Some(dir)) = (i, &files.data) {
+            node_args.extend(["--data".to_string(), dir.display().to_string()]);
         }
         if let Some(fault) = cast.fault_of(i) {
             node_args.extend(["--fault".to_string(), fault.to_string()]);

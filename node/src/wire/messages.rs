@@ -30,6 +30,8 @@ pub(crate) enum Service {
     SpotCheck = rpc::SPOT_CHECK as isize,
     /// Ask a validator which merge hash of a stage its audit confirmed.
     Confirmation = rpc::MERGE_CONFIRMATION as isize,
+    /// The run's data: a manifest, a tokenizer or a shard chunk, by hash.
+    Data = rpc::DATA as isize,
 }
 
 impl Service {
@@ -41,6 +43,7 @@ impl Service {
             rpc::STAGE_WEIGHTS => Some(Service::Weights),
             rpc::SPOT_CHECK => Some(Service::SpotCheck),
             rpc::MERGE_CONFIRMATION => Some(Service::Confirmation),
+            rpc::DATA => Some(Service::Data),
             _ => None,
         }
     }

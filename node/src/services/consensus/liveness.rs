@@ -16,6 +16,8 @@ pub(crate) struct LivePeers {
     pub(crate) peers: Vec<PeerIdStr>,
     /// The HTTP servers live peers announce, keyed by peer.
     pub(crate) dashboards: BTreeMap<String, String>,
+    /// The dataset (manifest blake3, hex) each live peer that serves one announces.
+    pub(crate) datasets: BTreeMap<PeerIdStr, String>,
 }
 
 /// The live-peer view of accepted heartbeats.
@@ -43,6 +45,7 @@ impl Liveness {
         LivePeers {
             peers: sorted_live(&self.view, now),
             dashboards: dashboards(&self.view, now),
+            datasets: live_datasets(&self.view, now),
         }
     }
 }
@@ -56,6 +59,18 @@ fn dashboards(live: &LiveView, now: Instant) -> BTreeMap<String, String> {
             let url = beat.dashboard.as_deref()?;
             let addr: std::net::SocketAddr = url.strip_prefix("http://")?.parse().ok()?;
             Some((peer.to_string(), format!("http://{addr}")))
+        })
+        .collect()
+}
+
+/// The datasets live peers announce they serve (only well-formed hashes).
+fn live_datasets(live: &LiveView, now: Instant) -> BTreeMap<PeerIdStr, String> {
+    live.live(now)
+        .iter()
+        .filter_map(|(peer, beat)| {
+            let d = beat.dataset.as_deref()?;
+            let ok = d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit());
+            ok.then(|| (crate::wire::peer::of(peer), d.to_ascii_lowercase()))
         })
         .collect()
 }
@@ -107,6 +122,7 @@ mod tests {
                 stage: None,
                 dashboard: url.map(str::to_string),
                 binding: None,
+                dataset: None,
             };
             live.observe(peer, beat, now);
         }

@@ -597,6 +597,7 @@ mod tests {
             stage: None,
             dashboard: None,
             binding: None,
+            dataset: None,
         }
     }
 

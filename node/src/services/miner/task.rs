@@ -342,8 +342,8 @@ async fn answer(ctx: &Arc<Ctx>, peer: &PeerIdStr, service: Service, body: Vec<u8
         Service::Eval => hop::serve_eval(ctx, &body).await,
         Service::Weights => snapshot::serve(ctx, &body),
         Service::SpotCheck => evidence::serve(ctx, peer.as_str(), &body).await,
-        // A validator's service; the router never hands it to a miner.
-        Service::Confirmation => {
+        // Other services'; the router never hands them to a miner.
+        Service::Confirmation | Service::Data => {
             crate::wire::rpc::error_response(crate::wire::rpc::ErrorCode::UnknownService)
         }
     }

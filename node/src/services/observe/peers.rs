@@ -116,6 +116,7 @@ mod tests {
             .into_iter()
             .map(|(p, u)| (p.to_string(), u.to_string()))
             .collect(),
+            datasets: Default::default(),
         };
         let validators = BTreeSet::from([validator.clone()]);
         let seen = run_peers(&live, &validators, plan);
