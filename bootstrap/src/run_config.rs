@@ -185,7 +185,7 @@ pub struct RunConfig {
 }
 
 /// The largest vocabulary a run may name.
-pub const MAX_VOCAB: u32 = 1 << 24;
+pub const MAX_VOCAB: u32 = 1 << 20;
 
 /// Most miners outside the metagraph a run may admit; with the metagraph's own it stays
 /// within a plan's bound of miners.
@@ -434,7 +434,7 @@ impl RunConfig {
             _ => return invalid("dataset", "dataset, tokenizer and vocab are set together"),
         }
         if self.vocab.is_some_and(|v| v == 0 || v > MAX_VOCAB) {
-            return invalid("vocab", "must be between 1 and 16777216");
+            return invalid("vocab", "must be between 1 and 1048576");
         }
         Ok(())
     }
