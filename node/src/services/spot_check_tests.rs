@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bootstrap::{ModelPreset, RunConfig};
 use training::worker::StageInput;
-use training::{Corpus, StageHandle};
+use training::{StageHandle, TrainingData};
 
 use super::miner::api::{answer_spot_check, Evidence, EvidenceStore};
 use super::validator::api::{Checker, Outcome, SpotFailure, Target};
@@ -74,18 +74,20 @@ async fn a_base_stage_is_spot_checked_within_the_default_frame_limit() {
         "{params} parameters"
     );
 
-    // The head's evidence of one sample: the activation it sent on.
+    // The head's evidence of one sample: what it sent on, the sample's ids beside its
+    // activation.
     let sample = 7;
-    let batch = Corpus::shakespeare()
+    let batch = TrainingData::embedded()
         .expect("corpus")
         .train_sample(sample, run.seed, 1, 16)
         .expect("sample");
     let input = StageInput::Tokens {
         batch: batch.batch,
         seq: batch.seq,
-        tokens: batch.inputs,
+        tokens: batch.inputs.clone(),
     };
-    let output = worker.forward(sample, input).await.expect("forward");
+    let activation = worker.forward(sample, input).await.expect("forward");
+    let output = crate::wire::messages::pack_sample(&frames.encode_tokens(&batch), &activation);
     let output_len = output.len();
     let store = Arc::new(Mutex::new(EvidenceStore::default()));
     store.lock().expect("store").recent.keep(Evidence {

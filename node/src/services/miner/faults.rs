@@ -11,7 +11,7 @@ use bootstrap::EpochPlan;
 
 use super::api::MinerFaults;
 use super::context::Ctx;
-use crate::wire::messages::LossRecord;
+use crate::wire::messages::{pack_sample, unpack_sample, LossRecord};
 
 /// Windows a `huge-frames` miner declares in its frames.
 const HUGE_WINDOWS: usize = 1024;
@@ -92,6 +92,21 @@ pub(crate) fn sent_frame<'a>(ctx: &Ctx, frame: &'a [u8]) -> Cow<'a, [u8]> {
     match ctx.cfg.faults.huge_frames {
         true => inflated_frame(frame, HUGE_WINDOWS).map_or(Cow::Borrowed(frame), Cow::Owned),
         false => Cow::Borrowed(frame),
+    }
+}
+
+/// A sample payload as a `huge-frames` miner sends it (its frame inflated, its token ids
+/// kept), else unchanged.
+pub(crate) fn sent_sample<'a>(ctx: &Ctx, payload: &'a [u8]) -> Cow<'a, [u8]> {
+    if !ctx.cfg.faults.huge_frames {
+        return Cow::Borrowed(payload);
+    }
+    let Ok((tokens, frame)) = unpack_sample(payload, ctx.frames.max_token_bytes()) else {
+        return Cow::Borrowed(payload);
+    };
+    match inflated_frame(frame, HUGE_WINDOWS) {
+        Some(frame) => Cow::Owned(pack_sample(tokens, &frame)),
+        None => Cow::Borrowed(payload),
     }
 }
 

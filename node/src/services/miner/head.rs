@@ -1,5 +1,7 @@
 //! The head's epoch: held-out evaluation of the merged weights it starts from, then its share
-//! of the epoch's samples, a bounded window of them in flight at a time.
+//! of the epoch's samples, a bounded window of them in flight at a time. The head is the
+//! only stage that reads data: it sends each sample's token ids (and each held-out batch's)
+//! beside its activation ([`crate::wire::messages::pack_sample`]).
 
 use std::sync::Arc;
 
@@ -13,7 +15,7 @@ use super::evidence::{Evidence, Gradients};
 use super::hop::{now_ms, send_eval, send_forward, tokens_input};
 use super::{faults, VAL_BATCHES};
 use crate::run_spec::sample_id;
-use crate::wire::messages::{ForwardHeader, PipelineGossip};
+use crate::wire::messages::{pack_sample, ForwardHeader, PipelineGossip};
 
 /// Runs this head's part of `plan`'s epoch.
 pub(crate) async fn run_epoch(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle) {
@@ -100,7 +102,7 @@ async fn one_sample(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle, id: u64
     let run = &ctx.cfg.run;
     let batch =
         match ctx
-            .corpus
+            .data
             .train_sample(id, run.seed, run.batch_size as usize, run.seq_len as usize)
         {
             Ok(batch) => batch,
@@ -117,12 +119,13 @@ async fn one_sample(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle, id: u64
             return false;
         }
     };
+    let payload = pack_sample(&ctx.frames.encode_tokens(&batch), &frame);
     ctx.keep_evidence(Evidence {
         epoch: plan.epoch,
         sample: id,
         stage: 0,
         input: Vec::new(),
-        output: frame.clone(),
+        output: payload.clone(),
         loss: None,
         generation: 0,
         gradients: Gradients::None,
@@ -137,7 +140,7 @@ async fn one_sample(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle, id: u64
         receipts: Vec::new(),
     };
     let received = crate::wire::receipt::head_input();
-    match send_forward(&ctx, &plan, 1, &header, &frame, received).await {
+    match send_forward(&ctx, &plan, 1, &header, &payload, received).await {
         Ok((loss, _pathway, grad)) => {
             ctx.train_loss(loss).await;
             match worker.backward_and_step(grad, ctx.step_due(&plan)).await {
@@ -194,11 +197,15 @@ async fn evaluate_patiently(
 /// (see [`super::snapshot::eval_weights`]).
 async fn evaluate(ctx: &Ctx, plan: &EpochPlan, worker: &StageHandle) -> Result<f32, String> {
     let weights = super::snapshot::eval_weights(ctx, plan, 0)?;
+    let run = &ctx.cfg.run;
+    let batches = ctx
+        .data
+        .val_batches(run.batch_size as usize, run.seq_len as usize, VAL_BATCHES)
+        .map_err(|error| error.to_string())?;
     let mut total = 0.0f64;
-    for i in 0..VAL_BATCHES as u64 {
-        let batch = ctx.val_batch(i).ok_or("no validation batch")?;
+    for (i, batch) in (0u64..).zip(&batches) {
         let frame = match worker
-            .eval_given(weights.clone(), tokens_input(&batch), None)
+            .eval_given(weights.clone(), tokens_input(batch), None)
             .await
         {
             Ok(EvalOutput::Activation(frame)) => frame,
@@ -208,7 +215,8 @@ async fn evaluate(ctx: &Ctx, plan: &EpochPlan, worker: &StageHandle) -> Result<f
             }
             Err(error) => return Err(error.to_string()),
         };
-        total += f64::from(send_eval(ctx, plan, 1, i, &frame).await?);
+        let tokens = ctx.frames.encode_tokens(batch);
+        total += f64::from(send_eval(ctx, plan, 1, i, &tokens, &frame).await?);
     }
     Ok((total / VAL_BATCHES as f64) as f32)
 }
