@@ -69,6 +69,9 @@ pub(crate) struct MinerFaults {
     pub(crate) dodge: bool,
     /// A tail publishing a record of every sample of the epoch as soon as the plan is out.
     pub(crate) preclaim: bool,
+    /// A head sending (and computing on) the token ids of another sample than the one its
+    /// sample id names.
+    pub(crate) wrong_tokens: bool,
 }
 
 /// Where a miner is in its epoch.

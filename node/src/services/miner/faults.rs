@@ -1,6 +1,7 @@
 //! The miner's fault modes (the node's hidden `--fault` flags, for testing the other nodes'
-//! defences): the frames a `noise`, `noise-grad` or `huge-frames` miner sends, the loss a
-//! `lie-loss` tail reports, the samples an `inflate` tail claims, the records a `preclaim`
+//! defences): the frames a `noise`, `noise-grad` or `huge-frames` miner sends (only the
+//! frame part of a sample payload: its token ids pass unchanged), the ids a `wrong-tokens`
+//! head sends, the loss a `lie-loss` tail reports, the samples an `inflate` tail claims, the records a `preclaim`
 //! tail publishes the moment a plan is out, what a `dodge` miner answers a spot check and the
 //! weights a `lazy-ulp` miner shows. All off in a normal run.
 
@@ -108,6 +109,30 @@ pub(crate) fn sent_sample<'a>(ctx: &Ctx, payload: &'a [u8]) -> Cow<'a, [u8]> {
         Some(frame) => Cow::Owned(pack_sample(tokens, &frame)),
         None => Cow::Borrowed(payload),
     }
+}
+
+/// The sample whose ids a `wrong-tokens` head sends (and computes on) in place of
+/// `sample`'s: ids of the run's data, of the run's shape and vocabulary, that pass every
+/// check of the wire; only the validators, who know which ids a sample id names, can tell.
+pub(crate) fn wrong_tokens_sample(sample: u64) -> u64 {
+    sample.wrapping_add(1)
+}
+
+/// The ids a head sends for `sample`, `batch` being those its sample id names: those of
+/// [`wrong_tokens_sample`] for a `wrong-tokens` head (`batch` if they cannot be drawn).
+pub(crate) fn sent_batch(ctx: &Ctx, sample: u64, batch: training::Batch) -> training::Batch {
+    if !ctx.cfg.faults.wrong_tokens {
+        return batch;
+    }
+    let run = &ctx.cfg.run;
+    ctx.data
+        .train_sample(
+            wrong_tokens_sample(sample),
+            run.seed,
+            run.batch_size as usize,
+            run.seq_len as usize,
+        )
+        .unwrap_or(batch)
 }
 
 /// The loss a tail reports for `loss`: 20 % less for a `lie-loss` tail.

@@ -105,7 +105,7 @@ async fn one_sample(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle, id: u64
             .data
             .train_sample(id, run.seed, run.batch_size as usize, run.seq_len as usize)
         {
-            Ok(batch) => batch,
+            Ok(batch) => faults::sent_batch(&ctx, id, batch),
             Err(error) => {
                 tracing::warn!(%error, "sample not drawn");
                 return false;
