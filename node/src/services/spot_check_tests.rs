@@ -403,8 +403,7 @@ async fn a_head_sending_other_ids_is_caught_and_the_stages_it_fed_are_not() {
         let checker = &checker;
         async move { checker.check(&target, &BTreeSet::new()).await }
     };
-    let wrong_tokens =
-        |outcome: Outcome| matches!(outcome, Outcome::Fail(why) if why.label() == "wrong_tokens");
+    let wrong_tokens = |outcome: Outcome| outcome == Outcome::Fail(SpotFailure::WrongTokens);
     let mut failures = Vec::new();
     for (what, stage, sample, caught) in [
         ("the wrong-tokens head", 0, cheat, true),

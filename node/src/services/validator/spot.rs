@@ -15,6 +15,14 @@
 //! the miner's receipt in the loss record says it received and sent
 //! (`crate::wire::receipt`): a miner cannot send one frame and show another.
 //!
+//! **The token ids.** Only heads read data: a sample's ids travel beside its activations
+//! (`crate::wire::messages::pack_sample`), and the receipts hash them with the frames. The
+//! validator holds the data, so at the head it checks that the ids sent are those the
+//! sample id names; after the head, that the ids sent on are those received (the tail sends
+//! none on). Either mismatch fails the miner ([`SpotFailure::WrongTokens`]). A stage is
+//! recomputed with the ids it received, so an honest stage fed wrong ids by the stage before
+//! it is not blamed: the receipts name who sent them.
+//!
 //! **Which weights are reproducible.** The only weights every node agrees on by hash are
 //! the merged weights an epoch starts from, but a miner's outputs come from weights that an
 //! epoch of optimizer steps moved away from them. So the forward is recomputed with the
@@ -200,6 +208,9 @@ pub(crate) enum SpotFailure {
     /// It answered far more of its checks without evidence than honest miners do (see
     /// [`super::dodges`]).
     DodgedChecks,
+    /// The token ids it sent on are not its sample's: a head's are not those its sample id
+    /// names in the run's data, a later stage's not those it received.
+    WrongTokens,
 }
 
 impl SpotFailure {
@@ -217,6 +228,7 @@ impl SpotFailure {
             SpotFailure::EvidenceNotReceipted => "evidence_not_receipted",
             SpotFailure::SupersededFalse => "superseded_false",
             SpotFailure::DodgedChecks => "dodged_checks",
+            SpotFailure::WrongTokens => "wrong_tokens",
         }
     }
 }
@@ -1107,6 +1119,7 @@ mod tests {
             (SpotFailure::ClaimedSampleNotHeld, "claimed_sample_not_held"),
             (SpotFailure::SupersededFalse, "superseded_false"),
             (SpotFailure::DodgedChecks, "dodged_checks"),
+            (SpotFailure::WrongTokens, "wrong_tokens"),
         ];
         for (failure, label) in failures {
             assert_eq!(failure.to_string(), label);

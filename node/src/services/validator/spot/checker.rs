@@ -144,6 +144,7 @@ impl Checker {
                 return Err(Outcome::Fail(SpotFailure::EvidenceNotReceipted));
             }
         }
+        self.check_ids(target, &ids)?;
         let mut stages = self.stages.lock().await;
         let scratch = self.scratch_for(&mut stages, evidence.stage).await?;
         if evidence.weights.len() != 4 * scratch.handle.num_params() {
@@ -347,6 +348,23 @@ impl Checker {
                     .map_err(|_| Outcome::Inconclusive(SpotInconclusive::NoScratchStage))?,
             ),
         })
+    }
+
+    /// Checks the ids the miner sent on: at the head those its sample id names in the run's
+    /// data, later those it received.
+    fn check_ids(&self, target: &Target, ids: &Ids<'_>) -> Result<(), Outcome> {
+        let Some(sent) = &ids.output else {
+            // A tail sends no ids on; it was recomputed with those it received.
+            return Ok(());
+        };
+        let due = match &ids.input {
+            Some(received) => received.clone(),
+            None => self.sample_ids(target)?,
+        };
+        if *sent != due {
+            return Err(Outcome::Fail(SpotFailure::WrongTokens));
+        }
+        Ok(())
     }
 
     /// The ids a stage is recomputed with: after the head, those it received; at the
