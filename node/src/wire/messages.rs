@@ -285,9 +285,9 @@ pub(crate) struct SpotCheckRequest {
 
 /// Header of a spot-check response. With `Evidence` the payload is bytes `offset ..` of the
 /// evidence, [`EVIDENCE_CHUNK_BYTES`] of them (the last chunk fewer). The evidence is the
-/// input frame (`input_len` bytes; none at the head, whose input the sample id determines),
-/// then the frame the miner sent on (`output_len` bytes: the activation, or the gradient at
-/// the tail), then its weights as little-endian f32 (`weights_len` values), then, from a
+/// sample payload received ([`pack_sample`], `input_len` bytes; none at the head, which
+/// draws the ids its sample id names), then what the miner sent on (`output_len` bytes: the
+/// sample payload with its activation, or the gradient at the tail), then its weights as little-endian f32 (`weights_len` values), then, from a
 /// middle stage, the gradient frame it received from the next stage (`received_len` bytes)
 /// and the one it sent back upstream (`sent_back_len` bytes): `total` bytes in all, hashing
 /// to `hash`; every chunk's header is the same but for `offset`.

@@ -102,13 +102,15 @@ pub(crate) fn sent_sample<'a>(ctx: &Ctx, payload: &'a [u8]) -> Cow<'a, [u8]> {
     if !ctx.cfg.faults.huge_frames {
         return Cow::Borrowed(payload);
     }
-    let Ok((tokens, frame)) = unpack_sample(payload, ctx.frames.max_token_bytes()) else {
-        return Cow::Borrowed(payload);
-    };
-    match inflated_frame(frame, HUGE_WINDOWS) {
-        Some(frame) => Cow::Owned(pack_sample(tokens, &frame)),
-        None => Cow::Borrowed(payload),
-    }
+    inflated_sample(payload, ctx.frames.max_token_bytes(), HUGE_WINDOWS)
+        .map_or(Cow::Borrowed(payload), Cow::Owned)
+}
+
+/// A sample payload like `payload` whose frame declares `windows` windows of zeros, its
+/// token block (at most `max_tokens` bytes) unchanged.
+fn inflated_sample(payload: &[u8], max_tokens: usize, windows: usize) -> Option<Vec<u8>> {
+    let (tokens, frame) = unpack_sample(payload, max_tokens).ok()?;
+    Some(pack_sample(tokens, &inflated_frame(frame, windows)?))
 }
 
 /// The sample whose ids a `wrong-tokens` head sends (and computes on) in place of
@@ -256,6 +258,33 @@ fn self_signed_chain(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_huge_frames_miner_inflates_the_frame_beside_the_ids_and_keeps_the_ids() {
+        use training::wire::{self, Codec, DecodeLimits, FrameKind, FrameMeta};
+        let meta = FrameMeta {
+            run: 7,
+            sample: 5,
+            stage: 0,
+            kind: FrameKind::Activation,
+        };
+        let frame = wire::encode(
+            &Codec::new(training::WireDtype::Bf16),
+            &meta,
+            &[2, 4, 8],
+            &[0.5; 64],
+        )
+        .unwrap();
+        let payload = pack_sample(b"the ids", &frame);
+        let inflated = inflated_sample(&payload, 64, HUGE_WINDOWS).unwrap();
+        let (tokens, sent) = unpack_sample(&inflated, 64).unwrap();
+        assert_eq!(tokens, b"the ids");
+        let header = wire::decode_header(sent, &DecodeLimits::default()).unwrap();
+        assert_eq!(header.shape, vec![HUGE_WINDOWS, 4, 8]);
+        assert_eq!(header.meta, meta);
+        // A payload that does not unpack is sent as it is.
+        assert_eq!(inflated_sample(&frame, 64, HUGE_WINDOWS), None);
+    }
 
     #[test]
     fn a_lazy_ulp_nudge_changes_one_value_by_one_ulp() {

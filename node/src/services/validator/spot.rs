@@ -6,9 +6,9 @@
 //! seeded from the validator's own secret key ([`Schedule::new`]), so a miner can predict
 //! neither the moment nor the sample.
 //!
-//! **The evidence.** The miner returns the sample's input frame (none at the head: the
-//! sample id gives its tokens), the frame it sent on (the activation, or at the tail the
-//! gradient it sent back), its current weights, and at a middle stage the gradient it
+//! **The evidence.** The miner returns the sample payload it received (token ids and
+//! activation; none at the head, which draws the ids its sample id names), what it sent on
+//! (the sample payload with its activation, or at the tail the gradient it sent back), its current weights, and at a middle stage the gradient it
 //! received from the next stage and the one it sent back upstream
 //! (`crate::services::miner`'s evidence store), frozen for the check and fetched in chunks
 //! that fit any frame limit ([`transfer`]). The input and output frames must hash to what
@@ -515,9 +515,9 @@ impl Schedule {
 pub(crate) struct Evidence<'a> {
     /// The stage the miner says it served the sample at.
     pub(crate) stage: u32,
-    /// The input frame (empty at the head).
+    /// The sample payload received (empty at the head).
     pub(crate) input: &'a [u8],
-    /// The frame it sent on.
+    /// What it sent on: a sample payload, or the tail's gradient frame.
     pub(crate) output: &'a [u8],
     /// Its weights, little-endian f32.
     pub(crate) weights: &'a [u8],
