@@ -291,6 +291,9 @@ pub(crate) enum Fault {
     /// As a validator, publish weights that give everything to the lowest uid it scored
     /// (a validator out of line with the others, whom consensus must discount).
     SkewWeights,
+    /// As a head, send (and compute on) the token ids of another sample than the one its
+    /// sample id names.
+    WrongTokens,
 }
 
 /// Options of `keygen`.
@@ -386,7 +389,7 @@ pub(crate) struct LocalSwarmArgs {
     pub(crate) timeout_secs: u64,
     /// Miners that misbehave: MODE[:COUNT], repeatable. Modes: noise, noise-grad, lazy,
     /// lazy-ulp, lie-loss, inflate, preclaim, dodge, inflate-samples, nan-merge, poison-merge,
-    /// poison-random (miners), skew-weights (a validator). Adversaries join in the order given.
+    /// poison-random, wrong-tokens (miners), skew-weights (a validator). Adversaries join in the order given.
     /// The report shows what the validators made of them.
     #[arg(long, value_name = "MODE[:COUNT]", value_parser = parse_adversary)]
     pub(crate) adversary: Vec<Adversary>,
@@ -597,7 +600,7 @@ pub(crate) fn parse_adversary(text: &str) -> Result<Adversary, String> {
 
 /// The modes `--adversary` takes.
 pub(crate) const MODES: &str =
-    "noise, noise-grad, lazy, lazy-ulp, lie-loss, inflate, preclaim, inflate-samples, nan-merge, poison-merge, poison-random, dodge (miners), skew-weights (a validator)";
+    "noise, noise-grad, lazy, lazy-ulp, lie-loss, inflate, preclaim, inflate-samples, nan-merge, poison-merge, poison-random, dodge, wrong-tokens (miners), skew-weights (a validator)";
 
 /// The `--fault` value of a miner misbehaviour (`None` for faults that are not one).
 pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
@@ -615,6 +618,7 @@ pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
         Fault::PoisonMerge => Some("poison-merge"),
         Fault::PoisonRandom => Some("poison-random"),
         Fault::SkewWeights => Some("skew-weights"),
+        Fault::WrongTokens => Some("wrong-tokens"),
         Fault::ForgePlans | Fault::HugeFrames | Fault::ComputeDies => None,
     }
 }

@@ -6,8 +6,8 @@
 //! the services, so that each of them and the router can name it.
 //!
 //! The frame shapes ([`FrameRules`]) are here too, being truly shared: the router checks the
-//! frames of the requests a miner serves, the miner those of the answers it gets, and the
-//! validator those it recomputes; the miner's and the validator's own rules may not reach
+//! frames of the requests a miner serves (and the token ids beside them, [`FrameRules::sample`]),
+//! the miner those of the answers it gets, and the validator those it recomputes; the miner's and the validator's own rules may not reach
 //! each other (the miner asks the validators' word on merges).
 //!
 //! A [`Verdict`] goes back to gossipsub (`Reject` penalises the sender through peer scoring
@@ -88,6 +88,9 @@ pub(crate) enum Refusal {
     /// A forward whose hop receipts do not prove its pathway up to this node and the frame
     /// it carries.
     BadReceipts,
+    /// The token ids beside a forward's or an evaluation's frame do not unpack, or are not a
+    /// token block of the run's batch, sequence length and vocabulary.
+    TokensMalformed,
 }
 
 impl Refusal {
@@ -107,6 +110,7 @@ impl Refusal {
             Refusal::NotValidator => "not_validator",
             Refusal::NotServed => "not_served",
             Refusal::BadReceipts => "bad_receipts",
+            Refusal::TokensMalformed => "tokens_malformed",
         }
     }
 
@@ -114,21 +118,37 @@ impl Refusal {
     pub(crate) fn code(self) -> crate::wire::rpc::ErrorCode {
         match self {
             Refusal::TooManyRequests => crate::wire::rpc::ErrorCode::Busy,
-            Refusal::FrameMalformed => crate::wire::rpc::ErrorCode::Malformed,
+            Refusal::FrameMalformed | Refusal::TokensMalformed => {
+                crate::wire::rpc::ErrorCode::Malformed
+            }
             _ => crate::wire::rpc::ErrorCode::Refused,
         }
     }
 }
 
-/// The exact shape of every frame of a run, from its configuration.
+/// The exact shape of every frame of a run, and of the token ids beside its activations,
+/// from its configuration.
 #[derive(Debug, Clone)]
 pub(crate) struct FrameRules {
     run: u64,
     batch: usize,
     seq: usize,
+    /// Token ids are below this.
+    vocab: usize,
     /// Width of the tensor crossing boundary `b` (from stage `b` to `b + 1`).
     widths: Vec<usize>,
     limits: DecodeLimits,
+}
+
+/// A sample payload that passed [`FrameRules::sample`], in its parts.
+#[derive(Debug)]
+pub(crate) struct CheckedSample<'a> {
+    /// The ids its token block decodes to.
+    pub(crate) batch: training::Batch,
+    /// The token block, as it came.
+    pub(crate) tokens: &'a [u8],
+    /// The activation frame.
+    pub(crate) frame: &'a [u8],
 }
 
 /// What a frame is expected to be.
@@ -170,6 +190,7 @@ impl FrameRules {
             run: run_id,
             batch,
             seq,
+            vocab: crate::run_spec::vocab(run),
             widths,
             limits: DecodeLimits { max_raw_bytes },
         })
@@ -178,6 +199,41 @@ impl FrameRules {
     /// The decoder limits every frame of the run fits in.
     pub(crate) fn limits(&self) -> DecodeLimits {
         self.limits
+    }
+
+    /// The most bytes a token block of the run's samples can take.
+    pub(crate) fn max_token_bytes(&self) -> usize {
+        training::dataset::tokens::max_len(self.batch, self.seq, self.vocab)
+    }
+
+    /// Encodes `batch`'s ids as a token block of the run.
+    pub(crate) fn encode_tokens(&self, batch: &training::Batch) -> Vec<u8> {
+        training::dataset::tokens::encode(batch, self.vocab)
+    }
+
+    /// Decodes a token block of the run: exactly its batch × (seq + 1) ids, each below its
+    /// vocabulary.
+    pub(crate) fn decode_tokens(&self, block: &[u8]) -> Result<training::Batch, Refusal> {
+        training::dataset::tokens::decode(block, self.batch, self.seq, self.vocab)
+            .map_err(|_| Refusal::TokensMalformed)
+    }
+
+    /// Checks a sample payload ([`crate::wire::messages::pack_sample`]): its token block is
+    /// the run's (bounded before it is sliced, decoded with every id checked) and its frame
+    /// passes [`FrameRules::check`].
+    pub(crate) fn sample<'a>(
+        &self,
+        payload: &'a [u8],
+        expect: Expect,
+    ) -> Result<CheckedSample<'a>, Refusal> {
+        let (tokens, frame) = crate::wire::messages::unpack_sample(payload, self.max_token_bytes())
+            .map_err(|_| Refusal::TokensMalformed)?;
+        self.check(frame, expect)?;
+        Ok(CheckedSample {
+            batch: self.decode_tokens(tokens)?,
+            tokens,
+            frame,
+        })
     }
 
     /// Checks `frame`'s header against `expect` without decompressing anything.
@@ -280,5 +336,62 @@ mod tests {
             rules.check(&frame(7, 5, 2, FrameKind::Gradient, &[b, s, w]), gradient),
             Ok(())
         );
+    }
+
+    #[test]
+    fn token_ids_beside_a_frame_must_be_the_runs_before_the_frame_is_used() {
+        use crate::wire::messages::pack_sample;
+        let run = run();
+        let rules = FrameRules::new(&run, 7).unwrap();
+        let (b, s, w) = (
+            run.batch_size as usize,
+            run.seq_len as usize,
+            run.bottleneck as usize,
+        );
+        let expect = Expect {
+            sample: Some(5),
+            boundary: 0,
+            kind: FrameKind::Activation,
+        };
+        let good_frame = frame(7, 5, 0, FrameKind::Activation, &[b, s, w]);
+        let ids: Vec<u32> = (0..b * (s + 1)).map(|i| (i % 256) as u32).collect();
+        let batch = training::Batch::from_ids(b, s, &ids);
+        let tokens = rules.encode_tokens(&batch);
+        let packed = pack_sample(&tokens, &good_frame);
+        let checked = rules.sample(&packed, expect).unwrap();
+        assert_eq!(checked.batch, batch);
+        assert_eq!(checked.tokens, &tokens[..]);
+        assert_eq!(checked.frame, &good_frame[..]);
+        // A plain frame (no token block), another shape of ids, ids past the vocabulary, a
+        // block claiming more than any of the run's, or a truncated block.
+        let other_shape = training::Batch::from_ids(b, s - 1, &ids[..b * s]);
+        let mut past_vocab = ids.clone();
+        past_vocab[3] = 256;
+        let past_vocab = training::dataset::tokens::encode(
+            &training::Batch::from_ids(b, s, &past_vocab),
+            1 << 16,
+        );
+        let mut too_long = pack_sample(&tokens, &good_frame);
+        too_long[..4].copy_from_slice(&(rules.max_token_bytes() as u32 + 1).to_le_bytes());
+        for bad in [
+            good_frame.clone(),
+            pack_sample(&rules.encode_tokens(&other_shape), &good_frame),
+            pack_sample(&past_vocab, &good_frame),
+            too_long,
+            pack_sample(&tokens[..tokens.len() - 1], &good_frame),
+        ] {
+            assert_eq!(
+                rules.sample(&bad, expect).map(|_| ()),
+                Err(Refusal::TokensMalformed)
+            );
+        }
+        // Good ids beside a bad frame: the frame's refusal.
+        assert_eq!(
+            rules
+                .sample(&pack_sample(&tokens, b"not a frame"), expect)
+                .map(|_| ()),
+            Err(Refusal::FrameMalformed)
+        );
+        assert!(rules.max_token_bytes() < 2 * 4 * b * (s + 1) + 1024);
     }
 }

@@ -87,6 +87,11 @@ pub(crate) fn worker_config(
     config
 }
 
+/// The vocabulary of `run`'s model: every token id is below it (byte-level today).
+pub(crate) fn vocab(_run: &RunConfig) -> usize {
+    training::VOCAB
+}
+
 /// The id every frame of `run` carries: the first 8 bytes of its configuration hash.
 pub(crate) fn run_id(run: &RunConfig) -> u64 {
     let mut id = [0u8; 8];

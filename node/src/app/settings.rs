@@ -254,6 +254,7 @@ fn faults(list: &[Fault]) -> Faults {
             inflate: on(Fault::Inflate),
             dodge: on(Fault::Dodge),
             preclaim: on(Fault::Preclaim),
+            wrong_tokens: on(Fault::WrongTokens),
         },
         skew_weights: on(Fault::SkewWeights),
         forge_plans: on(Fault::ForgePlans),

@@ -15,9 +15,31 @@ pub const MAX_HEADER_BYTES: usize = messages::MAX_HEADER_BYTES;
 /// [`messages::MAX_GOSSIP_BYTES`]: the largest pipeline gossip message.
 pub const MAX_GOSSIP_BYTES: usize = messages::MAX_GOSSIP_BYTES;
 
-/// [`messages::decode`] of a forward request, as the next stage does.
+/// Windows of the token blocks in [`pipeline_samples`]' forwards and evaluations.
+const SAMPLE_BATCH: usize = 2;
+
+/// Tokens per window given to the model in those blocks.
+const SAMPLE_SEQ: usize = 8;
+
+/// Their vocabulary (byte-level).
+const SAMPLE_VOCAB: usize = 256;
+
+/// [`messages::unpack_sample`] of a forward's or an evaluation's payload, bounded as the
+/// node bounds it, then the token block's decoding for a run of [`SAMPLE_BATCH`] ×
+/// [`SAMPLE_SEQ`] over [`SAMPLE_VOCAB`] (the frame is fuzzed on its own).
+fn sample_payload(payload: &[u8]) -> bool {
+    use training::dataset::tokens;
+    let max = tokens::max_len(SAMPLE_BATCH, SAMPLE_SEQ, SAMPLE_VOCAB);
+    messages::unpack_sample(payload, max).is_ok_and(|(block, _frame)| {
+        tokens::decode(block, SAMPLE_BATCH, SAMPLE_SEQ, SAMPLE_VOCAB).is_ok()
+    })
+}
+
+/// [`messages::decode`] of a forward request, then its sample payload, as the next stage
+/// does.
 pub fn forward_request(body: &[u8]) -> bool {
-    messages::decode::<ForwardHeader>(Service::Forward, body).is_ok()
+    messages::decode::<ForwardHeader>(Service::Forward, body)
+        .is_ok_and(|(_, payload)| sample_payload(payload))
 }
 
 /// [`messages::decode`] of a forward reply, as the previous stage does.
@@ -25,9 +47,10 @@ pub fn forward_reply(body: &[u8]) -> bool {
     messages::decode::<ForwardReply>(Service::Forward, body).is_ok()
 }
 
-/// [`messages::decode`] of an evaluation request.
+/// [`messages::decode`] of an evaluation request, then its sample payload.
 pub fn eval_request(body: &[u8]) -> bool {
-    messages::decode::<EvalHeader>(Service::Eval, body).is_ok()
+    messages::decode::<EvalHeader>(Service::Eval, body)
+        .is_ok_and(|(_, payload)| sample_payload(payload))
 }
 
 /// [`messages::decode`] of an evaluation reply.
@@ -123,6 +146,17 @@ pub fn pipeline_samples() -> Vec<Vec<u8>> {
 /// A stand-in for an activation frame (the decoders here do not look into it).
 const FRAME: &[u8] = b"IOTW\x01\x00\x01\x02 stand-in for an activation frame";
 
+/// A sample payload: a real token block of [`SAMPLE_BATCH`] × [`SAMPLE_SEQ`] ids beside
+/// `frame`.
+fn sample(frame: &[u8]) -> Vec<u8> {
+    let ids: Vec<u32> = (0..SAMPLE_BATCH * (SAMPLE_SEQ + 1))
+        .map(|i| (i * 37 % SAMPLE_VOCAB) as u32)
+        .collect();
+    let batch = training::Batch::from_ids(SAMPLE_BATCH, SAMPLE_SEQ, &ids);
+    let block = training::dataset::tokens::encode(&batch, SAMPLE_VOCAB);
+    messages::pack_sample(&block, frame)
+}
+
 /// `n` peer ids as they appear in pathways.
 fn peers(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("12D3KooWPeer{i}")).collect()
@@ -137,7 +171,7 @@ fn stand_in_receipt() -> crate::wire::receipt::HopReceipt {
     }
 }
 
-/// Forward and evaluation requests and replies.
+/// Forward and evaluation requests (their payloads sample payloads) and replies.
 fn forward_and_eval_bodies(frame: &[u8]) -> Vec<Option<Vec<u8>>> {
     vec![
         body(
@@ -149,7 +183,7 @@ fn forward_and_eval_bodies(frame: &[u8]) -> Vec<Option<Vec<u8>>> {
                 deadline_ms: 1_700_000_030_000,
                 receipts: vec![stand_in_receipt()],
             },
-            frame,
+            &sample(frame),
         ),
         body(
             Service::Forward,
@@ -160,7 +194,7 @@ fn forward_and_eval_bodies(frame: &[u8]) -> Vec<Option<Vec<u8>>> {
                 deadline_ms: 0,
                 receipts: Vec::new(),
             },
-            b"",
+            &sample(b""),
         ),
         body(
             Service::Forward,
@@ -177,7 +211,7 @@ fn forward_and_eval_bodies(frame: &[u8]) -> Vec<Option<Vec<u8>>> {
             },
             b"",
         ),
-        body(Service::Eval, &EvalHeader { batch: 7 }, frame),
+        body(Service::Eval, &EvalHeader { batch: 7 }, &sample(frame)),
         body(Service::Eval, &EvalReply::Loss(1.75), b""),
         body(
             Service::Eval,
@@ -238,14 +272,16 @@ fn weights_and_confirmation_bodies(weights: &[f32]) -> Vec<Option<Vec<u8>>> {
     ]
 }
 
-/// Spot-check requests and replies.
+/// Spot-check requests and replies (a middle stage's evidence: the sample payloads it
+/// received and sent, and its weights).
 fn spot_check_bodies(frame: &[u8], weights: &[f32]) -> Vec<Option<Vec<u8>>> {
-    let evidence = [frame, frame, &messages::f32_bytes(weights)].concat();
+    let payload = sample(frame);
+    let evidence = [&payload[..], &payload, &messages::f32_bytes(weights)].concat();
     let header = SpotCheckReply::Evidence {
         stage: 1,
         loss: None,
-        input_len: frame.len() as u64,
-        output_len: frame.len() as u64,
+        input_len: payload.len() as u64,
+        output_len: payload.len() as u64,
         weights_len: weights.len() as u64,
         received_len: 0,
         sent_back_len: 0,

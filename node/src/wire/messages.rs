@@ -3,9 +3,17 @@
 //!
 //! Request-response bodies share the node's one protocol; the first byte names the service
 //! (see [`Service`] and the tag table in [`crate::wire::rpc`]). A body is `tag, u32 header length (big-endian), JSON header, payload`,
-//! where the payload is a tensor frame of the training crate's wire codec or raw f32 weights.
+//! where the payload is a tensor frame of the training crate's wire codec, raw f32 weights,
+//! or, for forwards and evaluations, a *sample payload* ([`pack_sample`]): the sample's token
+//! ids beside its activation, so that only heads read data.
 //! Headers are bounded by [`MAX_HEADER_BYTES`] and checked before they are parsed, so a
 //! malformed body is an error, never a panic or a large allocation.
+//!
+//! | bytes | sample payload |
+//! | --- | --- |
+//! | 4 | length `n` of the token block, little-endian |
+//! | `n` | the token block ([`training::dataset::tokens`]) |
+//! | … | the activation frame |
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -107,7 +115,72 @@ pub(crate) fn decode<H: DeserializeOwned>(
     Ok((header, &rest[len..]))
 }
 
-/// Header of a forward request; the payload is the activation frame.
+/// Why a sample payload did not unpack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SampleError {
+    /// Shorter than the token block's length field.
+    #[error("sample payload of {0} bytes has no token block length")]
+    Truncated(usize),
+    /// The token block claims more bytes than any token block of the run can take.
+    #[error("token block of {len} bytes where the run's take at most {max}")]
+    TooLarge {
+        /// The length claimed.
+        len: usize,
+        /// The run's most.
+        max: usize,
+    },
+    /// The token block runs past the end of the payload.
+    #[error("token block of {len} bytes in a payload with {left} bytes left")]
+    PastEnd {
+        /// The length claimed.
+        len: usize,
+        /// Bytes after the length field.
+        left: usize,
+    },
+}
+
+/// A sample payload: `tokens` (a token block, [`training::dataset::tokens::encode`]) beside
+/// `frame` (the activation).
+pub(crate) fn pack_sample(tokens: &[u8], frame: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + tokens.len() + frame.len());
+    out.extend_from_slice(
+        &u32::try_from(tokens.len())
+            .unwrap_or(u32::MAX)
+            .to_le_bytes(),
+    );
+    out.extend_from_slice(tokens);
+    out.extend_from_slice(frame);
+    out
+}
+
+/// Splits a sample payload into its token block and its frame, refusing a token block longer
+/// than `max_tokens` (the most a block of the run's batch × (seq + 1) ids can take, see
+/// [`crate::rules::FrameRules::max_token_bytes`]) before slicing. Neither part is decoded.
+pub(crate) fn unpack_sample(
+    payload: &[u8],
+    max_tokens: usize,
+) -> Result<(&[u8], &[u8]), SampleError> {
+    let Some((len, rest)) = payload.split_first_chunk::<4>() else {
+        return Err(SampleError::Truncated(payload.len()));
+    };
+    let len = u32::from_le_bytes(*len) as usize;
+    if len > max_tokens {
+        return Err(SampleError::TooLarge {
+            len,
+            max: max_tokens,
+        });
+    }
+    if len > rest.len() {
+        return Err(SampleError::PastEnd {
+            len,
+            left: rest.len(),
+        });
+    }
+    Ok(rest.split_at(len))
+}
+
+/// Header of a forward request; the payload is a sample payload ([`pack_sample`]): the
+/// sample's token ids and the activation frame.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) struct ForwardHeader {
     /// Epoch the sample belongs to.
@@ -145,7 +218,8 @@ pub(crate) enum ForwardReply {
     },
 }
 
-/// Header of an evaluation request; the payload is the activation frame (empty at the head).
+/// Header of an evaluation request; the payload is a sample payload ([`pack_sample`]): the
+/// held-out batch's token ids and the activation frame.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) struct EvalHeader {
     /// Index of the validation batch (it determines the targets).
@@ -214,9 +288,9 @@ pub(crate) struct SpotCheckRequest {
 
 /// Header of a spot-check response. With `Evidence` the payload is bytes `offset ..` of the
 /// evidence, [`EVIDENCE_CHUNK_BYTES`] of them (the last chunk fewer). The evidence is the
-/// input frame (`input_len` bytes; none at the head, whose input the sample id determines),
-/// then the frame the miner sent on (`output_len` bytes: the activation, or the gradient at
-/// the tail), then its weights as little-endian f32 (`weights_len` values), then, from a
+/// sample payload received ([`pack_sample`], `input_len` bytes; none at the head, which
+/// draws the ids its sample id names), then what the miner sent on (`output_len` bytes: the
+/// sample payload with its activation, or the gradient at the tail), then its weights as little-endian f32 (`weights_len` values), then, from a
 /// middle stage, the gradient frame it received from the next stage (`received_len` bytes)
 /// and the one it sent back upstream (`sent_back_len` bytes): `total` bytes in all, hashing
 /// to `hash`; every chunk's header is the same but for `offset`.
@@ -457,6 +531,38 @@ mod tests {
             Err(BodyError::HeaderTooLarge(_))
         ));
         assert_eq!(Service::of(&[0x7f]), None);
+    }
+
+    #[test]
+    fn sample_payloads_round_trip_and_bad_lengths_are_refused_before_slicing() {
+        let packed = pack_sample(b"tokens", b"frame");
+        assert_eq!(
+            unpack_sample(&packed, 6),
+            Ok((&b"tokens"[..], &b"frame"[..]))
+        );
+        assert_eq!(
+            unpack_sample(&packed, 5),
+            Err(SampleError::TooLarge { len: 6, max: 5 })
+        );
+        assert_eq!(
+            unpack_sample(&packed[..3], 64),
+            Err(SampleError::Truncated(3))
+        );
+        assert_eq!(
+            unpack_sample(&packed[..8], 64),
+            Err(SampleError::PastEnd { len: 6, left: 4 })
+        );
+        // A length field claiming 4 GiB is refused on the bound, whatever follows.
+        let mut huge = packed.clone();
+        huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            unpack_sample(&huge, 64),
+            Err(SampleError::TooLarge { .. })
+        ));
+        assert_eq!(
+            unpack_sample(&pack_sample(b"", b""), 0),
+            Ok((&b""[..], &b""[..]))
+        );
     }
 
     #[test]

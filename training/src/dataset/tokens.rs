@@ -83,6 +83,16 @@ pub fn encode(batch: &Batch, vocab: usize) -> Vec<u8> {
     out
 }
 
+/// The most bytes a block of `batch` rows of `seq + 1` ids below `vocab` can take: what a
+/// receiver bounds a block's length by before it reads one.
+pub fn max_len(batch: usize, seq: usize, vocab: usize) -> usize {
+    let width = if vocab <= 1 << 16 { 2 } else { 4 };
+    let raw = batch
+        .saturating_mul(seq.saturating_add(1))
+        .saturating_mul(width);
+    HEADER.saturating_add(zstd::zstd_safe::compress_bound(raw))
+}
+
 /// Decodes a block for the run's `batch` × `seq` samples and vocabulary.
 pub fn decode(bytes: &[u8], batch: usize, seq: usize, vocab: usize) -> Result<Batch, TokensError> {
     if bytes.len() < HEADER {
@@ -146,6 +156,24 @@ mod tests {
             let bytes = encode(&b, vocab as usize);
             assert_eq!(bytes[5], if vocab <= 65536 { 2 } else { 4 });
             assert_eq!(decode(&bytes, 3, 8, vocab as usize).unwrap(), b);
+        }
+    }
+
+    #[test]
+    fn no_block_is_longer_than_its_bound() {
+        // Ids that do not compress at all: the worst case.
+        for vocab in [256u32, 65_536, 128_256] {
+            let mut x = 0x9e37_79b9_u32;
+            let ids: Vec<u32> = (0..4 * 65)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    x % vocab
+                })
+                .collect();
+            let bytes = encode(&Batch::from_ids(4, 64, &ids), vocab as usize);
+            assert!(bytes.len() <= max_len(4, 64, vocab as usize), "{vocab}");
         }
     }
 

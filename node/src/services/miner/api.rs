@@ -12,11 +12,13 @@ use crate::wire::messages::{PipelineGossip, Service};
 /// Starting the service: the miner's fixed parts, then its task.
 pub(crate) use super::context::Miner;
 pub(crate) use super::task::spawn;
-/// A miner's spot-check evidence and its answer, for the end-to-end check test.
+/// A miner's spot-check evidence and its answer, and the sample a `wrong-tokens` head sends
+/// the ids of, for the end-to-end check tests.
 #[cfg(test)]
 pub(crate) use super::{
     context::EvidenceStore,
-    evidence::{answer as answer_spot_check, Evidence},
+    evidence::{answer as answer_spot_check, Evidence, Gradients},
+    faults::wrong_tokens_sample,
 };
 
 /// Settings of the miner, fixed for the node's life.
@@ -69,6 +71,9 @@ pub(crate) struct MinerFaults {
     pub(crate) dodge: bool,
     /// A tail publishing a record of every sample of the epoch as soon as the plan is out.
     pub(crate) preclaim: bool,
+    /// A head sending (and computing on) the token ids of another sample than the one its
+    /// sample id names.
+    pub(crate) wrong_tokens: bool,
 }
 
 /// Where a miner is in its epoch.

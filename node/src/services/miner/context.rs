@@ -1,4 +1,4 @@
-//! What the miner's tasks share: the fixed parts (settings, network client, corpus, stores),
+//! What the miner's tasks share: the fixed parts (settings, network client, data, stores),
 //! the views its task publishes, the sender of its task's inbox, and the few pieces of state
 //! that stay shared because routing them through the task would be worse:
 //!
@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
-use training::{CheckpointStore, Corpus};
+use training::{CheckpointStore, TrainingData};
 
 use super::api::MinerConfig;
 use super::evidence::Evidence;
@@ -28,7 +28,7 @@ use super::gate::EpochGate;
 use super::snapshot::Snapshot;
 use super::state::{InForce, MergeNews, PhaseEvent, Routing};
 use super::task::Note;
-use super::{lock, MAX_IN_FLIGHT, VAL_BATCHES};
+use super::{lock, MAX_IN_FLIGHT};
 use crate::metrics::PipelineMetrics;
 use crate::run_spec::run_id;
 use crate::services::consensus::api::ConsensusView;
@@ -53,22 +53,21 @@ pub(crate) struct Fixed {
     pub(crate) run_id: u64,
     /// The exact shape of every frame of the run.
     pub(crate) frames: crate::rules::FrameRules,
-    /// The training text.
-    pub(crate) corpus: Arc<Corpus>,
+    /// What heads draw samples and held-out batches from (only heads read it: the other
+    /// stages take a sample's ids from the payload that comes with it).
+    pub(crate) data: TrainingData,
     /// The pipeline's metrics.
     pub(crate) metrics: PipelineMetrics,
     /// Where merges and stage builds checkpoint to (`None`: no data dir).
     pub(crate) store: Option<CheckpointStore>,
     /// The merge service.
     pub(crate) merger: MergeHandle,
-    /// The run's held-out batches.
-    pub(crate) val: Vec<training::Batch>,
     /// Time origin of the lifecycle.
     pub(crate) started: Instant,
 }
 
 impl Miner {
-    /// Sets up a miner: its corpus, held-out batches, frame rules and checkpoint store.
+    /// Sets up a miner: its data, frame rules and checkpoint store.
     pub(crate) fn new(
         me: bootstrap::PeerIdStr,
         client: p2p::Client,
@@ -77,12 +76,7 @@ impl Miner {
         merger: MergeHandle,
         consensus: watch::Receiver<ConsensusView>,
     ) -> anyhow::Result<Miner> {
-        let corpus = Arc::new(Corpus::shakespeare()?);
-        let val = corpus.val_batches(
-            cfg.run.batch_size as usize,
-            cfg.run.seq_len as usize,
-            VAL_BATCHES,
-        )?;
+        let data = TrainingData::embedded()?;
         let run_id = run_id(&cfg.run);
         let frames = crate::rules::FrameRules::new(&cfg.run, run_id)?;
         let store = match &cfg.data_dir {
@@ -97,11 +91,10 @@ impl Miner {
                 consensus,
                 run_id,
                 frames,
-                corpus,
+                data,
                 metrics,
                 store,
                 merger,
-                val,
                 started: Instant::now(),
             },
         })
@@ -266,11 +259,6 @@ impl Ctx {
     pub(crate) async fn train_loss(&self, loss: f32) {
         self.metrics.train_loss.set(f64::from(loss));
         self.note(Note::TrainLoss(loss)).await;
-    }
-
-    /// Validation batch `index` of the run (the same on every miner).
-    pub(crate) fn val_batch(&self, index: u64) -> Option<training::Batch> {
-        self.val.get(usize::try_from(index).ok()?).cloned()
     }
 }
 

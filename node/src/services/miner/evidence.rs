@@ -1,9 +1,9 @@
 //! What a miner keeps of its recent samples for the validators' spot checks, and how it
 //! answers one.
 //!
-//! For each sample it serves, a miner keeps the input frame it received (none at the head,
-//! whose input the sample id determines), the frame it sent on (the activation, or at the
-//! tail the gradient it sent back), at the tail the loss it reported, and at a middle stage
+//! For each sample it serves, a miner keeps what it received (the sample payload: token ids
+//! and activation; none at the head, which draws the ids its sample id names), what it sent
+//! on (the sample payload with its own activation, or at the tail the gradient it sent back), at the tail the loss it reported, and at a middle stage
 //! the gradient it received from the next stage and the one it sent back upstream (kept once
 //! the backward pass is done; a check that comes before waits up to [`GRADIENT_WAIT`]). A validator names
 //! a sample it saw in the authenticated ledger; the miner answers with that evidence and its
@@ -87,9 +87,9 @@ pub(crate) struct Evidence {
     pub(crate) sample: u64,
     /// Stage the miner served it at.
     pub(crate) stage: u32,
-    /// The input frame (empty at the head).
+    /// The sample payload received (empty at the head).
     pub(crate) input: Vec<u8>,
-    /// The frame sent on: activation, or the gradient at the tail.
+    /// What it sent on: the sample payload with its activation, or the gradient at the tail.
     pub(crate) output: Vec<u8>,
     /// The loss reported (the tail only).
     pub(crate) loss: Option<f32>,

@@ -1,6 +1,7 @@
 //! The miner's fault modes (the node's hidden `--fault` flags, for testing the other nodes'
-//! defences): the frames a `noise`, `noise-grad` or `huge-frames` miner sends, the loss a
-//! `lie-loss` tail reports, the samples an `inflate` tail claims, the records a `preclaim`
+//! defences): the frames a `noise`, `noise-grad` or `huge-frames` miner sends (only the
+//! frame part of a sample payload: its token ids pass unchanged), the ids a `wrong-tokens`
+//! head sends, the loss a `lie-loss` tail reports, the samples an `inflate` tail claims, the records a `preclaim`
 //! tail publishes the moment a plan is out, what a `dodge` miner answers a spot check and the
 //! weights a `lazy-ulp` miner shows. All off in a normal run.
 
@@ -11,7 +12,7 @@ use bootstrap::EpochPlan;
 
 use super::api::MinerFaults;
 use super::context::Ctx;
-use crate::wire::messages::LossRecord;
+use crate::wire::messages::{pack_sample, unpack_sample, LossRecord};
 
 /// Windows a `huge-frames` miner declares in its frames.
 const HUGE_WINDOWS: usize = 1024;
@@ -93,6 +94,47 @@ pub(crate) fn sent_frame<'a>(ctx: &Ctx, frame: &'a [u8]) -> Cow<'a, [u8]> {
         true => inflated_frame(frame, HUGE_WINDOWS).map_or(Cow::Borrowed(frame), Cow::Owned),
         false => Cow::Borrowed(frame),
     }
+}
+
+/// A sample payload as a `huge-frames` miner sends it (its frame inflated, its token ids
+/// kept), else unchanged.
+pub(crate) fn sent_sample<'a>(ctx: &Ctx, payload: &'a [u8]) -> Cow<'a, [u8]> {
+    if !ctx.cfg.faults.huge_frames {
+        return Cow::Borrowed(payload);
+    }
+    inflated_sample(payload, ctx.frames.max_token_bytes(), HUGE_WINDOWS)
+        .map_or(Cow::Borrowed(payload), Cow::Owned)
+}
+
+/// A sample payload like `payload` whose frame declares `windows` windows of zeros, its
+/// token block (at most `max_tokens` bytes) unchanged.
+fn inflated_sample(payload: &[u8], max_tokens: usize, windows: usize) -> Option<Vec<u8>> {
+    let (tokens, frame) = unpack_sample(payload, max_tokens).ok()?;
+    Some(pack_sample(tokens, &inflated_frame(frame, windows)?))
+}
+
+/// The sample whose ids a `wrong-tokens` head sends (and computes on) in place of
+/// `sample`'s: ids of the run's data, of the run's shape and vocabulary, that pass every
+/// check of the wire; only the validators, who know which ids a sample id names, can tell.
+pub(crate) fn wrong_tokens_sample(sample: u64) -> u64 {
+    sample.wrapping_add(1)
+}
+
+/// The ids a head sends for `sample`, `batch` being those its sample id names: those of
+/// [`wrong_tokens_sample`] for a `wrong-tokens` head (`batch` if they cannot be drawn).
+pub(crate) fn sent_batch(ctx: &Ctx, sample: u64, batch: training::Batch) -> training::Batch {
+    if !ctx.cfg.faults.wrong_tokens {
+        return batch;
+    }
+    let run = &ctx.cfg.run;
+    ctx.data
+        .train_sample(
+            wrong_tokens_sample(sample),
+            run.seed,
+            run.batch_size as usize,
+            run.seq_len as usize,
+        )
+        .unwrap_or(batch)
 }
 
 /// The loss a tail reports for `loss`: 20 % less for a `lie-loss` tail.
@@ -216,6 +258,33 @@ fn self_signed_chain(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_huge_frames_miner_inflates_the_frame_beside_the_ids_and_keeps_the_ids() {
+        use training::wire::{self, Codec, DecodeLimits, FrameKind, FrameMeta};
+        let meta = FrameMeta {
+            run: 7,
+            sample: 5,
+            stage: 0,
+            kind: FrameKind::Activation,
+        };
+        let frame = wire::encode(
+            &Codec::new(training::WireDtype::Bf16),
+            &meta,
+            &[2, 4, 8],
+            &[0.5; 64],
+        )
+        .unwrap();
+        let payload = pack_sample(b"the ids", &frame);
+        let inflated = inflated_sample(&payload, 64, HUGE_WINDOWS).unwrap();
+        let (tokens, sent) = unpack_sample(&inflated, 64).unwrap();
+        assert_eq!(tokens, b"the ids");
+        let header = wire::decode_header(sent, &DecodeLimits::default()).unwrap();
+        assert_eq!(header.shape, vec![HUGE_WINDOWS, 4, 8]);
+        assert_eq!(header.meta, meta);
+        // A payload that does not unpack is sent as it is.
+        assert_eq!(inflated_sample(&frame, 64, HUGE_WINDOWS), None);
+    }
 
     #[test]
     fn a_lazy_ulp_nudge_changes_one_value_by_one_ulp() {

@@ -1,5 +1,7 @@
 //! The head's epoch: held-out evaluation of the merged weights it starts from, then its share
-//! of the epoch's samples, a bounded window of them in flight at a time.
+//! of the epoch's samples, a bounded window of them in flight at a time. The head is the
+//! only stage that reads data: it sends each sample's token ids (and each held-out batch's)
+//! beside its activation ([`crate::wire::messages::pack_sample`]).
 
 use std::sync::Arc;
 
@@ -13,7 +15,7 @@ use super::evidence::{Evidence, Gradients};
 use super::hop::{now_ms, send_eval, send_forward, tokens_input};
 use super::{faults, VAL_BATCHES};
 use crate::run_spec::sample_id;
-use crate::wire::messages::{ForwardHeader, PipelineGossip};
+use crate::wire::messages::{pack_sample, ForwardHeader, PipelineGossip};
 
 /// Runs this head's part of `plan`'s epoch.
 pub(crate) async fn run_epoch(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle) {
@@ -100,10 +102,10 @@ async fn one_sample(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle, id: u64
     let run = &ctx.cfg.run;
     let batch =
         match ctx
-            .corpus
+            .data
             .train_sample(id, run.seed, run.batch_size as usize, run.seq_len as usize)
         {
-            Ok(batch) => batch,
+            Ok(batch) => faults::sent_batch(&ctx, id, batch),
             Err(error) => {
                 tracing::warn!(%error, "sample not drawn");
                 return false;
@@ -117,12 +119,13 @@ async fn one_sample(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle, id: u64
             return false;
         }
     };
+    let payload = pack_sample(&ctx.frames.encode_tokens(&batch), &frame);
     ctx.keep_evidence(Evidence {
         epoch: plan.epoch,
         sample: id,
         stage: 0,
         input: Vec::new(),
-        output: frame.clone(),
+        output: payload.clone(),
         loss: None,
         generation: 0,
         gradients: Gradients::None,
@@ -137,7 +140,7 @@ async fn one_sample(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle, id: u64
         receipts: Vec::new(),
     };
     let received = crate::wire::receipt::head_input();
-    match send_forward(&ctx, &plan, 1, &header, &frame, received).await {
+    match send_forward(&ctx, &plan, 1, &header, &payload, received).await {
         Ok((loss, _pathway, grad)) => {
             ctx.train_loss(loss).await;
             match worker.backward_and_step(grad, ctx.step_due(&plan)).await {
@@ -194,11 +197,15 @@ async fn evaluate_patiently(
 /// (see [`super::snapshot::eval_weights`]).
 async fn evaluate(ctx: &Ctx, plan: &EpochPlan, worker: &StageHandle) -> Result<f32, String> {
     let weights = super::snapshot::eval_weights(ctx, plan, 0)?;
+    let run = &ctx.cfg.run;
+    let batches = ctx
+        .data
+        .val_batches(run.batch_size as usize, run.seq_len as usize, VAL_BATCHES)
+        .map_err(|error| error.to_string())?;
     let mut total = 0.0f64;
-    for i in 0..VAL_BATCHES as u64 {
-        let batch = ctx.val_batch(i).ok_or("no validation batch")?;
+    for (i, batch) in (0u64..).zip(&batches) {
         let frame = match worker
-            .eval_given(weights.clone(), tokens_input(&batch), None)
+            .eval_given(weights.clone(), tokens_input(batch), None)
             .await
         {
             Ok(EvalOutput::Activation(frame)) => frame,
@@ -208,7 +215,8 @@ async fn evaluate(ctx: &Ctx, plan: &EpochPlan, worker: &StageHandle) -> Result<f
             }
             Err(error) => return Err(error.to_string()),
         };
-        total += f64::from(send_eval(ctx, plan, 1, i, &frame).await?);
+        let tokens = ctx.frames.encode_tokens(batch);
+        total += f64::from(send_eval(ctx, plan, 1, i, &tokens, &frame).await?);
     }
     Ok((total / VAL_BATCHES as f64) as f32)
 }
@@ -228,6 +236,107 @@ mod tests {
     use std::sync::Arc;
 
     use super::InFlight;
+
+    /// Samples each figure of [`what_the_token_ids_add_to_a_sample_on_the_wire`] averages.
+    const MEASURED_SAMPLES: u64 = 32;
+
+    /// Mean bytes of the token blocks (with their length field) of `batches` for `vocab`.
+    fn block_bytes(batches: &[training::Batch], vocab: usize) -> f64 {
+        let total: usize = batches
+            .iter()
+            .map(|b| 4 + training::dataset::tokens::encode(b, vocab).len())
+            .sum();
+        total as f64 / batches.len() as f64
+    }
+
+    /// `MEASURED_SAMPLES` batches of `batch` windows of `seq + 1` ids from `next_id`.
+    fn batches_of(
+        batch: usize,
+        seq: usize,
+        mut next_id: impl FnMut() -> u32,
+    ) -> Vec<training::Batch> {
+        (0..MEASURED_SAMPLES)
+            .map(|_| {
+                let ids: Vec<u32> = (0..batch * (seq + 1)).map(|_| next_id()).collect();
+                training::Batch::from_ids(batch, seq, &ids)
+            })
+            .collect()
+    }
+
+    /// What a sample's token ids add on the wire beside its activation, per token, for the
+    /// default run (byte-level ids of the embedded corpus) and for a vocabulary of 4 096
+    /// (uniformly drawn ids, the worst case, and, when `IOTA_BPE_IDS` names a file of
+    /// little-endian u16 ids, windows of those). Prints the figures:
+    /// `cargo test -p iota-p2p --lib token_ids_add -- --nocapture`.
+    #[tokio::test(flavor = "current_thread")]
+    async fn what_the_token_ids_add_to_a_sample_on_the_wire() {
+        use rand::{Rng, SeedableRng};
+        let run = bootstrap::RunConfig::default();
+        let (batch, seq) = (run.batch_size as usize, run.seq_len as usize);
+        let tokens = (batch * seq) as f64;
+        let frames =
+            crate::rules::FrameRules::new(&run, crate::run_spec::run_id(&run)).expect("rules");
+        let stage = crate::run_spec::stage_config(&run, 0, training::Device::Cpu);
+        let worker_cfg = crate::run_spec::worker_config(&run, stage, frames.limits());
+        let (worker, _thread) = training::StageHandle::spawn(worker_cfg)
+            .await
+            .expect("head stage");
+        let data = training::TrainingData::embedded().expect("corpus");
+        let bytes: Vec<training::Batch> = (0..MEASURED_SAMPLES)
+            .map(|id| data.train_sample(id, run.seed, batch, seq).expect("sample"))
+            .collect();
+        let mut frame_total = 0usize;
+        for (id, b) in (0u64..).zip(&bytes) {
+            let frame = worker
+                .forward(id, super::tokens_input(b))
+                .await
+                .expect("forward");
+            let _ = worker.drop_sample(id).await;
+            frame_total += frame.len();
+        }
+        let frame = frame_total as f64 / MEASURED_SAMPLES as f64;
+        let byte_level = block_bytes(&bytes, training::VOCAB);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let uniform = block_bytes(&batches_of(batch, seq, || rng.gen_range(0..4096)), 4096);
+        eprintln!(
+            "default run ({batch} x {seq} tokens, {} boundary of {} channels): activation frame \
+             {frame:.0} B/sample = {:.2} B/token",
+            format!("{:?}", run.wire_format).to_lowercase(),
+            run.bottleneck,
+            frame / tokens
+        );
+        let report = |what: &str, block: f64| {
+            eprintln!(
+                "{what}: token block {block:.0} B/sample = {:.3} B/token = {:.2} % of the frame",
+                block / tokens,
+                100.0 * block / frame
+            );
+        };
+        report("byte-level ids (embedded corpus)", byte_level);
+        report("ids below 4096, uniform (worst case)", uniform);
+        if let Some(path) = std::env::var_os("IOTA_BPE_IDS") {
+            let raw = std::fs::read(&path).expect("IOTA_BPE_IDS names a readable file");
+            let ids: Vec<u32> = raw
+                .chunks_exact(2)
+                .map(|b| u32::from(u16::from_le_bytes([b[0], b[1]])))
+                .collect();
+            let window = seq + 1;
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(8);
+            let (mut start, mut left) = (0, 0);
+            let bpe = batches_of(batch, seq, || {
+                if left == 0 {
+                    start = rng.gen_range(0..ids.len() - window);
+                    left = window;
+                }
+                left -= 1;
+                ids[start + window - 1 - left]
+            });
+            report("BPE ids below 4096 (IOTA_BPE_IDS)", block_bytes(&bpe, 4096));
+        }
+        // The ids cost a few per cent of the activation they travel with.
+        assert!(byte_level < frame / 20.0, "{byte_level} {frame}");
+        assert!(uniform < frame / 10.0, "{uniform} {frame}");
+    }
 
     #[tokio::test(flavor = "current_thread")]
     async fn samples_in_flight_finish_when_the_epoch_loop_is_dropped() {

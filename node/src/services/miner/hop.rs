@@ -1,10 +1,17 @@
 //! One hop of the pipeline: choosing the next replica, sending a sample on (with retries), and
 //! serving the samples and evaluations that previous stages send here.
 //!
-//! Every hop signs a receipt of what it received and what it sent, naming the peer it sent
-//! to ([`crate::wire::receipt`]): the sender signs one per replica it tries, the tail signs
-//! its own for the gradient it returns and publishes the whole chain with its loss record.
-//! The router checked the chain a forward carries before this miner sees it.
+//! Only heads read data: a sample's token ids travel beside its activation, hop by hop, in a
+//! sample payload ([`messages::pack_sample`]). A middle stage forwards the ids it received
+//! unchanged beside its own activation; the tail takes its targets from them, and a
+//! subspace model's stages their inputs. Evaluations carry the held-out batch's ids alike.
+//! Gradients travel back as plain frames.
+//!
+//! Every hop signs a receipt of what it received and what it sent (whole sample payloads,
+//! ids included), naming the peer it sent to ([`crate::wire::receipt`]): the sender signs
+//! one per replica it tries, the tail signs its own for the gradient it returns and
+//! publishes the whole chain with its loss record. The router checked the chain a forward
+//! carries, and its ids, before this miner sees it.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -54,9 +61,9 @@ pub(crate) fn tokens_input(batch: &training::Batch) -> StageInput {
     }
 }
 
-/// Encodes a forward request.
-fn forward_body(header: &ForwardHeader, frame: &[u8]) -> Vec<u8> {
-    messages::encode(Service::Forward, header, frame).unwrap_or_default()
+/// Encodes a forward request carrying the sample payload `payload`.
+fn forward_body(header: &ForwardHeader, payload: &[u8]) -> Vec<u8> {
+    messages::encode(Service::Forward, header, payload).unwrap_or_default()
 }
 
 /// Encodes a forward reply.
@@ -69,9 +76,10 @@ fn forward_failed(reason: String) -> Vec<u8> {
     forward_reply(&ForwardReply::Failed { reason }, &[])
 }
 
-/// Encodes an evaluation request.
-fn eval_body(header: &EvalHeader, frame: &[u8]) -> Vec<u8> {
-    messages::encode(Service::Eval, header, frame).unwrap_or_default()
+/// Encodes an evaluation request: the held-out batch's token block `tokens` beside `frame`.
+fn eval_body(header: &EvalHeader, tokens: &[u8], frame: &[u8]) -> Vec<u8> {
+    messages::encode(Service::Eval, header, &messages::pack_sample(tokens, frame))
+        .unwrap_or_default()
 }
 
 /// Encodes an evaluation reply.
@@ -157,14 +165,15 @@ impl HopFailure {
     }
 }
 
-/// The body of a forward to `next`: `header` with this hop's receipt (of the frame hashing
-/// to `received` that came in, and `frame` going out to `next`) added, and `frame`.
+/// The body of a forward to `next`: `header` with this hop's receipt (of the sample payload
+/// hashing to `received` that came in, and `payload` going out to `next`) added, and
+/// `payload`.
 fn receipted_body(
     ctx: &Ctx,
     header: &ForwardHeader,
     next: &str,
     received: Digest,
-    frame: &[u8],
+    payload: &[u8],
 ) -> Result<Vec<u8>, String> {
     let hop = Hop {
         run: ctx.run_id,
@@ -173,25 +182,26 @@ fn receipted_body(
         stage: u32::try_from(header.pathway.len().saturating_sub(1)).unwrap_or(u32::MAX),
         next: Some(next),
     };
-    let signed = receipt::sign(&ctx.cfg.key, &hop, received, receipt::digest(frame))
+    let signed = receipt::sign(&ctx.cfg.key, &hop, received, receipt::digest(payload))
         .map_err(|error| error.to_string())?;
     let mut header = header.clone();
     header.receipts.push(signed);
-    Ok(forward_body(&header, frame))
+    Ok(forward_body(&header, payload))
 }
 
-/// Sends a sample's activation to a replica of `stage`, retrying on others, with this hop's
-/// receipt for each (`received`: the hash of the frame this hop received). Returns the
+/// Sends a sample's payload (its token ids and this hop's activation,
+/// [`messages::pack_sample`]) to a replica of `stage`, retrying on others, with this hop's
+/// receipt for each (`received`: the hash of the payload this hop received). Returns the
 /// reply (loss and pathway) and the gradient frame, or the last failure.
 pub(crate) async fn send_forward(
     ctx: &Ctx,
     plan: &EpochPlan,
     stage: u32,
     header: &ForwardHeader,
-    frame: &[u8],
+    payload: &[u8],
     received: Digest,
 ) -> Result<Done, String> {
-    let frame = faults::sent_frame(ctx, frame);
+    let payload = faults::sent_sample(ctx, payload);
     let mut tried = BTreeSet::new();
     let mut last = String::from("no live replica of the next stage");
     for attempt in 0..ATTEMPTS {
@@ -206,7 +216,7 @@ pub(crate) async fn send_forward(
         let Some(peer_id) = crate::wire::peer::to_libp2p(&peer) else {
             continue;
         };
-        let body = receipted_body(ctx, header, peer.as_str(), received, &frame)?;
+        let body = receipted_body(ctx, header, peer.as_str(), received, &payload)?;
         let started = Instant::now();
         match forward_once(ctx, peer_id, &body, header, stage, left).await {
             Ok(done) => {
@@ -275,10 +285,18 @@ async fn forward_once(
     }
 }
 
-/// A forward this miner takes on: its header and frame, the plan, stage and compute thread
+/// A forward this miner takes on: its header, the sample payload that came (and its parts:
+/// the token block, the ids it decodes to, the frame), the plan, stage and compute thread
 /// that serve it, and the deadline it passes on.
 struct Admitted {
     header: ForwardHeader,
+    /// The sample payload as received (what this hop's receipt and evidence hash).
+    payload: Vec<u8>,
+    /// Its token block, forwarded unchanged.
+    tokens: Vec<u8>,
+    /// The ids the block decodes to.
+    batch: training::Batch,
+    /// Its activation frame.
     frame: Vec<u8>,
     plan: EpochPlan,
     stage: u32,
@@ -292,13 +310,10 @@ pub(crate) async fn serve_forward(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
     let Ok(permit) = ctx.permits.clone().try_acquire_owned() else {
         return forward_failed("busy".into());
     };
-    // A sample refused, or whose batch cannot be drawn, is answered at once; one that was
-    // computed (or failed on the compute thread) counts as a gradient sent.
+    // A sample refused is answered at once; one that was computed (or failed on the
+    // compute thread) counts as a gradient sent.
     let reply = match admit(ctx, body).await {
-        Ok(admitted) => match serve_admitted(ctx, admitted).await {
-            Ok(reply) => reply,
-            Err(reason) => return forward_failed(reason),
-        },
+        Ok(admitted) => serve_admitted(ctx, admitted).await,
         Err(reason) => return forward_failed(reason),
     };
     drop(permit);
@@ -308,9 +323,9 @@ pub(crate) async fn serve_forward(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
 
 /// Decodes a forward request and checks that this miner serves it now: within the sample's
 /// deadline, in the epoch it is in (a sample of the epoch being entered waits for it), at
-/// the stage the sample is due at.
+/// the stage the sample is due at, with the run's token ids and frame.
 async fn admit(ctx: &Ctx, body: &[u8]) -> Result<Admitted, String> {
-    let (header, frame) = messages::decode::<ForwardHeader>(Service::Forward, body)
+    let (header, payload) = messages::decode::<ForwardHeader>(Service::Forward, body)
         .map_err(|error| error.to_string())?;
     ctx.metrics.wire_received("activation", body.len());
     // The head has given up on a sample past its deadline: no work for it.
@@ -336,6 +351,17 @@ async fn admit(ctx: &Ctx, body: &[u8]) -> Result<Admitted, String> {
     {
         return Err(format!("this miner holds stage {stage}"));
     }
+    // The router checked the payload; decoding it again costs little and keeps this
+    // function whole on its own.
+    let expect = Expect {
+        sample: Some(header.sample),
+        boundary: stage - 1,
+        kind: FrameKind::Activation,
+    };
+    let sample = ctx
+        .frames
+        .sample(payload, expect)
+        .map_err(|refusal| format!("sample payload refused ({})", refusal.label()))?;
     let now = now_ms();
     let Some(left) = time_left(header.deadline_ms, now, HOP_TIMEOUT) else {
         ctx.metrics.samples_dropped.inc();
@@ -344,8 +370,11 @@ async fn admit(ctx: &Ctx, body: &[u8]) -> Result<Admitted, String> {
     // `left` is already capped at this stage's own timeout.
     let deadline_ms = now.saturating_add(u64::try_from(left.as_millis()).unwrap_or(u64::MAX));
     Ok(Admitted {
+        frame: sample.frame.to_vec(),
+        tokens: sample.tokens.to_vec(),
+        batch: sample.batch,
+        payload: payload.to_vec(),
         header,
-        frame: frame.to_vec(),
         plan,
         stage,
         worker,
@@ -354,38 +383,26 @@ async fn admit(ctx: &Ctx, body: &[u8]) -> Result<Admitted, String> {
 }
 
 /// Computes an admitted forward: the tail's loss and gradient, or the activation sent on
-/// and the gradient it brings back. `Err` when the sample's batch cannot be drawn.
-async fn serve_admitted(ctx: &Ctx, admitted: Admitted) -> Result<Vec<u8>, String> {
+/// and the gradient it brings back.
+async fn serve_admitted(ctx: &Ctx, admitted: Admitted) -> Vec<u8> {
     ctx.metrics.samples_forward.inc();
     let mut pathway = admitted.header.pathway.clone();
     pathway.push(ctx.me.as_str().to_owned());
-    // The tail needs the sample's targets, and a subspace model's stages its tokens (they
-    // rebuild the stream from them): every miner draws the batch from the sample id.
+    // The tail's targets, and a subspace model's stages' inputs (they rebuild the stream
+    // from them), are the ids that came with the sample.
     let is_tail = admitted.stage + 1 == admitted.plan.stages;
-    let needs_tokens = admitted.worker.layout().needs_tokens();
-    let batch = if is_tail || needs_tokens {
-        let run = &ctx.cfg.run;
-        match ctx.corpus.train_sample(
-            admitted.header.sample,
-            run.seed,
-            run.batch_size as usize,
-            run.seq_len as usize,
-        ) {
-            Ok(batch) => Some(batch),
-            Err(error) => return Err(error.to_string()),
-        }
-    } else {
-        None
-    };
-    let tokens = batch
-        .as_ref()
-        .filter(|_| needs_tokens)
-        .map(|b| b.inputs.clone());
+    let tokens = admitted
+        .worker
+        .layout()
+        .needs_tokens()
+        .then(|| admitted.batch.inputs.clone());
     let input = StageInput::frame(admitted.frame.clone(), tokens);
-    Ok(match (is_tail, batch) {
-        (true, Some(batch)) => serve_tail(ctx, &admitted, input, batch.targets, pathway).await,
-        _ => serve_middle(ctx, &admitted, input, pathway).await,
-    })
+    if is_tail {
+        let targets = admitted.batch.targets.clone();
+        serve_tail(ctx, &admitted, input, targets, pathway).await
+    } else {
+        serve_middle(ctx, &admitted, input, pathway).await
+    }
 }
 
 /// The tail: loss, gradient, and a loss record for the validators.
@@ -412,8 +429,8 @@ async fn serve_tail(
     let loss = faults::reported_loss(ctx, out.loss);
     let grad = faults::upstream(ctx, out.grad_frame.unwrap_or_default(), header.sample);
     let sent = faults::sent_frame(ctx, &grad).into_owned();
-    // The tail's receipt: the activation it received, the gradient it returns (to no next
-    // hop); the chain that came with the sample was checked on the way in.
+    // The tail's receipt: the sample payload it received, the gradient it returns (to no
+    // next hop); the chain that came with the sample was checked on the way in.
     let hop = Hop {
         run: ctx.run_id,
         epoch: header.epoch,
@@ -424,7 +441,7 @@ async fn serve_tail(
     let own = match receipt::sign(
         &ctx.cfg.key,
         &hop,
-        receipt::digest(&admitted.frame),
+        receipt::digest(&admitted.payload),
         receipt::digest(&sent),
     ) {
         Ok(own) => own,
@@ -454,7 +471,7 @@ async fn serve_tail(
         epoch: header.epoch,
         sample: header.sample,
         stage: admitted.stage,
-        input: admitted.frame.clone(),
+        input: admitted.payload.clone(),
         output: grad,
         loss: Some(loss),
         generation: 0,
@@ -463,8 +480,8 @@ async fn serve_tail(
     forward_reply(&ForwardReply::Done { loss, pathway }, &sent)
 }
 
-/// A middle stage: the activation on to the next stage, and the gradient it brings back
-/// through this stage's backward pass.
+/// A middle stage: its activation on to the next stage, beside the token ids it received,
+/// and the gradient it brings back through this stage's backward pass.
 async fn serve_middle(
     ctx: &Ctx,
     admitted: &Admitted,
@@ -482,12 +499,13 @@ async fn serve_middle(
         Ok(activation) => faults::outgoing(ctx, activation, header.sample),
         Err(error) => return forward_failed(error.to_string()),
     };
+    let payload = messages::pack_sample(&admitted.tokens, &activation);
     ctx.keep_evidence(Evidence {
         epoch: header.epoch,
         sample: header.sample,
         stage: *stage,
-        input: admitted.frame.clone(),
-        output: activation.clone(),
+        input: admitted.payload.clone(),
+        output: payload.clone(),
         loss: None,
         generation: 0,
         gradients: Gradients::Pending,
@@ -499,8 +517,8 @@ async fn serve_middle(
         deadline_ms: admitted.deadline_ms,
         receipts: header.receipts.clone(),
     };
-    let received = receipt::digest(&admitted.frame);
-    let sent = send_forward(ctx, plan, stage + 1, &next, &activation, received).await;
+    let received = receipt::digest(&admitted.payload);
+    let sent = send_forward(ctx, plan, stage + 1, &next, &payload, received).await;
     let (loss, pathway, grad) = match sent {
         Ok(done) => done,
         Err(reason) => {
@@ -521,15 +539,17 @@ async fn serve_middle(
     }
 }
 
-/// Sends a held-out batch's activation on for evaluation and returns the tail's loss.
+/// Sends a held-out batch's activation on for evaluation, beside the batch's token block
+/// `tokens`, and returns the tail's loss.
 pub(crate) async fn send_eval(
     ctx: &Ctx,
     plan: &EpochPlan,
     stage: u32,
     batch: u64,
+    tokens: &[u8],
     frame: &[u8],
 ) -> Result<f32, String> {
-    let body = eval_body(&EvalHeader { batch }, frame);
+    let body = eval_body(&EvalHeader { batch }, tokens, frame);
     let mut tried = BTreeSet::new();
     let mut last = String::from("no live replica");
     for attempt in 0..ATTEMPTS {
@@ -563,7 +583,7 @@ pub(crate) async fn serve_eval(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
     let Ok(_permit) = ctx.permits.clone().try_acquire_owned() else {
         return failed("busy".into());
     };
-    let (header, frame) = match messages::decode::<EvalHeader>(Service::Eval, body) {
+    let (header, payload) = match messages::decode::<EvalHeader>(Service::Eval, body) {
         Ok(decoded) => decoded,
         Err(error) => return failed(error.to_string()),
     };
@@ -579,13 +599,21 @@ pub(crate) async fn serve_eval(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
         Ok(weights) => weights,
         Err(reason) => return failed(reason),
     };
-    let Some(batch) = ctx.val_batch(header.batch) else {
-        return failed("no such validation batch".into());
+    // The held-out batch's ids came with it (the router checked them, and its frame).
+    let expect = Expect {
+        sample: None,
+        boundary: stage - 1,
+        kind: FrameKind::Activation,
     };
+    let sample = match ctx.frames.sample(payload, expect) {
+        Ok(sample) => sample,
+        Err(refusal) => return failed(format!("sample payload refused ({})", refusal.label())),
+    };
+    let batch = &sample.batch;
     let tokens = worker.layout().needs_tokens().then(|| batch.inputs.clone());
-    let input = StageInput::frame(frame.to_vec(), tokens);
+    let input = StageInput::frame(sample.frame.to_vec(), tokens);
     if stage + 1 == plan.stages {
-        let targets = batch.targets;
+        let targets = batch.targets.clone();
         match worker.eval_given(weights, input, Some(targets)).await {
             Ok(EvalOutput::Loss(loss)) => eval_reply(&EvalReply::Loss(loss)),
             Ok(EvalOutput::Activation(_)) => failed("tail gave no loss".into()),
@@ -594,7 +622,7 @@ pub(crate) async fn serve_eval(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
     } else {
         match worker.eval_given(weights, input, None).await {
             Ok(EvalOutput::Activation(next)) => {
-                match send_eval(ctx, &plan, stage + 1, header.batch, &next).await {
+                match send_eval(ctx, &plan, stage + 1, header.batch, sample.tokens, &next).await {
                     Ok(loss) => eval_reply(&EvalReply::Loss(loss)),
                     Err(reason) => failed(reason),
                 }

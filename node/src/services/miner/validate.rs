@@ -4,15 +4,19 @@
 //! * **Forward**: from the previous stage's miner in the plan of its epoch (current or the
 //!   one before), which is the pathway's last hop, and every pathway entry holds its stage
 //!   in that plan; its hop receipts prove the pathway so far, the last naming this node and
-//!   hashing the frame that came ([`crate::wire::receipt`]): a tail signs its loss record's
-//!   chain only after this check, so its records are never refused for a hop before it.
+//!   hashing the sample payload that came, token ids and frame together
+//!   ([`crate::wire::receipt`]): a tail signs its loss record's chain only after this check,
+//!   so its records are never refused for a hop before it.
 //! * **Evaluation**: from a previous-stage miner of the current (or previous) plan.
 //! * **Weights**: from a replica of the requested stage in the current plan (a miner that
 //!   joins or changes stage), or from a permitted validator of the metagraph (who measures
 //!   how far a replica's weights moved from the merged ones in a spot check).
 //!
-//! The frame each request carries is checked against [`crate::rules::FrameRules`] (shared:
-//! the validator's recomputations check frames too).
+//! The sample payload each forward and evaluation carries ([`messages::pack_sample`]) is
+//! checked against [`crate::rules::FrameRules::sample`] (shared: the validator's
+//! recomputations check frames too): its token ids must be a block of the run's batch,
+//! sequence length and vocabulary ([`Refusal::TokensMalformed`] otherwise), its frame the
+//! run's exact shape.
 
 use std::collections::BTreeSet;
 
@@ -42,35 +46,38 @@ impl PipelineRequests {
         })
     }
 
-    /// Checks a forward request of `peer`: its header against the plans, its frame's shape.
+    /// Checks a forward request of `peer`: its header against the plans, its token ids and
+    /// its frame's shape, its receipts.
     pub(crate) fn forward(&self, book: &PlanBook, peer: &str, data: &[u8]) -> Result<(), Refusal> {
-        let (header, frame) = messages::decode::<ForwardHeader>(Service::Forward, data)
+        let (header, payload) = messages::decode::<ForwardHeader>(Service::Forward, data)
             .map_err(|_| Refusal::FrameMalformed)?;
         let stage = check_forward(book, self.me.as_str(), peer, &header)?;
-        self.frames.check(
-            frame,
+        self.frames.sample(
+            payload,
             Expect {
                 sample: Some(header.sample),
                 boundary: stage - 1,
                 kind: FrameKind::Activation,
             },
         )?;
-        check_receipts(self.run_id, self.me.as_str(), &header, frame)
+        check_receipts(self.run_id, self.me.as_str(), &header, payload)
     }
 
-    /// Checks an evaluation request of `peer`.
+    /// Checks an evaluation request of `peer`: the sender, its token ids and frame.
     pub(crate) fn eval(&self, book: &PlanBook, peer: &str, data: &[u8]) -> Result<(), Refusal> {
-        let (_header, frame) = messages::decode::<EvalHeader>(Service::Eval, data)
+        let (_header, payload) = messages::decode::<EvalHeader>(Service::Eval, data)
             .map_err(|_| Refusal::FrameMalformed)?;
         let stage = check_eval(book, self.me.as_str(), peer)?;
-        self.frames.check(
-            frame,
-            Expect {
-                sample: None,
-                boundary: stage - 1,
-                kind: FrameKind::Activation,
-            },
-        )
+        self.frames
+            .sample(
+                payload,
+                Expect {
+                    sample: None,
+                    boundary: stage - 1,
+                    kind: FrameKind::Activation,
+                },
+            )
+            .map(|_| ())
     }
 
     /// Checks a weights request of `peer`, with `validators` the metagraph's permitted ones.
@@ -116,12 +123,13 @@ pub(crate) fn check_forward(
 }
 
 /// Checks a forward's hop receipts (after [`check_forward`]): they prove its pathway up to
-/// `me`, and the last hashes `frame`.
+/// `me`, and the last hashes `payload` (the whole sample payload: the token ids are bound
+/// with the frame).
 pub(crate) fn check_receipts(
     run_id: u64,
     me: &str,
     header: &ForwardHeader,
-    frame: &[u8],
+    payload: &[u8],
 ) -> Result<(), Refusal> {
     let sample = receipt::Sample {
         run: run_id,
@@ -131,7 +139,7 @@ pub(crate) fn check_receipts(
     };
     receipt::verify_chain(&sample, &header.receipts, Some(me)).map_err(|_| Refusal::BadReceipts)?;
     match header.receipts.last() {
-        Some(last) if last.sent == receipt::digest(frame) => Ok(()),
+        Some(last) if last.sent == receipt::digest(payload) => Ok(()),
         _ => Err(Refusal::BadReceipts),
     }
 }
@@ -297,6 +305,112 @@ mod tests {
         let cut = header(chain(&sample, &keys, Some(&tail))[..1].to_vec());
         assert_eq!(
             check_receipts(run_id, &tail, &cut, &sent),
+            Err(Refusal::BadReceipts)
+        );
+    }
+
+    #[test]
+    fn forwards_carry_the_runs_token_ids_bound_by_their_receipts() {
+        use crate::services::consensus::api::fixture::{key_of, run};
+        use crate::wire::messages::pack_sample;
+        use crate::wire::receipt::{head_input, sign, Hop};
+        let (book, _) = book(&[0]);
+        let plan = book.current().unwrap().clone();
+        let (head, middle) = (on(&plan, 0)[0].clone(), on(&plan, 1)[0].clone());
+        let tail = on(&plan, 2)[0].clone();
+        let run = run();
+        let run_id = crate::run_spec::run_id(&run);
+        let rules = PipelineRequests::new(PeerIdStr::parse(&tail).unwrap(), &run, run_id).unwrap();
+        let (b, s, w) = (
+            run.batch_size as usize,
+            run.seq_len as usize,
+            run.bottleneck as usize,
+        );
+        let meta = training::wire::FrameMeta {
+            run: run_id,
+            sample: 1,
+            stage: 1,
+            kind: FrameKind::Activation,
+        };
+        let codec = training::wire::Codec::new(training::WireDtype::Bf16);
+        let frame =
+            training::wire::encode(&codec, &meta, &[b, s, w], &vec![0.5; b * s * w]).unwrap();
+        let ids: Vec<u32> = (0..b * (s + 1)).map(|i| (i % 200) as u32).collect();
+        let tokens = training::dataset::tokens::encode(
+            &training::Batch::from_ids(b, s, &ids),
+            training::VOCAB,
+        );
+        // The body the middle stage sends the tail, its receipts over `payload`.
+        let body = |payload: &[u8]| {
+            let pathway = vec![head.clone(), middle.clone()];
+            fn hop(run: u64, stage: u32, next: &str) -> Hop<'_> {
+                Hop {
+                    run,
+                    epoch: 0,
+                    sample: 1,
+                    stage,
+                    next: Some(next),
+                }
+            }
+            let from_head = receipt::digest(b"the head's payload");
+            let receipts = vec![
+                sign(
+                    &key_of(&head),
+                    &hop(run_id, 0, &middle),
+                    head_input(),
+                    from_head,
+                )
+                .unwrap(),
+                sign(
+                    &key_of(&middle),
+                    &hop(run_id, 1, &tail),
+                    from_head,
+                    receipt::digest(payload),
+                )
+                .unwrap(),
+            ];
+            let header = ForwardHeader {
+                epoch: 0,
+                sample: 1,
+                pathway,
+                deadline_ms: u64::MAX,
+                receipts,
+            };
+            messages::encode(Service::Forward, &header, payload).unwrap()
+        };
+        let good = pack_sample(&tokens, &frame);
+        assert_eq!(rules.forward(&book, &middle, &body(&good)), Ok(()));
+        // The frame alone, as before ids travelled: refused before anything is decoded.
+        assert_eq!(
+            rules.forward(&book, &middle, &body(&frame)),
+            Err(Refusal::TokensMalformed)
+        );
+        // Ids past the run's vocabulary, or a token block cut short.
+        let mut wide = ids.clone();
+        wide[0] = training::VOCAB as u32;
+        let wide =
+            training::dataset::tokens::encode(&training::Batch::from_ids(b, s, &wide), 1 << 16);
+        for bad in [
+            pack_sample(&wide, &frame),
+            pack_sample(&tokens[..tokens.len() - 2], &frame),
+        ] {
+            assert_eq!(
+                rules.forward(&book, &middle, &body(&bad)),
+                Err(Refusal::TokensMalformed)
+            );
+        }
+        // The receipts bind the ids: other ids under the middle's receipt of these.
+        let other: Vec<u32> = ids.iter().map(|i| (i + 1) % 200).collect();
+        let other = training::dataset::tokens::encode(
+            &training::Batch::from_ids(b, s, &other),
+            training::VOCAB,
+        );
+        let mut swapped = body(&good);
+        let at = swapped.len() - good.len();
+        swapped.truncate(at);
+        swapped.extend_from_slice(&pack_sample(&other, &frame));
+        assert_eq!(
+            rules.forward(&book, &middle, &swapped),
             Err(Refusal::BadReceipts)
         );
     }

@@ -6,14 +6,22 @@
 //! seeded from the validator's own secret key ([`Schedule::new`]), so a miner can predict
 //! neither the moment nor the sample.
 //!
-//! **The evidence.** The miner returns the sample's input frame (none at the head: the
-//! sample id gives its tokens), the frame it sent on (the activation, or at the tail the
-//! gradient it sent back), its current weights, and at a middle stage the gradient it
+//! **The evidence.** The miner returns the sample payload it received (token ids and
+//! activation; none at the head, which draws the ids its sample id names), what it sent on
+//! (the sample payload with its activation, or at the tail the gradient it sent back), its current weights, and at a middle stage the gradient it
 //! received from the next stage and the one it sent back upstream
 //! (`crate::services::miner`'s evidence store), frozen for the check and fetched in chunks
 //! that fit any frame limit ([`transfer`]). The input and output frames must hash to what
 //! the miner's receipt in the loss record says it received and sent
 //! (`crate::wire::receipt`): a miner cannot send one frame and show another.
+//!
+//! **The token ids.** Only heads read data: a sample's ids travel beside its activations
+//! (`crate::wire::messages::pack_sample`), and the receipts hash them with the frames. The
+//! validator holds the data, so at the head it checks that the ids sent are those the
+//! sample id names; after the head, that the ids sent on are those received (the tail sends
+//! none on). Either mismatch fails the miner ([`SpotFailure::WrongTokens`]). A stage is
+//! recomputed with the ids it received, so an honest stage fed wrong ids by the stage before
+//! it is not blamed: the receipts name who sent them.
 //!
 //! **Which weights are reproducible.** The only weights every node agrees on by hash are
 //! the merged weights an epoch starts from, but a miner's outputs come from weights that an
@@ -200,6 +208,9 @@ pub(crate) enum SpotFailure {
     /// It answered far more of its checks without evidence than honest miners do (see
     /// [`super::dodges`]).
     DodgedChecks,
+    /// The token ids it sent on are not its sample's: a head's are not those its sample id
+    /// names in the run's data, a later stage's not those it received.
+    WrongTokens,
 }
 
 impl SpotFailure {
@@ -217,6 +228,7 @@ impl SpotFailure {
             SpotFailure::EvidenceNotReceipted => "evidence_not_receipted",
             SpotFailure::SupersededFalse => "superseded_false",
             SpotFailure::DodgedChecks => "dodged_checks",
+            SpotFailure::WrongTokens => "wrong_tokens",
         }
     }
 }
@@ -503,9 +515,9 @@ impl Schedule {
 pub(crate) struct Evidence<'a> {
     /// The stage the miner says it served the sample at.
     pub(crate) stage: u32,
-    /// The input frame (empty at the head).
+    /// The sample payload received (empty at the head).
     pub(crate) input: &'a [u8],
-    /// The frame it sent on.
+    /// What it sent on: a sample payload, or the tail's gradient frame.
     pub(crate) output: &'a [u8],
     /// Its weights, little-endian f32.
     pub(crate) weights: &'a [u8],
@@ -1107,6 +1119,7 @@ mod tests {
             (SpotFailure::ClaimedSampleNotHeld, "claimed_sample_not_held"),
             (SpotFailure::SupersededFalse, "superseded_false"),
             (SpotFailure::DodgedChecks, "dodged_checks"),
+            (SpotFailure::WrongTokens, "wrong_tokens"),
         ];
         for (failure, label) in failures {
             assert_eq!(failure.to_string(), label);

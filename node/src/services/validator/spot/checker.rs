@@ -5,6 +5,11 @@
 //! that cannot go on ends the check with its [`Outcome`], in the order the steps run (the
 //! first that fails is the one reported).
 //!
+//! The evidence's forward frames are sample payloads (token ids beside the activation,
+//! `crate::wire::messages::pack_sample`): a stage after the head is recomputed with the ids
+//! it received, never with the validator's own data, so a stage fed other ids than its
+//! sample's is judged on what it was given.
+//!
 //! The weights an epoch starts from, against which a miner's steps are measured, are the
 //! run seed's in the first epoch (kept with the scratch stage) and later the merged
 //! snapshot of the stage, asked of its replicas and accepted only when it hashes to a merge
@@ -17,7 +22,7 @@ use std::time::Duration;
 use bootstrap::RunConfig;
 use training::wire::FrameKind;
 use training::worker::{EvalOutput, StageInput};
-use training::{Corpus, StageHandle};
+use training::{Batch, StageHandle, TrainingData};
 
 use super::transfer::{fetch_timeout, parse_chunk, Assembly, Bounds};
 use super::{
@@ -39,6 +44,20 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The token ids and activation frames of the evidence's sample payloads (none where the
+/// evidence has no forward frame: the head's input, the tail's output).
+#[derive(Default)]
+struct Ids<'e> {
+    /// The ids the stage received.
+    input: Option<Batch>,
+    /// The frame the stage received.
+    input_frame: Option<&'e [u8]>,
+    /// The ids the stage sent on.
+    output: Option<Batch>,
+    /// The activation the stage sent on.
+    output_frame: Option<&'e [u8]>,
+}
+
 /// A stage the validator recomputes with, built from the run seed.
 struct Scratch {
     handle: StageHandle,
@@ -58,7 +77,8 @@ pub(crate) struct Checker {
     run: RunConfig,
     device: training::Device,
     frames: FrameRules,
-    corpus: Arc<Corpus>,
+    /// What heads draw samples from: the ids a head sends are checked against it.
+    data: TrainingData,
     stages: tokio::sync::Mutex<BTreeMap<u32, Scratch>>,
     /// The last merged weights fetched of each stage.
     merged: tokio::sync::Mutex<BTreeMap<u32, Start>>,
@@ -76,7 +96,7 @@ impl Checker {
             client,
             frames: FrameRules::new(&run, run_id)?,
             device,
-            corpus: Arc::new(Corpus::shakespeare()?),
+            data: TrainingData::embedded()?,
             run,
             stages: tokio::sync::Mutex::new(BTreeMap::new()),
             merged: tokio::sync::Mutex::new(BTreeMap::new()),
@@ -116,7 +136,7 @@ impl Checker {
     ) -> Result<(), Outcome> {
         let assembly = self.fetch(target, measured).await?;
         let evidence = assembly.finish()?;
-        self.check_frames(target, &evidence)?;
+        let ids = self.check_frames(target, &evidence)?;
         if let Some((received, sent)) = target.receipt {
             if receipt::digest(evidence.input) != received
                 || receipt::digest(evidence.output) != sent
@@ -124,6 +144,7 @@ impl Checker {
                 return Err(Outcome::Fail(SpotFailure::EvidenceNotReceipted));
             }
         }
+        self.check_ids(target, &ids)?;
         let mut stages = self.stages.lock().await;
         let scratch = self.scratch_for(&mut stages, evidence.stage).await?;
         if evidence.weights.len() != 4 * scratch.handle.num_params() {
@@ -143,10 +164,13 @@ impl Checker {
             .set_flat_params(weights)
             .await
             .map_err(|_| MALFORMED)?;
-        let recomputed = self.forward(worker, target, &evidence, measured).await?;
+        let recomputed = self
+            .forward(worker, target, &evidence, &ids, measured)
+            .await?;
         if let Some(recomputed) = recomputed {
             let limits = self.frames.limits();
-            let theirs = training::wire::decode(evidence.output, &limits).map_err(|_| MALFORMED)?;
+            let theirs = ids.output_frame.unwrap_or(evidence.output);
+            let theirs = training::wire::decode(theirs, &limits).map_err(|_| MALFORMED)?;
             let ours = training::wire::decode(&recomputed, &limits)
                 .map_err(|_| Outcome::Inconclusive(SpotInconclusive::RecomputeFailed))?;
             let (cosine, ratio) = compare(&theirs.values, &ours.values).ok_or(MALFORMED)?;
@@ -203,9 +227,14 @@ impl Checker {
         )
         .map_err(|_| Outcome::Inconclusive(SpotInconclusive::NoScratchStage))?;
         let raw = self.frames.limits().max_raw_bytes as u64;
+        // A forward frame comes with its sample's token block (and the block's length).
+        let tokens = 4 + self.frames.max_token_bytes() as u64;
         Ok(Bounds {
             weights: layout.num_params(&model) as u64,
-            frame: raw.saturating_mul(2).saturating_add(64 << 10),
+            frame: raw
+                .saturating_mul(2)
+                .saturating_add(64 << 10)
+                .saturating_add(tokens),
         })
     }
 
@@ -234,18 +263,28 @@ impl Checker {
 
     /// Checks the evidence's frames against the run's shapes: the input (none at the
     /// head) and the frame it sent on (none to check for a tail that is also the head).
-    fn check_frames(&self, target: &Target, evidence: &Evidence<'_>) -> Result<(), Outcome> {
+    /// Forward frames are sample payloads: their token ids must be the run's too, and are
+    /// returned with their frames.
+    fn check_frames<'e>(
+        &self,
+        target: &Target,
+        evidence: &Evidence<'e>,
+    ) -> Result<Ids<'e>, Outcome> {
         let stage = evidence.stage;
         let boundary_in = stage.saturating_sub(1);
+        let mut ids = Ids::default();
         if stage > 0 {
             let expect = Expect {
                 sample: Some(target.sample),
                 boundary: boundary_in,
                 kind: FrameKind::Activation,
             };
-            self.frames
-                .check(evidence.input, expect)
+            let input = self
+                .frames
+                .sample(evidence.input, expect)
                 .map_err(|_| MALFORMED)?;
+            ids.input = Some(input.batch);
+            ids.input_frame = Some(input.frame);
         } else if !evidence.input.is_empty() {
             return Err(MALFORMED);
         }
@@ -262,10 +301,17 @@ impl Checker {
                 kind: FrameKind::Activation,
             }
         };
-        if !(target.tail && stage == 0) {
+        if target.tail && stage > 0 {
             self.frames
                 .check(evidence.output, expect_out)
                 .map_err(|_| MALFORMED)?;
+        } else if !target.tail {
+            let output = self
+                .frames
+                .sample(evidence.output, expect_out)
+                .map_err(|_| MALFORMED)?;
+            ids.output = Some(output.batch);
+            ids.output_frame = Some(output.frame);
         }
         let gradients = !evidence.received.is_empty() || !evidence.sent_back.is_empty();
         if gradients {
@@ -285,7 +331,7 @@ impl Checker {
                 .check(evidence.sent_back, gradient(boundary_in))
                 .map_err(|_| MALFORMED)?;
         }
-        Ok(())
+        Ok(ids)
     }
 
     /// The scratch copy of `stage`, built on first use.
@@ -304,35 +350,68 @@ impl Checker {
         })
     }
 
-    /// Recomputes the sample on `worker` (holding the miner's weights): the frame the
-    /// miner should have sent on (`None` when a tail sends none back), and at the tail the
-    /// ratio of the claimed loss to the recomputed one.
-    async fn forward(
-        &self,
-        worker: &StageHandle,
-        target: &Target,
-        evidence: &Evidence<'_>,
-        measured: &mut Measured,
-    ) -> Result<Option<Vec<u8>>, Outcome> {
-        let batch = self
-            .corpus
+    /// Checks the ids the miner sent on: at the head those its sample id names in the run's
+    /// data, later those it received.
+    fn check_ids(&self, target: &Target, ids: &Ids<'_>) -> Result<(), Outcome> {
+        let Some(sent) = &ids.output else {
+            // A tail sends no ids on; it was recomputed with those it received.
+            return Ok(());
+        };
+        let due = match &ids.input {
+            Some(received) => received.clone(),
+            None => self.sample_ids(target)?,
+        };
+        if *sent != due {
+            return Err(Outcome::Fail(SpotFailure::WrongTokens));
+        }
+        Ok(())
+    }
+
+    /// The ids a stage is recomputed with: after the head, those it received; at the
+    /// head, those it sent (a head that is also the tail sends none: the sample's own).
+    fn ids_of(&self, target: &Target, ids: &Ids<'_>) -> Result<Batch, Outcome> {
+        if let Some(batch) = ids.input.as_ref().or(ids.output.as_ref()) {
+            return Ok(batch.clone());
+        }
+        self.sample_ids(target)
+    }
+
+    /// The ids of `target`'s sample, drawn from the run's data.
+    fn sample_ids(&self, target: &Target) -> Result<Batch, Outcome> {
+        self.data
             .train_sample(
                 target.sample,
                 self.run.seed,
                 self.run.batch_size as usize,
                 self.run.seq_len as usize,
             )
-            .map_err(|_| Outcome::Inconclusive(SpotInconclusive::NoSample))?;
-        let stage_input = if evidence.stage == 0 {
-            StageInput::Tokens {
+            .map_err(|_| Outcome::Inconclusive(SpotInconclusive::NoSample))
+    }
+
+    /// Recomputes the sample on `worker` (holding the miner's weights) with the ids
+    /// [`Checker::ids_of`] names: the frame the miner should have sent on (`None` when a
+    /// tail sends none back), and at the tail the ratio of the claimed loss to the
+    /// recomputed one.
+    async fn forward(
+        &self,
+        worker: &StageHandle,
+        target: &Target,
+        evidence: &Evidence<'_>,
+        ids: &Ids<'_>,
+        measured: &mut Measured,
+    ) -> Result<Option<Vec<u8>>, Outcome> {
+        let batch = self.ids_of(target, ids)?;
+        let stage_input = match ids.input_frame {
+            None => StageInput::Tokens {
                 batch: batch.batch,
                 seq: batch.seq,
                 tokens: batch.inputs.clone(),
+            },
+            Some(frame) => {
+                // A subspace model's stages rebuild the stream from the sample's tokens.
+                let tokens = worker.layout().needs_tokens().then(|| batch.inputs.clone());
+                StageInput::frame(frame.to_vec(), tokens)
             }
-        } else {
-            // A subspace model's stages rebuild the stream from the sample's tokens.
-            let tokens = worker.layout().needs_tokens().then(|| batch.inputs.clone());
-            StageInput::frame(evidence.input.to_vec(), tokens)
         };
         if target.tail {
             let out = worker

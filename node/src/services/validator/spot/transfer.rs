@@ -46,7 +46,7 @@ pub(crate) fn fetch_timeout(total: u64) -> Duration {
 pub(crate) struct Layout {
     /// The stage the miner says it served the sample at.
     pub(crate) stage: u32,
-    /// Bytes of the input frame (none at the head).
+    /// Bytes of the sample payload received (none at the head).
     pub(crate) input_len: u64,
     /// Bytes of the frame it sent on.
     pub(crate) output_len: u64,
