@@ -88,8 +88,8 @@ pub(crate) fn worker_config(
 }
 
 /// The vocabulary of `run`'s model: every token id is below it (byte-level today).
-pub(crate) fn vocab(_run: &RunConfig) -> usize {
-    training::VOCAB
+pub(crate) fn vocab(run: &RunConfig) -> usize {
+    run.vocab_size() as usize
 }
 
 /// The id every frame of `run` carries: the first 8 bytes of its configuration hash.

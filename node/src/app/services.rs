@@ -147,8 +147,8 @@ pub(crate) async fn start(settings: NodeSettings, identity: NodeIdentity) -> any
         merge: &merge,
         topics: &topics,
     };
-    let miner = start_miner(&settings, &identity, &started, &metrics, &mut tasks)?;
-    let validator = start_validator(&settings, &identity, &started, &mut tasks)?;
+    let miner = start_miner(&settings, &identity, &started, &metrics, &data, &mut tasks)?;
+    let validator = start_validator(&settings, &identity, &started, &data, &mut tasks)?;
     start_chain(
         &settings,
         &consensus,
@@ -319,6 +319,7 @@ fn start_miner(
     identity: &NodeIdentity,
     started: &Started<'_>,
     metrics: &Metrics,
+    data: &DataHandle,
     tasks: &mut Tasks,
 ) -> anyhow::Result<Option<MinerHandle>> {
     if settings.role != Role::Miner {
@@ -338,6 +339,7 @@ fn start_miner(
         metrics.pipeline.clone(),
         started.merge.clone(),
         started.consensus.view.clone(),
+        data.clone(),
     )?;
     let (handle, task) = crate::services::miner::api::spawn(miner, started.topics.pipeline.clone());
     tasks.add("miner", task);
@@ -349,12 +351,14 @@ fn start_validator(
     settings: &NodeSettings,
     identity: &NodeIdentity,
     started: &Started<'_>,
+    data: &DataHandle,
     tasks: &mut Tasks,
 ) -> anyhow::Result<Option<ValidatorHandle>> {
     if settings.role != Role::Validator {
         return Ok(None);
     }
     let (handle, task) = crate::services::validator::api::spawn(ValidatorParts {
+        data: data.clone(),
         merge: started.merge.clone(),
         data_dir: settings.data_dir.clone(),
         consensus: started.consensus.clone(),

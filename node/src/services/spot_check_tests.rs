@@ -17,6 +17,8 @@ use bootstrap::{ModelPreset, RunConfig};
 use training::worker::StageInput;
 use training::{StageHandle, TrainingData};
 
+use crate::services::data::api::DataHandle;
+
 use super::miner::api::{answer_spot_check, wrong_tokens_sample, Evidence, EvidenceStore};
 use super::validator::api::{Checker, Outcome, SpotFailure, Target};
 use crate::rules::FrameRules;
@@ -156,7 +158,8 @@ async fn a_base_stage_is_spot_checked_within_the_default_frame_limit() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let checker = Checker::new(validator, run.clone(), device).expect("checker");
+    let checker =
+        Checker::new(validator, run.clone(), device, DataHandle::embedded(&run)).expect("checker");
     let target = Target {
         epoch: 1,
         peer: miner.local_peer_id().to_string(),
@@ -387,7 +390,8 @@ async fn a_head_sending_other_ids_is_caught_and_the_stages_it_fed_are_not() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let checker = Checker::new(validator, run.clone(), device).expect("checker");
+    let checker =
+        Checker::new(validator, run.clone(), device, DataHandle::embedded(&run)).expect("checker");
     let check = |stage: u32, sample: u64| {
         let target = Target {
             epoch: 1,

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -183,11 +183,10 @@ impl DataHandle {
         })
     }
 
-    /// The embedded corpus, for tests.
+    /// The embedded corpus of `run` (which names no dataset), for tests.
     #[cfg(test)]
-    pub(crate) fn embedded() -> DataHandle {
-        let run = RunConfig::default();
-        DataHandle::start(&run, &DataSettings::default(), None, None).expect("embedded corpus")
+    pub(crate) fn embedded(run: &RunConfig) -> DataHandle {
+        DataHandle::start(run, &DataSettings::default(), None, None).expect("embedded corpus")
     }
 
     /// The dataset hash this node serves whole (announced in its heartbeats).
@@ -214,11 +213,6 @@ impl DataHandle {
     /// The data if it is already here.
     pub(crate) fn now(&self) -> Option<&TrainingData> {
         self.inner.data.get()
-    }
-
-    /// The ids are below this.
-    pub(crate) fn vocab(&self) -> usize {
-        self.inner.run.vocab_size() as usize
     }
 
     /// Bits per byte of a held-out loss of `nats` per token (`None` before the manifest).
@@ -291,10 +285,15 @@ impl DataHandle {
     }
 
     /// Shards fetched from peers, and chunks refused for not matching the manifest.
+    #[cfg(test)]
     pub(crate) fn fetch_counts(&self) -> (u64, u64) {
         (
-            self.inner.fetched.load(Ordering::Relaxed),
-            self.inner.bad_chunks.load(Ordering::Relaxed),
+            self.inner
+                .fetched
+                .load(std::sync::atomic::Ordering::Relaxed),
+            self.inner
+                .bad_chunks
+                .load(std::sync::atomic::Ordering::Relaxed),
         )
     }
 

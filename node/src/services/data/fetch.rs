@@ -22,6 +22,11 @@ const SERVER_POLL: Duration = Duration::from_millis(500);
 /// How long a fetch waits for a server to be known.
 const SERVER_WAIT: Duration = Duration::from_secs(60);
 
+/// A test's made-up server: the answer of `peer` to a request.
+#[cfg(test)]
+pub(crate) type FakeAnswer =
+    dyn Fn(&PeerIdStr, &DataRequest) -> Result<Vec<u8>, String> + Send + Sync;
+
 /// How requests reach the servers.
 pub(crate) enum Transport {
     /// No network (tests of drawing only).
@@ -30,7 +35,7 @@ pub(crate) enum Transport {
     Network(p2p::Client),
     /// Answers made up by a test.
     #[cfg(test)]
-    Fake(Box<dyn Fn(&PeerIdStr, &DataRequest) -> Result<Vec<u8>, String> + Send + Sync>),
+    Fake(Box<FakeAnswer>),
 }
 
 /// The peers announcing the run's dataset, those that served bad bytes of `shard` last,

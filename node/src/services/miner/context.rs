@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
-use training::{CheckpointStore, TrainingData};
+use training::CheckpointStore;
 
 use super::api::MinerConfig;
 use super::evidence::Evidence;
@@ -32,6 +32,7 @@ use super::{lock, MAX_IN_FLIGHT};
 use crate::metrics::PipelineMetrics;
 use crate::run_spec::run_id;
 use crate::services::consensus::api::ConsensusView;
+use crate::services::data::api::DataHandle;
 use crate::services::merge::api::MergeHandle;
 
 /// A miner, set up but not started (no stage yet: that comes with the first plan).
@@ -55,7 +56,7 @@ pub(crate) struct Fixed {
     pub(crate) frames: crate::rules::FrameRules,
     /// What heads draw samples and held-out batches from (only heads read it: the other
     /// stages take a sample's ids from the payload that comes with it).
-    pub(crate) data: TrainingData,
+    pub(crate) data: DataHandle,
     /// The pipeline's metrics.
     pub(crate) metrics: PipelineMetrics,
     /// Where merges and stage builds checkpoint to (`None`: no data dir).
@@ -75,8 +76,8 @@ impl Miner {
         metrics: PipelineMetrics,
         merger: MergeHandle,
         consensus: watch::Receiver<ConsensusView>,
+        data: DataHandle,
     ) -> anyhow::Result<Miner> {
-        let data = TrainingData::embedded()?;
         let run_id = run_id(&cfg.run);
         let frames = crate::rules::FrameRules::new(&cfg.run, run_id)?;
         let store = match &cfg.data_dir {

@@ -122,18 +122,13 @@ pub(crate) fn wrong_tokens_sample(sample: u64) -> u64 {
 
 /// The ids a head sends for `sample`, `batch` being those its sample id names: those of
 /// [`wrong_tokens_sample`] for a `wrong-tokens` head (`batch` if they cannot be drawn).
-pub(crate) fn sent_batch(ctx: &Ctx, sample: u64, batch: training::Batch) -> training::Batch {
+pub(crate) async fn sent_batch(ctx: &Ctx, sample: u64, batch: training::Batch) -> training::Batch {
     if !ctx.cfg.faults.wrong_tokens {
         return batch;
     }
-    let run = &ctx.cfg.run;
     ctx.data
-        .train_sample(
-            wrong_tokens_sample(sample),
-            run.seed,
-            run.batch_size as usize,
-            run.seq_len as usize,
-        )
+        .train_sample(wrong_tokens_sample(sample))
+        .await
         .unwrap_or(batch)
 }
 

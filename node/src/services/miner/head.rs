@@ -26,7 +26,13 @@ pub(crate) async fn run_epoch(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandl
     if index == 0 {
         match evaluate_patiently(&ctx, &plan, &worker).await {
             Ok(loss) => {
-                tracing::info!(epoch = plan.epoch, val_loss = loss, "held-out loss");
+                let bpb = ctx.data.bits_per_byte(f64::from(loss)).unwrap_or(f64::NAN);
+                tracing::info!(
+                    epoch = plan.epoch,
+                    val_loss = loss,
+                    val_bits_per_byte = bpb,
+                    "held-out loss"
+                );
                 ctx.metrics.val_loss.set(f64::from(loss));
                 publish(
                     &ctx,
@@ -42,6 +48,13 @@ pub(crate) async fn run_epoch(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandl
         }
     }
 
+    // The shards this epoch's samples read, fetched while the held-out loss is computed
+    // and the first samples train (a node holding the whole dataset has them all).
+    ctx.data.prefetch(
+        (0..plan.epoch_samples)
+            .map(|counter| sample_id(plan.seed, index as u64, counter))
+            .collect(),
+    );
     let window = ctx.cfg.head_window.max(1);
     let mut in_flight = InFlight::default();
     let (mut done, mut dropped) = (0u64, 0u64);
@@ -99,18 +112,13 @@ impl Drop for InFlight {
 
 /// One sample, head to tail and back; `false` when it was dropped.
 async fn one_sample(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandle, id: u64) -> bool {
-    let run = &ctx.cfg.run;
-    let batch =
-        match ctx
-            .data
-            .train_sample(id, run.seed, run.batch_size as usize, run.seq_len as usize)
-        {
-            Ok(batch) => faults::sent_batch(&ctx, id, batch),
-            Err(error) => {
-                tracing::warn!(%error, "sample not drawn");
-                return false;
-            }
-        };
+    let batch = match ctx.data.train_sample(id).await {
+        Ok(batch) => faults::sent_batch(&ctx, id, batch).await,
+        Err(error) => {
+            tracing::warn!(%error, "sample not drawn");
+            return false;
+        }
+    };
     ctx.metrics.samples_forward.inc();
     let frame = match worker.forward(id, tokens_input(&batch)).await {
         Ok(frame) => faults::outgoing(&ctx, frame, id),
@@ -197,10 +205,10 @@ async fn evaluate_patiently(
 /// (see [`super::snapshot::eval_weights`]).
 async fn evaluate(ctx: &Ctx, plan: &EpochPlan, worker: &StageHandle) -> Result<f32, String> {
     let weights = super::snapshot::eval_weights(ctx, plan, 0)?;
-    let run = &ctx.cfg.run;
     let batches = ctx
         .data
-        .val_batches(run.batch_size as usize, run.seq_len as usize, VAL_BATCHES)
+        .val_batches(VAL_BATCHES)
+        .await
         .map_err(|error| error.to_string())?;
     let mut total = 0.0f64;
     for (i, batch) in (0u64..).zip(&batches) {

@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::dodges::Tally;
 use crate::services::consensus::api::ConsensusHandle;
+use crate::services::data::api::DataHandle;
 use crate::services::inbox::{ask, send, ServiceGone};
 use crate::services::merge::api::MergeHandle;
 use crate::wire::messages::{ConfirmationReply, ConfirmationRequest, LossRecord};
@@ -126,6 +127,8 @@ pub(crate) struct ValidatorParts {
     pub(crate) run: RunConfig,
     /// Where spot checks compute.
     pub(crate) device: training::Device,
+    /// The run's data: the ids a head sends are checked against it.
+    pub(crate) data: DataHandle,
     /// Seeds the spot checks' schedule: derived from this node's private key.
     pub(crate) secret: [u8; 32],
     /// Misbehaviour on purpose: publish skewed weights (the hidden `skew-weights` fault).

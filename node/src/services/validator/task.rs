@@ -37,6 +37,7 @@ pub(crate) fn spawn(parts: ValidatorParts) -> anyhow::Result<(ValidatorHandle, J
         parts.client.clone(),
         parts.run.clone(),
         parts.device,
+        parts.data.clone(),
     )?);
     let (weights_tx, weights) = watch::channel(None);
     let validator = Validator {

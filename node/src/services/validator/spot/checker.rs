@@ -22,7 +22,9 @@ use std::time::Duration;
 use bootstrap::RunConfig;
 use training::wire::FrameKind;
 use training::worker::{EvalOutput, StageInput};
-use training::{Batch, StageHandle, TrainingData};
+use training::{Batch, StageHandle};
+
+use crate::services::data::api::DataHandle;
 
 use super::transfer::{fetch_timeout, parse_chunk, Assembly, Bounds};
 use super::{
@@ -78,7 +80,7 @@ pub(crate) struct Checker {
     device: training::Device,
     frames: FrameRules,
     /// What heads draw samples from: the ids a head sends are checked against it.
-    data: TrainingData,
+    data: DataHandle,
     stages: tokio::sync::Mutex<BTreeMap<u32, Scratch>>,
     /// The last merged weights fetched of each stage.
     merged: tokio::sync::Mutex<BTreeMap<u32, Start>>,
@@ -90,13 +92,14 @@ impl Checker {
         client: p2p::Client,
         run: RunConfig,
         device: training::Device,
+        data: DataHandle,
     ) -> anyhow::Result<Checker> {
         let run_id = crate::run_spec::run_id(&run);
         Ok(Checker {
             client,
             frames: FrameRules::new(&run, run_id)?,
             device,
-            data: TrainingData::embedded()?,
+            data,
             run,
             stages: tokio::sync::Mutex::new(BTreeMap::new()),
             merged: tokio::sync::Mutex::new(BTreeMap::new()),
@@ -144,7 +147,7 @@ impl Checker {
                 return Err(Outcome::Fail(SpotFailure::EvidenceNotReceipted));
             }
         }
-        self.check_ids(target, &ids)?;
+        self.check_ids(target, &ids).await?;
         let mut stages = self.stages.lock().await;
         let scratch = self.scratch_for(&mut stages, evidence.stage).await?;
         if evidence.weights.len() != 4 * scratch.handle.num_params() {
@@ -352,14 +355,14 @@ impl Checker {
 
     /// Checks the ids the miner sent on: at the head those its sample id names in the run's
     /// data, later those it received.
-    fn check_ids(&self, target: &Target, ids: &Ids<'_>) -> Result<(), Outcome> {
+    async fn check_ids(&self, target: &Target, ids: &Ids<'_>) -> Result<(), Outcome> {
         let Some(sent) = &ids.output else {
             // A tail sends no ids on; it was recomputed with those it received.
             return Ok(());
         };
         let due = match &ids.input {
             Some(received) => received.clone(),
-            None => self.sample_ids(target)?,
+            None => self.sample_ids(target).await?,
         };
         if *sent != due {
             return Err(Outcome::Fail(SpotFailure::WrongTokens));
@@ -369,22 +372,18 @@ impl Checker {
 
     /// The ids a stage is recomputed with: after the head, those it received; at the
     /// head, those it sent (a head that is also the tail sends none: the sample's own).
-    fn ids_of(&self, target: &Target, ids: &Ids<'_>) -> Result<Batch, Outcome> {
+    async fn ids_of(&self, target: &Target, ids: &Ids<'_>) -> Result<Batch, Outcome> {
         if let Some(batch) = ids.input.as_ref().or(ids.output.as_ref()) {
             return Ok(batch.clone());
         }
-        self.sample_ids(target)
+        self.sample_ids(target).await
     }
 
     /// The ids of `target`'s sample, drawn from the run's data.
-    fn sample_ids(&self, target: &Target) -> Result<Batch, Outcome> {
+    async fn sample_ids(&self, target: &Target) -> Result<Batch, Outcome> {
         self.data
-            .train_sample(
-                target.sample,
-                self.run.seed,
-                self.run.batch_size as usize,
-                self.run.seq_len as usize,
-            )
+            .train_sample(target.sample)
+            .await
             .map_err(|_| Outcome::Inconclusive(SpotInconclusive::NoSample))
     }
 
@@ -400,7 +399,7 @@ impl Checker {
         ids: &Ids<'_>,
         measured: &mut Measured,
     ) -> Result<Option<Vec<u8>>, Outcome> {
-        let batch = self.ids_of(target, ids)?;
+        let batch = self.ids_of(target, ids).await?;
         let stage_input = match ids.input_frame {
             None => StageInput::Tokens {
                 batch: batch.batch,
