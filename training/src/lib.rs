@@ -30,7 +30,7 @@ pub use checkpoint::CheckpointStore;
 pub use data::{Batch, Corpus};
 pub use local::{LocalConfig, LocalReport};
 pub use model::{Bottleneck, BottleneckKind, StageLayout};
-pub use preset::{parse_device, DType, ModelConfig, Preset, VOCAB};
+pub use preset::{parse_device, DType, ModelConfig, Preset, MAX_VOCAB, VOCAB};
 pub use stage::{AdamW, LossOutput, Stage, StageConfig, StageState, StepReport};
 pub use tch::Device;
 pub use wire::WireDtype;
