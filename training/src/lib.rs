@@ -11,7 +11,7 @@
 //! - [`butterfly`]: partition plan, averaging and verification of stage replicas.
 //! - [`outer`]: the outer Nesterov step a merge takes on the replicas' averaged change.
 //! - [`export`]: the stages' weights as one safetensors model in the Hugging Face Llama layout.
-//! - [`generate`]: byte sampling with a KV cache from an exported model.
+//! - [`generate`]: sampling with a KV cache from an exported model, through its tokenizer.
 //! - [`tokenizer`]: the run's `tokenizer.json` (byte-level by default), named by its hash.
 
 pub mod butterfly;
