@@ -330,9 +330,12 @@ pub fn write(
 /// The `tokenizer_config.json` and `special_tokens_map.json` that make `transformers` load
 /// `tokenizer.json` as a fast tokenizer (`PreTrainedTokenizerFast`) for contexts of
 /// `max_len` tokens, with the tokenizer's end-of-document token as `eos_token` and its
-/// beginning-of-document token as `bos_token` (neither for a tokenizer without them). Nothing
-/// is added around encoded text and decoding does not touch spaces, so `transformers` gives
-/// the ids and text [`Tokenizer::encode`] and [`Tokenizer::decode`] give.
+/// beginning-of-document token as `bos_token` (neither for a tokenizer without them).
+/// Decoding does not touch spaces, so for a tokenizer without a post-processor (the
+/// byte-level one, the test BPE) `transformers` gives the ids and text [`Tokenizer::encode`]
+/// and [`Tokenizer::decode`] give; one whose post-processor adds a token around every text
+/// (Llama 3's adds `<|begin_of_text|>`) adds it in `transformers` too, where
+/// [`Tokenizer::encode`] does not.
 pub fn tokenizer_files(
     tokenizer: &Tokenizer,
     max_len: u64,
