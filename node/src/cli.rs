@@ -57,9 +57,11 @@ pub(crate) enum Command {
     /// Train in one process: the reference every distributed figure is compared with.
     TrainLocal(TrainLocalArgs),
     /// Write a run's model (the latest merged weights of every stage) as one
-    /// `model.safetensors` and a `config.json` in the Hugging Face Llama layout.
+    /// `model.safetensors` and a `config.json` in the Hugging Face Llama layout, with its
+    /// `tokenizer.json` and the files `transformers` loads it with.
     Export(ExportArgs),
-    /// Sample text from an exported model (byte by byte, with a KV cache).
+    /// Sample text from an exported model (token by token through its tokenizer, with a KV
+    /// cache).
     Generate(GenerateArgs),
     /// Print a subnet's neurons as read from subtensor: uid, hotkey, stake, permit, active,
     /// and the peer id a running node has verified for the hotkey. On dynamic-TAO runtimes
@@ -316,9 +318,14 @@ pub(crate) struct ExportArgs {
     /// stages' checkpoints are. Every node of the run must be stopped.
     #[arg(long = "from", value_name = "DIR", required = true, num_args = 1..)]
     pub(crate) from: Vec<PathBuf>,
-    /// Directory to write `model.safetensors` and `config.json` into (created if missing).
+    /// Directory to write `model.safetensors`, `config.json` and the tokenizer's files into
+    /// (created if missing).
     #[arg(long, value_name = "DIR")]
     pub(crate) out: PathBuf,
+    /// The `tokenizer.json` the run trained with; the model's vocabulary is its size
+    /// (default: the byte-level tokenizer of the embedded corpus).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) tokenizer: Option<PathBuf>,
     /// The run's configuration (TOML): the `run.toml` of a `local-swarm` output when there
     /// is one, else the built-in defaults.
     #[arg(long = "run", value_name = "FILE")]
@@ -331,20 +338,22 @@ pub(crate) struct ExportArgs {
 /// Options of `generate`.
 #[derive(Debug, Args)]
 pub(crate) struct GenerateArgs {
-    /// Directory `export` wrote (`config.json` and `model.safetensors`).
+    /// Directory `export` wrote (`config.json`, `model.safetensors` and `tokenizer.json`; an
+    /// export without `tokenizer.json` is read as byte-level).
     #[arg(long, value_name = "DIR")]
     pub(crate) model: PathBuf,
     /// Text to continue.
     #[arg(long, default_value = "ROMEO:")]
     pub(crate) prompt: String,
-    /// Bytes to generate.
+    /// Tokens to generate.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub(crate) tokens: u64,
-    /// Softmax temperature; 0 always takes the most likely byte.
+    /// Softmax temperature; 0 always takes the most likely token.
     #[arg(long, default_value_t = 0.8, value_parser = parse_temperature)]
     pub(crate) temperature: f64,
-    /// Sample among the k most likely bytes only (0: all 256).
-    #[arg(long = "top-k", default_value_t = 40, value_parser = clap::value_parser!(u64).range(0..=256))]
+    /// Sample among the k most likely tokens only (0: all of them; at most the tokenizer's
+    /// vocabulary).
+    #[arg(long = "top-k", default_value_t = 40, value_parser = clap::value_parser!(u64).range(0..=training::MAX_VOCAB as u64))]
     pub(crate) top_k: u64,
     /// Seed of the sampling: the same seed gives the same text.
     #[arg(long, default_value_t = 0)]

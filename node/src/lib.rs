@@ -135,8 +135,8 @@ fn generate(args: &cli::GenerateArgs) -> anyhow::Result<()> {
         top_k: usize::try_from(args.top_k)?,
         seed: args.seed,
     };
-    let text = model.generate(args.prompt.as_bytes(), &sampling)?;
-    println!("{}{}", args.prompt, String::from_utf8_lossy(&text));
+    let text = model.generate(&args.prompt, &sampling)?;
+    println!("{}{text}", args.prompt);
     Ok(())
 }
 

@@ -1,8 +1,9 @@
 //! `iota-p2p export`: a run's checkpoints become one model that Hugging Face `transformers`
 //! loads as a `LlamaForCausalLM` and that computes the same logits as the stages did, and that
-//! `iota-p2p generate` samples from; an export with IOTA bottlenecks computes those logits in
-//! a plain PyTorch forward written from the README's layout; replicas that disagree, or no
-//! complete epoch, make it fail saying why.
+//! `iota-p2p generate` samples from; its tokenizer (byte-level, or the run's BPE) loads with
+//! `AutoTokenizer` and gives the ids ours gives; an export with IOTA bottlenecks computes those
+//! logits in a plain PyTorch forward written from the README's layout; replicas that disagree,
+//! or no complete epoch, make it fail saying why.
 //!
 //! The checkpoints are written here as the miners write them (one sled store per data dir,
 //! the merged weights of each stage at an epoch), from weights made non-trivial by a
@@ -36,12 +37,17 @@ fn run_id(run: &RunConfig) -> u64 {
 
 /// The three stages with perturbed weights.
 fn stages(run: &RunConfig) -> Vec<Stage> {
+    stages_with_vocab(run, training::VOCAB)
+}
+
+/// [`stages`] of a model with a vocabulary of `vocab` tokens.
+fn stages_with_vocab(run: &RunConfig, vocab: usize) -> Vec<Stage> {
     let preset: training::Preset = run.preset.name().parse().unwrap();
     (0..STAGES)
         .map(|i| {
             let kind: training::BottleneckKind = run.bottleneck_kind.name().parse().unwrap();
             let b = training::Bottleneck::new(kind, run.bottleneck as usize);
-            let cfg = StageConfig::new(preset, STAGES, i, b, run.seed);
+            let cfg = StageConfig::new(preset, STAGES, i, b, run.seed).with_vocab(vocab);
             let mut stage = Stage::new(&cfg).unwrap();
             let perturbed: Vec<f32> = stage
                 .flat_params()
@@ -69,14 +75,20 @@ fn save(data_dir: &Path, run: &RunConfig, stage: &Stage, index: u32, params: Vec
     store.save(&key, &state).unwrap();
 }
 
-fn export(from: &Path, out: &Path) -> std::process::Output {
+fn export(from: &Path, out: &Path, extra: &[&std::ffi::OsStr]) -> std::process::Output {
     Command::new(binary())
         .args(["export", "--from"])
         .arg(from)
         .arg("--out")
         .arg(out)
+        .args(extra)
         .output()
         .unwrap()
+}
+
+/// The 4096-token BPE tokenizer of data/tokenizers.
+fn bpe_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/tokenizers/shakespeare-bpe-4096.json")
 }
 
 fn venv_python() -> PathBuf {
@@ -148,9 +160,71 @@ fn python_logits(script: &str, model: &Path, tokens: &[Vec<i64>], scratch: &Path
     nested.into_iter().flatten().flatten().collect()
 }
 
+/// What `transformers` makes of an export and a text (see scripts/hf_tokenizer.py).
+struct HfRun {
+    class: String,
+    is_fast: bool,
+    eos_token: Option<String>,
+    eos_token_id: Option<u64>,
+    ids: Vec<u32>,
+    /// `[position][vocab]`, flattened.
+    logits: Vec<f32>,
+    generated: Vec<u32>,
+    decoded: String,
+}
+
+/// Runs scripts/hf_tokenizer.py on the export in `model` and `text`.
+fn transformers_run(model: &Path, text: &str, scratch: &Path) -> HfRun {
+    let text_path = scratch.join("text.json");
+    std::fs::write(&text_path, serde_json::to_string(text).unwrap()).unwrap();
+    let out_path = scratch.join("hf_tokenizer.json");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/hf_tokenizer.py");
+    let ran = Command::new(venv_python())
+        .arg(&script)
+        .arg(model)
+        .arg(&text_path)
+        .arg(&out_path)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .output()
+        .unwrap();
+    assert!(
+        ran.status.success(),
+        "{} on the export: {}",
+        script.display(),
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    let ids = |key: &str| -> Vec<u32> {
+        v[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|id| id.as_u64().unwrap() as u32)
+            .collect()
+    };
+    HfRun {
+        class: v["class"].as_str().unwrap().to_owned(),
+        is_fast: v["is_fast"].as_bool().unwrap(),
+        eos_token: v["eos_token"].as_str().map(str::to_owned),
+        eos_token_id: v["eos_token_id"].as_u64(),
+        ids: ids("ids"),
+        logits: v["logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|row| row.as_array().unwrap().iter())
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect(),
+        generated: ids("generated"),
+        decoded: v["decoded"].as_str().unwrap().to_owned(),
+    }
+}
+
 /// Largest absolute difference, after checking both are the same non-trivial size.
 fn max_diff(ours: &[f32], theirs: &[f32]) -> f32 {
-    assert_eq!(theirs.len(), ours.len(), "[2, 32, 256] logits");
+    assert_eq!(theirs.len(), ours.len(), "logits of one shape");
     let spread = ours.iter().map(|v| v.abs()).fold(0f32, f32::max);
     assert!(spread > 0.1, "the logits are not trivially zero");
     ours.iter()
@@ -160,8 +234,14 @@ fn max_diff(ours: &[f32], theirs: &[f32]) -> f32 {
 }
 
 /// Writes the stages' checkpoints as a swarm output in `swarm` (two replicas of the middle
-/// stage) and exports it to `out`, returning export's stdout.
-fn checkpoint_and_export(swarm: &Path, out: &Path, run: &RunConfig, stages: &[Stage]) -> String {
+/// stage) and exports it to `out` (with the `extra` arguments), returning export's stdout.
+fn checkpoint_and_export(
+    swarm: &Path,
+    out: &Path,
+    run: &RunConfig,
+    stages: &[Stage],
+    extra: &[&std::ffi::OsStr],
+) -> String {
     std::fs::create_dir_all(swarm).unwrap();
     std::fs::write(swarm.join("run.toml"), run.to_toml_string().unwrap()).unwrap();
     for (node, index) in [
@@ -179,7 +259,7 @@ fn checkpoint_and_export(swarm: &Path, out: &Path, run: &RunConfig, stages: &[St
             stage.flat_params(),
         );
     }
-    let done = export(swarm, out);
+    let done = export(swarm, out, extra);
     let stdout = String::from_utf8_lossy(&done.stdout).to_string();
     assert!(
         done.status.success(),
@@ -196,7 +276,7 @@ fn a_bottleneck_export_matches_a_plain_pytorch_forward_of_the_documented_layout(
     let run = run_config(16);
     let stages = stages(&run);
     let out = dir.join("model");
-    checkpoint_and_export(&dir.join("swarm"), &out, &run, &stages);
+    checkpoint_and_export(&dir.join("swarm"), &out, &run, &stages, &[]);
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["model_type"], "iota_bottleneck_llama");
@@ -219,22 +299,35 @@ fn an_export_loads_in_transformers_with_the_logits_of_the_stages() {
     let run = run_config(0);
     let stages = stages(&run);
     let out = dir.join("model");
-    let stdout = checkpoint_and_export(&dir.join("swarm"), &out, &run, &stages);
+    let stdout = checkpoint_and_export(&dir.join("swarm"), &out, &run, &stages, &[]);
     assert!(
         stdout.contains(&format!("RESULT export epoch={EPOCH} stages={STAGES}")),
         "{stdout}"
     );
     assert!(stdout.contains("agreed by 2 replica(s)"), "{stdout}");
-    let tokens = tokens();
-    let ours = stage_logits(&stages, &tokens);
-    let theirs = python_logits("hf_logits.py", &out, &tokens, &dir);
-    let diff = max_diff(&ours, &theirs);
+    // transformers loads the byte-level tokenizer as a fast one with no special token, whose
+    // ids are the text's bytes; the model's logits on them are the stages'.
+    let text = "ROMEO: But soft, what light — héllo\n\tthrough yonder window";
+    let hf = transformers_run(&out, text, &dir);
+    assert!(hf.is_fast, "{} is not a fast tokenizer", hf.class);
+    assert_eq!((hf.eos_token, hf.eos_token_id), (None, None));
+    let bytes: Vec<u32> = text.bytes().map(u32::from).collect();
+    assert_eq!(hf.ids, bytes, "transformers' ids are the bytes");
+    let ids: Vec<i64> = bytes.iter().map(|&b| i64::from(b)).collect();
+    let diff = max_diff(&stage_logits(&stages, &[ids]), &hf.logits);
     println!("export: max |logit difference| {diff:e}");
     assert!(
         diff <= 1e-4,
         "transformers' logits differ from the stages' by {diff}"
     );
+    assert_eq!(hf.generated.len(), 8, "no end-of-document token to stop at");
+    assert_eq!(
+        hf.decoded,
+        String::from_utf8_lossy(&hf.generated.iter().map(|&b| b as u8).collect::<Vec<u8>>())
+    );
     // The documented plain-PyTorch forward agrees on this export too.
+    let tokens = tokens();
+    let ours = stage_logits(&stages, &tokens);
     let plain = python_logits("iota_forward.py", &out, &tokens, &dir);
     assert!(max_diff(&ours, &plain) <= 1e-4);
 
@@ -265,6 +358,82 @@ fn an_export_loads_in_transformers_with_the_logits_of_the_stages() {
 }
 
 #[test]
+fn a_bpe_export_loads_in_transformers_with_our_token_ids_logits_and_greedy_text() {
+    tch::set_num_threads(1);
+    let dir = scratch_dir("export-bpe");
+    let run = run_config(0);
+    let tokenizer = training::Tokenizer::from_file(&bpe_path()).unwrap();
+    assert_eq!(tokenizer.vocab_size(), 4096);
+    let stages = stages_with_vocab(&run, 4096);
+    let out = dir.join("model");
+    let bpe = bpe_path();
+    let flag = [std::ffi::OsStr::new("--tokenizer"), bpe.as_os_str()];
+    let stdout = checkpoint_and_export(&dir.join("swarm"), &out, &run, &stages, &flag);
+    assert!(
+        stdout.contains(&format!("vocab=4096 tokenizer={}", tokenizer.hash())),
+        "{stdout}"
+    );
+    assert_eq!(
+        std::fs::read(out.join("tokenizer.json")).unwrap(),
+        tokenizer.json(),
+        "the run's tokenizer, byte for byte"
+    );
+    let text = "ROMEO: But soft, what light through yonder window breaks?\n\
+                It is the east, and Juliet is the sun — héllo!<|endoftext|>JULIET:\n  Ay me!";
+    let hf = transformers_run(&out, text, &dir);
+    // The same tokenizer: a fast one, its end-of-document token as eos, our ids.
+    assert!(hf.is_fast, "{} is not a fast tokenizer", hf.class);
+    assert_eq!(hf.eos_token.as_deref(), Some("<|endoftext|>"));
+    assert_eq!(hf.eos_token_id, Some(0));
+    let ids = tokenizer.encode(text).unwrap();
+    assert_eq!(hf.ids, ids, "transformers' ids against ours");
+    assert!(ids.contains(&0) && ids.len() * 2 < text.len(), "{ids:?}");
+    // The same logits, over all 4096 tokens.
+    let ours = stage_logits(&stages, &[ids.iter().map(|&id| i64::from(id)).collect()]);
+    assert_eq!(ours.len(), ids.len() * 4096);
+    let diff = max_diff(&ours, &hf.logits);
+    println!("bpe export: max |logit difference| {diff:e}");
+    assert!(
+        diff <= 1e-4,
+        "transformers' logits differ from the stages' by {diff}"
+    );
+    // Greedy generation in transformers draws what ours draws (it may stop early, at the
+    // end-of-document token), and both decode it alike.
+    assert!(!hf.generated.is_empty());
+    let model = training::generate::Model::load(&out).unwrap();
+    let greedy = training::generate::Sampling {
+        tokens: 8,
+        temperature: 0.0,
+        top_k: 0,
+        seed: 0,
+    };
+    let mine = model.generate_ids(&ids, &greedy).unwrap();
+    assert_eq!(hf.generated, mine[..hf.generated.len()], "greedy ids");
+    assert_eq!(hf.decoded, tokenizer.decode(&hf.generated).unwrap());
+    // `iota-p2p generate` samples from it through the tokenizer.
+    let output = Command::new(binary())
+        .args([
+            "generate", "--prompt", "ROMEO:", "--tokens", "20", "--model",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "generate: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let printed = String::from_utf8(output.stdout).unwrap();
+    assert!(printed.starts_with("ROMEO:"), "{printed}");
+    // The checkpoints of this 4096-token model do not fit the byte-level tokenizer.
+    let failed = export(&dir.join("swarm"), &dir.join("model-bytes"), &[]);
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(!failed.status.success(), "{stderr}");
+    assert!(stderr.contains("vocabulary of 256 tokens"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_subspace_export_is_a_plain_llama_with_the_logits_of_the_stages() {
     tch::set_num_threads(1);
     let dir = scratch_dir("export-subspace");
@@ -275,7 +444,7 @@ fn a_subspace_export_is_a_plain_llama_with_the_logits_of_the_stages() {
     let stages = stages(&run);
     assert!(stages[1].needs_tokens());
     let out = dir.join("model");
-    checkpoint_and_export(&dir.join("swarm"), &out, &run, &stages);
+    checkpoint_and_export(&dir.join("swarm"), &out, &run, &stages, &[]);
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["model_type"], "llama");
@@ -317,7 +486,7 @@ fn replicas_that_disagree_or_a_missing_stage_make_the_export_fail_saying_why() {
         1,
         stages[1].flat_params(),
     );
-    let failed = export(&swarm, &dir.join("model"));
+    let failed = export(&swarm, &dir.join("model"), &[]);
     let stderr = String::from_utf8_lossy(&failed.stderr);
     assert!(!failed.status.success());
     assert!(
@@ -336,7 +505,7 @@ fn replicas_that_disagree_or_a_missing_stage_make_the_export_fail_saying_why() {
     let mut other = stages[1].flat_params();
     other[0] += 1.0;
     save(&swarm.join("miner-2"), &run, &stages[1], 1, other);
-    let failed = export(&swarm, &dir.join("model"));
+    let failed = export(&swarm, &dir.join("model"), &[]);
     let stderr = String::from_utf8_lossy(&failed.stderr);
     assert!(!failed.status.success());
     assert!(stderr.contains("replicas disagree"), "{stderr}");
@@ -365,7 +534,7 @@ fn a_model_whose_boundaries_export_cannot_write_is_refused_saying_so() {
             stage.flat_params(),
         );
     }
-    let failed = export(&swarm, &dir.join("model"));
+    let failed = export(&swarm, &dir.join("model"), &[]);
     let stderr = String::from_utf8_lossy(&failed.stderr);
     assert!(!failed.status.success(), "{stderr}");
     assert!(

@@ -13,6 +13,16 @@
 //! becomes `T + E·Uᵀ`, every `wo` and `w2` becomes `U·W`, and it is written as a
 //! `LlamaForCausalLM` ([`assemble_with`]). ResBM and plain bottlenecks have no exported
 //! layout yet and are refused. Everything but [`write`] is pure.
+//!
+//! The vocabulary is the model's ([`ModelConfig::vocab`], a tokenizer's): `vocab_size` in
+//! `config.json` is its padded size ([`ModelConfig::padded_vocab`], the rows of the embedding
+//! and LM head; `transformers` accepts a model with more rows than its tokenizer has tokens).
+//! Beside the weights [`write`] puts the run's `tokenizer.json` (byte for byte, so its blake3
+//! is the run's tokenizer hash, recorded as `iota_tokenizer`), and the
+//! `tokenizer_config.json` and `special_tokens_map.json` with which
+//! `AutoTokenizer.from_pretrained` loads it as a fast tokenizer with its end-of-document token
+//! as `eos_token`; `config.json`'s `eos_token_id` and `bos_token_id` follow that tokenizer
+//! (`null` for the byte-level one, which has no special token).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -21,7 +31,8 @@ use std::path::Path;
 use safetensors::tensor::{Dtype, TensorView};
 
 use crate::model::{self, Bottleneck, BottleneckKind, LayoutError, StageLayout};
-use crate::preset::{ModelConfig, VOCAB};
+use crate::preset::ModelConfig;
+use crate::tokenizer::{LoadError, Tokenizer};
 
 /// Why a model cannot be assembled or written.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +57,17 @@ pub enum ExportError {
     /// Multiplying a subspace model's fixed tensors in failed.
     #[error("materialising the subspace model: {0}")]
     Materialise(#[from] tch::TchError),
+    /// The tokenizer given is not a tokenizer.json.
+    #[error("the tokenizer: {0}")]
+    Tokenizer(#[from] LoadError),
+    /// The tokenizer has tokens the model has no row for.
+    #[error("the tokenizer has {tokenizer} tokens, the model rows for {model}")]
+    VocabMismatch {
+        /// [`Tokenizer::vocab_size`].
+        tokenizer: usize,
+        /// The config's `vocab_size`.
+        model: usize,
+    },
     /// Writing the files failed.
     #[error("writing {path}: {message}")]
     Write {
@@ -220,7 +242,8 @@ fn iota_config(model: &ModelConfig, stages: usize, bottleneck: usize) -> serde_j
     serde_json::json!({
         "architectures": [if bottleneck == 0 { "LlamaForCausalLM" } else { "IotaBottleneckLlamaForCausalLM" }],
         "model_type": model_type,
-        "vocab_size": VOCAB,
+        "vocab_size": model.padded_vocab(),
+        "iota_vocab": model.vocab,
         "hidden_size": model.d_model,
         "intermediate_size": model.ffn_hidden,
         "num_hidden_layers": model.n_layers,
@@ -244,18 +267,37 @@ fn iota_config(model: &ModelConfig, stages: usize, bottleneck: usize) -> serde_j
     })
 }
 
-/// Writes `tensors` to `dir/model.safetensors` (f32, with `metadata`) and `config` to
-/// `dir/config.json`.
+/// Writes `tensors` to `dir/model.safetensors` (f32, with `metadata`), `config` to
+/// `dir/config.json` with the special token ids of `tokenizer_json`, and that tokenizer
+/// (a `tokenizer.json`'s bytes, e.g. [`crate::tokenizer::byte_level_json`]'s) with its
+/// `transformers` files ([`tokenizer_files`]). The tokenizer is checked first: one that does
+/// not load, or has more tokens than the model has rows, writes nothing.
 pub fn write(
     dir: &Path,
     tensors: &[NamedTensor<'_>],
     config: &serde_json::Value,
+    tokenizer_json: &[u8],
     metadata: HashMap<String, String>,
 ) -> Result<(), ExportError> {
     let failed = |path: &Path, message: String| ExportError::Write {
         path: path.display().to_string(),
         message,
     };
+    let tokenizer = Tokenizer::from_bytes(tokenizer_json)?;
+    let rows = config["vocab_size"].as_u64().unwrap_or(0) as usize;
+    if tokenizer.vocab_size() > rows {
+        return Err(ExportError::VocabMismatch {
+            tokenizer: tokenizer.vocab_size(),
+            model: rows,
+        });
+    }
+    let mut config = config.clone();
+    let id = |t: Option<&crate::tokenizer::SpecialToken>| t.map(|t| t.id);
+    config["eos_token_id"] = id(tokenizer.end_of_document()).into();
+    config["bos_token_id"] = id(tokenizer.begin_of_document()).into();
+    config["iota_tokenizer"] = tokenizer.hash().to_hex().to_string().into();
+    let max_len = config["max_position_embeddings"].as_u64().unwrap_or(0);
+    let (tokenizer_config, special_tokens) = tokenizer_files(&tokenizer, max_len);
     std::fs::create_dir_all(dir).map_err(|e| failed(dir, e.to_string()))?;
     let bytes: Vec<Vec<u8>> = tensors
         .iter()
@@ -273,9 +315,49 @@ pub fn write(
         .collect::<Result<Vec<_>, _>>()?;
     safetensors::tensor::serialize_to_file(views, &Some(metadata), &file)
         .map_err(|e| failed(&file, format!("{e:?}")))?;
-    let path = dir.join("config.json");
-    let text = serde_json::to_string_pretty(config).map_err(|e| failed(&path, e.to_string()))?;
-    std::fs::write(&path, text + "\n").map_err(|e| failed(&path, e.to_string()))
+    let json = |name: &str, value: &serde_json::Value| {
+        let path = dir.join(name);
+        let text = serde_json::to_string_pretty(value).map_err(|e| failed(&path, e.to_string()))?;
+        std::fs::write(&path, text + "\n").map_err(|e| failed(&path, e.to_string()))
+    };
+    json("config.json", &config)?;
+    json("tokenizer_config.json", &tokenizer_config)?;
+    json("special_tokens_map.json", &special_tokens)?;
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, tokenizer.json()).map_err(|e| failed(&path, e.to_string()))
+}
+
+/// The `tokenizer_config.json` and `special_tokens_map.json` that make `transformers` load
+/// `tokenizer.json` as a fast tokenizer (`PreTrainedTokenizerFast`) for contexts of
+/// `max_len` tokens, with the tokenizer's end-of-document token as `eos_token` and its
+/// beginning-of-document token as `bos_token` (neither for a tokenizer without them).
+/// Decoding does not touch spaces, so for a tokenizer without a post-processor (the
+/// byte-level one, the test BPE) `transformers` gives the ids and text [`Tokenizer::encode`]
+/// and [`Tokenizer::decode`] give; one whose post-processor adds a token around every text
+/// (Llama 3's adds `<|begin_of_text|>`) adds it in `transformers` too, where
+/// [`Tokenizer::encode`] does not.
+pub fn tokenizer_files(
+    tokenizer: &Tokenizer,
+    max_len: u64,
+) -> (serde_json::Value, serde_json::Value) {
+    let mut special = serde_json::Map::new();
+    if let Some(eos) = tokenizer.end_of_document() {
+        special.insert("eos_token".into(), eos.content.clone().into());
+    }
+    if let Some(bos) = tokenizer.begin_of_document() {
+        special.insert("bos_token".into(), bos.content.clone().into());
+    }
+    let mut config = serde_json::json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_len,
+        "clean_up_tokenization_spaces": false,
+        "add_bos_token": false,
+        "add_eos_token": false,
+    });
+    for (key, value) in &special {
+        config[key] = value.clone();
+    }
+    (config, special.into())
 }
 
 #[cfg(test)]

@@ -1,9 +1,13 @@
-//! Text from an exported model: byte-level sampling with a KV cache.
+//! Text from an exported model: token sampling with a KV cache, through the model's tokenizer.
 //!
-//! Reads what [`crate::export`] writes (`config.json`, `model.safetensors`), with or without
-//! IOTA bottlenecks (applied at the boundaries `iota_stage_layers` gives, as the stages do),
-//! and samples one byte at a time: the prompt is run once, then every new byte attends to the
-//! cached keys and values of the bytes before it. When the context reaches the model's
+//! Reads what [`crate::export`] writes (`config.json`, `model.safetensors`, `tokenizer.json`),
+//! with or without IOTA bottlenecks (applied at the boundaries `iota_stage_layers` gives, as
+//! the stages do). The prompt is encoded with the exported `tokenizer.json` (the byte-level
+//! tokenizer when the directory has none, as exports before tokenizers had) and the sampled
+//! ids decoded with it. Sampling takes one token at a time: the prompt is run once, then
+//! every new token attends to the cached keys and values of the tokens before it; only ids
+//! the tokenizer has are drawn (never the rows that pad the vocabulary to a multiple of 64).
+//! When the context reaches the model's
 //! `max_position_embeddings`, the cache is rebuilt from the newest half of it. Before anything
 //! is allocated, `config.json` (read up to [`MAX_CONFIG_BYTES`]) has every size checked
 //! against bounds no exported model comes near ([`Config::check`]) and the parameter count
@@ -15,9 +19,12 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use tch::{Kind, Tensor};
 
-use crate::preset::VOCAB;
+use crate::preset::MAX_VOCAB;
+use crate::tokenizer::Tokenizer;
 
 /// Why a model cannot be loaded or sampled.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +36,9 @@ pub enum GenerateError {
     /// `model.safetensors` is missing, unreadable, or a tensor is absent or misshapen.
     #[error("model.safetensors: {0}")]
     Weights(String),
+    /// `tokenizer.json` does not load, does not fit the model, or fails on the text.
+    #[error("tokenizer.json: {0}")]
+    Tokenizer(String),
     /// A sampling setting is out of range.
     #[error("{0}")]
     Setting(String),
@@ -98,12 +108,7 @@ impl Config {
                 )))
             }
         };
-        if self.vocab_size != VOCAB {
-            return Err(GenerateError::Config(format!(
-                "vocab_size is {}, not {VOCAB}: not a byte-level model",
-                self.vocab_size
-            )));
-        }
+        within("vocab_size", self.vocab_size, 1, MAX_VOCAB)?;
         within("hidden_size", self.hidden_size, 2, MAX_HIDDEN)?;
         within(
             "intermediate_size",
@@ -157,7 +162,7 @@ impl Config {
     /// overflow.
     fn parameters(&self) -> u64 {
         let [v, d, f, l, b] = [
-            VOCAB,
+            self.vocab_size,
             self.hidden_size,
             self.intermediate_size,
             self.num_hidden_layers,
@@ -212,9 +217,10 @@ struct Boundary {
     up: Tensor,
 }
 
-/// An exported model, ready to sample from.
+/// An exported model and its tokenizer, ready to sample from.
 pub struct Model {
     cfg: Config,
+    tokenizer: Tokenizer,
     embed: Tensor,
     layers: Vec<Layer>,
     /// Keyed by the layer after which the boundary sits.
@@ -228,17 +234,18 @@ pub struct Model {
 /// How to sample.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampling {
-    /// Bytes to generate.
+    /// Tokens to generate.
     pub tokens: usize,
-    /// Softmax temperature; 0 takes the most likely byte every time.
+    /// Softmax temperature; 0 takes the most likely token every time.
     pub temperature: f64,
-    /// Sample among the `top_k` most likely bytes only (0: all 256).
+    /// Sample among the `top_k` most likely tokens only (0: all the tokenizer's).
     pub top_k: usize,
-    /// Seed of the sampling.
+    /// Seed of the sampling (its own ChaCha8 stream, so that one seed gives one text whatever
+    /// else the process samples meanwhile).
     pub seed: u64,
 }
 
-/// The keys and values of the bytes so far, per layer: `[1, heads, t, head_dim]`.
+/// The keys and values of the tokens so far, per layer: `[1, heads, t, head_dim]`.
 struct Cache {
     kv: Vec<Option<(Tensor, Tensor)>>,
     len: usize,
@@ -246,10 +253,26 @@ struct Cache {
 
 impl Model {
     /// Loads the model `export` wrote to `dir`: checks `config.json` first (sizes within
-    /// bounds, as many numbers as `model.safetensors` holds), then reads the tensors.
+    /// bounds, as many numbers as `model.safetensors` holds), loads `tokenizer.json` (the
+    /// byte-level tokenizer when there is none) and checks that the model has a row for each
+    /// of its tokens, then reads the tensors.
     pub fn load(dir: &Path) -> Result<Model, GenerateError> {
         let cfg = Config::read(&dir.join("config.json"))?;
         cfg.check()?;
+        let path = dir.join("tokenizer.json");
+        let (tokenizer, which) = if path.exists() {
+            (Tokenizer::from_file(&path), path.display().to_string())
+        } else {
+            (Tokenizer::byte_level(), "the byte-level tokenizer".into())
+        };
+        let tokenizer = tokenizer.map_err(|e| GenerateError::Tokenizer(e.to_string()))?;
+        if tokenizer.vocab_size() > cfg.vocab_size {
+            return Err(GenerateError::Tokenizer(format!(
+                "{which} has {} tokens; the model (vocab_size) has rows for {}",
+                tokenizer.vocab_size(),
+                cfg.vocab_size
+            )));
+        }
         let weights = dir.join("model.safetensors");
         let held = safetensors_data_bytes(&weights)?;
         let wanted = cfg.parameters().saturating_mul(4);
@@ -264,11 +287,12 @@ impl Model {
         let tensors = Tensor::read_safetensors(&weights)
             .map_err(|e| GenerateError::Weights(e.to_string()))?;
         let tensors: HashMap<String, Tensor> = tensors.into_iter().collect();
-        Model::from_tensors(cfg, tensors)
+        Model::from_tensors(cfg, tokenizer, tensors)
     }
 
     fn from_tensors(
         cfg: Config,
+        tokenizer: Tokenizer,
         mut tensors: HashMap<String, Tensor>,
     ) -> Result<Model, GenerateError> {
         let (d, f, l, h) = (
@@ -277,11 +301,11 @@ impl Model {
             cfg.num_hidden_layers,
             cfg.num_attention_heads,
         );
-        if cfg.vocab_size != VOCAB || d == 0 || h == 0 || d % h != 0 || (d / h) % 2 != 0 {
+        let v = cfg.vocab_size;
+        if v == 0 || d == 0 || h == 0 || d % h != 0 || (d / h) % 2 != 0 {
             return Err(GenerateError::Config(format!(
-                "vocab {} (must be {VOCAB}), hidden {d}, heads {h}: not a byte-level model \
-                 with an even head width",
-                cfg.vocab_size
+                "vocab {v}, hidden {d}, heads {h}: not a model with a vocabulary and an even \
+                 head width"
             )));
         }
         if cfg.max_position_embeddings < 2 || l == 0 {
@@ -306,7 +330,7 @@ impl Model {
             }
             Ok(t.to_kind(Kind::Float))
         };
-        let embed = take("model.embed_tokens.weight".into(), &[VOCAB, d])?;
+        let embed = take("model.embed_tokens.weight".into(), &[v, d])?;
         let mut layers = Vec::with_capacity(l);
         for i in 0..l {
             let p = |w: &str| format!("model.layers.{i}.{w}.weight");
@@ -344,10 +368,11 @@ impl Model {
             }
         }
         let norm = take("model.norm.weight".into(), &[d])?;
-        let lm_head = take("lm_head.weight".into(), &[VOCAB, d])?;
+        let lm_head = take("lm_head.weight".into(), &[v, d])?;
         let (cos, sin) = rope(&cfg);
         Ok(Model {
             cfg,
+            tokenizer,
             embed,
             layers,
             boundaries,
@@ -372,15 +397,25 @@ impl Model {
         Tensor::cat(&[&x1 * &cos - &x2 * &sin, &x1 * &sin + &x2 * &cos], -1)
     }
 
-    /// Logits `[1, t, 256]` of `tokens`, which follow the `cache.len` bytes in `cache`; their
-    /// keys and values are appended to it.
-    fn forward(&self, tokens: &[u8], cache: &mut Cache) -> Tensor {
+    /// The tokenizer it was exported with.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Rows of its embedding and LM head (`vocab_size`: the tokenizer's tokens, padded).
+    pub fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+
+    /// Logits `[1, t, vocab_size]` of `tokens`, which follow the `cache.len` tokens in
+    /// `cache`; their keys and values are appended to it.
+    fn forward(&self, tokens: &[u32], cache: &mut Cache) -> Tensor {
         let t = tokens.len() as i64;
         let start = cache.len;
         let d = self.cfg.hidden_size as i64;
         let heads = self.cfg.num_attention_heads as i64;
         let hd = d / heads;
-        let ids: Vec<i64> = tokens.iter().map(|&b| i64::from(b)).collect();
+        let ids: Vec<i64> = tokens.iter().map(|&id| i64::from(id)).collect();
         let ids = Tensor::from_slice(&ids).reshape([1, t]);
         let mut h = Tensor::embedding(&self.embed, &ids, -1, false, false);
         for (i, layer) in self.layers.iter().enumerate() {
@@ -397,7 +432,7 @@ impl Model {
                 Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
                 None => (k, v),
             };
-            // Causal within the new bytes; every cached byte is before all of them.
+            // Causal within the new tokens; every cached token is before all of them.
             let mask = (start > 0 && t > 1).then(|| {
                 let total = start as i64 + t;
                 Tensor::ones([t, total], (Kind::Bool, tch::Device::Cpu)).tril(start as i64)
@@ -436,22 +471,24 @@ impl Model {
             .linear::<Tensor>(&self.lm_head, None)
     }
 
-    /// Logits `[t, 256]` of a whole sequence at once, without a cache (what the stages
-    /// compute; the tests compare the cached path with it).
-    pub fn logits(&self, tokens: &[u8]) -> Tensor {
+    /// Logits `[t, vocab_size]` of a whole sequence at once, without a cache (what the stages
+    /// compute; the tests compare the cached path with it). Every id must be below
+    /// [`Model::vocab_size`] (as the tokenizer's are).
+    pub fn logits(&self, tokens: &[u32]) -> Tensor {
         tch::no_grad(|| {
             let mut cache = self.empty_cache();
             self.forward(tokens, &mut cache).squeeze_dim(0)
         })
     }
 
-    /// Logits `[t, 256]` of a sequence computed one byte at a time through the cache.
-    pub fn logits_cached(&self, tokens: &[u8]) -> Tensor {
+    /// Logits `[t, vocab_size]` of a sequence computed one token at a time through the
+    /// cache.
+    pub fn logits_cached(&self, tokens: &[u32]) -> Tensor {
         tch::no_grad(|| {
             let mut cache = self.empty_cache();
             let rows: Vec<Tensor> = tokens
                 .iter()
-                .map(|&b| self.forward(&[b], &mut cache).squeeze_dim(0))
+                .map(|&id| self.forward(&[id], &mut cache).squeeze_dim(0))
                 .collect();
             Tensor::cat(&rows, 0)
         })
@@ -464,25 +501,62 @@ impl Model {
         }
     }
 
-    /// `prompt` continued by `sampling.tokens` sampled bytes (the prompt not included).
-    pub fn generate(&self, prompt: &[u8], sampling: &Sampling) -> Result<Vec<u8>, GenerateError> {
+    /// The text that continues `prompt`: `sampling.tokens` tokens sampled after the
+    /// prompt's (encoded with the model's tokenizer), decoded (the prompt not included).
+    pub fn generate(&self, prompt: &str, sampling: &Sampling) -> Result<String, GenerateError> {
+        let failed = |e: String| GenerateError::Tokenizer(e);
+        let ids = self
+            .tokenizer
+            .encode(prompt)
+            .map_err(|e| failed(e.to_string()))?;
+        let out = self.generate_ids(&ids, sampling)?;
+        self.tokenizer
+            .decode(&out)
+            .map_err(|e| failed(e.to_string()))
+    }
+
+    /// The ids of `prompt` (below [`Model::vocab_size`]) continued by `sampling.tokens`
+    /// sampled ids, each one of the tokenizer's (the prompt not included). An empty prompt
+    /// starts from the tokenizer's beginning-of-document token, or a newline without one.
+    pub fn generate_ids(
+        &self,
+        prompt: &[u32],
+        sampling: &Sampling,
+    ) -> Result<Vec<u32>, GenerateError> {
         if !(sampling.temperature.is_finite() && sampling.temperature >= 0.0) {
             return Err(GenerateError::Setting(format!(
                 "temperature {} must be a number of at least 0",
                 sampling.temperature
             )));
         }
-        if sampling.top_k > VOCAB {
+        let vocab = self.tokenizer.vocab_size();
+        if sampling.top_k > vocab {
             return Err(GenerateError::Setting(format!(
-                "top-k {} is above the {VOCAB} bytes there are",
+                "top-k {} is above the {vocab} tokens there are",
                 sampling.top_k
             )));
         }
+        if let Some(&id) = prompt
+            .iter()
+            .find(|&&id| id as usize >= self.cfg.vocab_size)
+        {
+            return Err(GenerateError::Setting(format!(
+                "prompt token {id} is outside the model's vocabulary of {}",
+                self.cfg.vocab_size
+            )));
+        }
+        let start = match self.tokenizer.begin_of_document() {
+            Some(token) => vec![token.id],
+            None => self
+                .tokenizer
+                .encode("\n")
+                .map_err(|e| GenerateError::Tokenizer(e.to_string()))?,
+        };
         let window = self.cfg.max_position_embeddings;
-        tch::manual_seed(sampling.seed as i64);
+        let mut rng = ChaCha8Rng::seed_from_u64(sampling.seed);
         tch::no_grad(|| {
-            let mut context: Vec<u8> = if prompt.is_empty() {
-                b"\n".to_vec()
+            let mut context: Vec<u32> = if prompt.is_empty() {
+                start
             } else {
                 prompt[prompt.len().saturating_sub(window - 1)..].to_vec()
             };
@@ -490,8 +564,12 @@ impl Model {
             let mut logits = self.forward(&context, &mut cache);
             let mut out = Vec::with_capacity(sampling.tokens);
             for _ in 0..sampling.tokens {
-                let last = logits.select(1, -1).squeeze_dim(0);
-                let next = self.sample(&last, sampling)?;
+                // Only the tokenizer's ids: the padding rows are never drawn.
+                let last = logits
+                    .select(1, -1)
+                    .squeeze_dim(0)
+                    .narrow(0, 0, vocab as i64);
+                let next = sample(&last, sampling, &mut rng)?;
                 out.push(next);
                 context.push(next);
                 if cache.len + 1 > window {
@@ -507,23 +585,43 @@ impl Model {
             Ok(out)
         })
     }
+}
 
-    fn sample(&self, logits: &Tensor, sampling: &Sampling) -> Result<u8, GenerateError> {
-        let index = if sampling.temperature == 0.0 {
-            logits.argmax(-1, false)
-        } else {
-            let mut scaled = logits / sampling.temperature;
-            if sampling.top_k > 0 && sampling.top_k < VOCAB {
-                let (top, _) = scaled.topk(sampling.top_k as i64, -1, true, true);
-                let floor = top.select(0, sampling.top_k as i64 - 1);
-                scaled =
-                    scaled.where_self(&scaled.ge_tensor(&floor), &Tensor::from(f32::NEG_INFINITY));
+/// One id drawn from `logits` (`[vocab]`): the most likely at temperature 0, else from the
+/// softmax of `logits / temperature` over the `top_k` most likely (all when 0), by inverting
+/// its cumulative distribution at a uniform draw of `rng`.
+fn sample(
+    logits: &Tensor,
+    sampling: &Sampling,
+    rng: &mut ChaCha8Rng,
+) -> Result<u32, GenerateError> {
+    let value = if sampling.temperature == 0.0 {
+        logits.f_argmax(-1, false)?.f_int64_value(&[])?
+    } else {
+        let mut scaled = logits.f_div_scalar(sampling.temperature)?;
+        if sampling.top_k > 0 && (sampling.top_k as i64) < scaled.size()[0] {
+            let (top, _) = scaled.f_topk(sampling.top_k as i64, -1, true, true)?;
+            let floor = top.f_select(0, sampling.top_k as i64 - 1)?;
+            scaled = scaled.f_where_self(
+                &scaled.f_ge_tensor(&floor)?,
+                &Tensor::from(f32::NEG_INFINITY),
+            )?;
+        }
+        let probs = Vec::<f64>::try_from(scaled.f_softmax(-1, Kind::Double)?)?;
+        let u: f64 = rng.gen();
+        let mut sum = 0.0;
+        // The last id with any probability, should rounding leave the sum short of `u`.
+        let mut pick = probs.iter().rposition(|&p| p > 0.0).unwrap_or(0);
+        for (id, p) in probs.iter().enumerate() {
+            sum += p;
+            if u < sum {
+                pick = id;
+                break;
             }
-            scaled.softmax(-1, Kind::Float).f_multinomial(1, false)?
-        };
-        let value = index.int64_value(&[]);
-        u8::try_from(value).map_err(|_| GenerateError::Setting(format!("sampled byte {value}")))
-    }
+        }
+        pick as i64
+    };
+    u32::try_from(value).map_err(|_| GenerateError::Setting(format!("sampled token {value}")))
 }
 
 /// Rotary tables for every position of `cfg`: `[positions, head_dim / 2]`.
@@ -541,25 +639,50 @@ mod tests {
     use super::*;
     use crate::export;
     use crate::preset::Preset;
+    use crate::tokenizer::byte_level_json;
     use crate::{Stage, StageConfig};
 
     /// A 2-stage tiny model (with `bottleneck`) written by `export` to a directory of its own
     /// for `test`, and its stages.
     fn exported(test: &str, bottleneck: usize) -> (std::path::PathBuf, Vec<Stage>) {
+        exported_with(test, bottleneck, byte_level_json().as_bytes())
+    }
+
+    /// [`exported`] for the tokenizer `tokenizer_json`, whose vocabulary the model takes.
+    fn exported_with(
+        test: &str,
+        bottleneck: usize,
+        tokenizer_json: &[u8],
+    ) -> (std::path::PathBuf, Vec<Stage>) {
         let dir = std::env::temp_dir().join(format!(
             "iota-generate-{}-{test}-{bottleneck}",
             std::process::id()
         ));
+        let vocab = Tokenizer::from_bytes(tokenizer_json).unwrap().vocab_size();
         let stages: Vec<Stage> = (0..2)
-            .map(|i| Stage::new(&StageConfig::new(Preset::Tiny, 2, i, bottleneck, 3)).unwrap())
+            .map(|i| {
+                let cfg = StageConfig::new(Preset::Tiny, 2, i, bottleneck, 3).with_vocab(vocab);
+                Stage::new(&cfg).unwrap()
+            })
             .collect();
         let flats: Vec<Vec<f32>> = stages.iter().map(Stage::flat_params).collect();
         let refs: Vec<&[f32]> = flats.iter().map(Vec::as_slice).collect();
-        let model = Preset::Tiny.config();
+        let model = Preset::Tiny.config().with_vocab(vocab);
         let tensors = export::assemble(&model, bottleneck, &refs).unwrap();
         let config = export::config_json(&model, 2, bottleneck);
-        export::write(&dir, &tensors, &config, HashMap::new()).unwrap();
+        export::write(&dir, &tensors, &config, tokenizer_json, HashMap::new()).unwrap();
         (dir, stages)
+    }
+
+    /// The byte values of `text` as ids.
+    fn bytes(text: &[u8]) -> Vec<u32> {
+        text.iter().map(|&b| u32::from(b)).collect()
+    }
+
+    fn bpe_json() -> Vec<u8> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../data/tokenizers/shakespeare-bpe-4096.json");
+        std::fs::read(path).unwrap()
     }
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -572,9 +695,9 @@ mod tests {
         for bottleneck in [0, 16] {
             let (dir, stages) = exported("cache", bottleneck);
             let model = Model::load(&dir).unwrap();
-            let text = b"ROMEO: But soft, what light";
-            let full = model.logits(text);
-            let cached = model.logits_cached(text);
+            let text = bytes(b"ROMEO: But soft, what light");
+            let full = model.logits(&text);
+            let cached = model.logits_cached(&text);
             assert!(
                 max_diff(&full, &cached) < 1e-4,
                 "cache, bottleneck {bottleneck}"
@@ -603,36 +726,170 @@ mod tests {
             top_k: 40,
             seed: 5,
         };
-        let a = model.generate(b"ROMEO:", &sampling).unwrap();
+        let prompt = bytes(b"ROMEO:");
+        let a = model.generate_ids(&prompt, &sampling).unwrap();
         assert_eq!(a.len(), 40);
-        assert_eq!(a, model.generate(b"ROMEO:", &sampling).unwrap());
+        assert_eq!(a, model.generate_ids(&prompt, &sampling).unwrap());
         let other = Sampling {
             seed: 6,
             ..sampling
         };
-        assert_ne!(a, model.generate(b"ROMEO:", &other).unwrap());
+        assert_ne!(a, model.generate_ids(&prompt, &other).unwrap());
+        // The text is the sampled bytes, decoded.
+        let text = model.generate("ROMEO:", &sampling).unwrap();
+        let raw: Vec<u8> = a.iter().map(|&id| id as u8).collect();
+        assert_eq!(text, String::from_utf8_lossy(&raw));
         // Greedy: each byte is the argmax of the full forward over what came before.
         let greedy = Sampling {
             temperature: 0.0,
             tokens: 5,
             ..sampling
         };
-        let out = model.generate(b"ROMEO:", &greedy).unwrap();
-        let mut text = b"ROMEO:".to_vec();
-        for byte in out {
+        let out = model.generate_ids(&prompt, &greedy).unwrap();
+        let mut text = prompt.clone();
+        for id in out {
             let best = model
                 .logits(&text)
                 .select(0, -1)
                 .argmax(-1, false)
                 .int64_value(&[]);
-            assert_eq!(i64::from(byte), best);
-            text.push(byte);
+            assert_eq!(i64::from(id), best);
+            text.push(id);
         }
         let bad = Sampling {
             temperature: -1.0,
             ..sampling
         };
-        assert!(model.generate(b"x", &bad).is_err());
+        assert!(model.generate("x", &bad).is_err());
+        // Top-k is bounded by the vocabulary, and a prompt id must be in it.
+        let wide = Sampling {
+            top_k: 256,
+            ..sampling
+        };
+        assert!(model.generate("x", &wide).is_ok());
+        let wider = Sampling {
+            top_k: 257,
+            ..sampling
+        };
+        let err = model.generate("x", &wider).unwrap_err().to_string();
+        assert!(err.contains("above the 256 tokens"), "{err}");
+        let err = model
+            .generate_ids(&[256], &sampling)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("prompt token 256"), "{err}");
+        // An export without tokenizer.json (written before there were tokenizers) is
+        // byte-level.
+        std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+        let old = Model::load(&dir).unwrap();
+        assert_eq!(old.tokenizer().vocab_size(), 256);
+        assert_eq!(old.generate_ids(&prompt, &sampling).unwrap(), a);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_bpe_model_encodes_the_prompt_and_decodes_its_tokens() {
+        tch::set_num_threads(1);
+        let json = bpe_json();
+        let (dir, stages) = exported_with("bpe", 0, &json);
+        let model = Model::load(&dir).unwrap();
+        assert_eq!(model.vocab_size(), 4096);
+        let tokenizer = model.tokenizer();
+        assert_eq!(tokenizer.hash(), blake3::hash(&json));
+        let prompt = "ROMEO: But soft, what light through yonder window breaks?";
+        let ids = tokenizer.encode(prompt).unwrap();
+        assert!(ids.len() * 2 < prompt.len(), "{ids:?}");
+        // The exported model computes what its stages compute, on BPE ids.
+        let full = model.logits(&ids);
+        assert_eq!(full.size(), [ids.len() as i64, 4096]);
+        assert!(max_diff(&full, &model.logits_cached(&ids)) < 1e-4);
+        let input: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
+        let h = stages[0]
+            .eval_forward(&Tensor::from_slice(&input).reshape([1, -1]))
+            .unwrap();
+        let theirs = stages[1].eval_logits(&h).unwrap().squeeze_dim(0);
+        assert!(max_diff(&full, &theirs) < 1e-4);
+        // Sampling draws ids of the vocabulary, and the text is their decoding.
+        let sampling = Sampling {
+            tokens: 30,
+            temperature: 1.0,
+            top_k: 0,
+            seed: 1,
+        };
+        let out = model.generate_ids(&ids, &sampling).unwrap();
+        assert_eq!(out.len(), 30);
+        assert!(out.iter().all(|&id| id < 4096));
+        let text = model.generate(prompt, &sampling).unwrap();
+        assert_eq!(text, tokenizer.decode(&out).unwrap());
+        let all = Sampling {
+            top_k: 4096,
+            ..sampling
+        };
+        assert!(model.generate(prompt, &all).is_ok());
+        // An empty prompt starts from the end-of-document token.
+        assert_eq!(model.generate_ids(&[], &sampling).unwrap().len(), 30);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_rows_that_pad_the_vocabulary_are_never_sampled() {
+        tch::set_num_threads(1);
+        // The byte-level tokenizer with one special token: 257 tokens, 320 rows.
+        let json = byte_level_json().replace(
+            r#""added_tokens": [],"#,
+            r#""added_tokens": [{"id": 256, "content": "<|endoftext|>", "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": true}],"#,
+        );
+        let (dir, _) = exported_with("padded", 0, json.as_bytes());
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(config["vocab_size"], 320);
+        assert_eq!(config["iota_vocab"], 257);
+        assert_eq!(config["eos_token_id"], 256);
+        let model = Model::load(&dir).unwrap();
+        assert_eq!(model.tokenizer().vocab_size(), 257);
+        // Make the padding rows far more likely than the best token after the prompt.
+        let ids = bytes(b"ROMEO:");
+        let best = model
+            .logits(&ids)
+            .select(0, -1)
+            .argmax(-1, false)
+            .int64_value(&[]);
+        let lm_head = model.lm_head.copy();
+        let strong = lm_head.get(best) * 100.0;
+        lm_head
+            .narrow(0, 257, 63)
+            .copy_(&strong.expand([63, -1], false));
+        let model = Model { lm_head, ..model };
+        let row = model.logits(&ids).select(0, -1);
+        assert!(
+            row.argmax(-1, false).int64_value(&[]) >= 257,
+            "padding wins"
+        );
+        for temperature in [0.0, 1.0] {
+            let sampling = Sampling {
+                tokens: 20,
+                temperature,
+                top_k: 0,
+                seed: 2,
+            };
+            let out = model.generate_ids(&ids, &sampling).unwrap();
+            assert!(out.iter().all(|&id| id < 257), "{out:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_tokenizer_with_more_tokens_than_the_model_has_rows_is_refused() {
+        let (dir, _) = exported("too-many", 0);
+        std::fs::write(dir.join("tokenizer.json"), bpe_json()).unwrap();
+        let err = Model::load(&dir).err().unwrap();
+        assert!(matches!(err, GenerateError::Tokenizer(_)), "{err}");
+        assert!(err.to_string().contains("has 4096 tokens"), "{err}");
+        std::fs::write(dir.join("tokenizer.json"), "{\"not\": \"a tokenizer\"}").unwrap();
+        let err = Model::load(&dir).err().unwrap().to_string();
+        assert!(err.contains("not a Hugging Face tokenizer.json"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -642,7 +899,9 @@ mod tests {
         let good: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
                 .unwrap();
-        let cases: [(&str, serde_json::Value); 9] = [
+        let cases: [(&str, serde_json::Value); 11] = [
+            ("vocab_size", 0.into()),
+            ("vocab_size", (1u64 << 40).into()),
             ("num_hidden_layers", (1u64 << 60).into()),
             ("max_position_embeddings", (1u64 << 40).into()),
             ("hidden_size", (1u64 << 40).into()),
@@ -694,12 +953,13 @@ mod tests {
             "lm_head.weight".into(),
             Tensor::zeros([3, 3], (Kind::Float, tch::Device::Cpu)),
         );
-        let err = Model::from_tensors(cfg.clone(), tensors)
+        let bytes = Tokenizer::byte_level().unwrap();
+        let err = Model::from_tensors(cfg.clone(), bytes.clone(), tensors)
             .err()
             .unwrap()
             .to_string();
         assert!(err.contains("lm_head.weight has shape"), "{err}");
-        let err = Model::from_tensors(cfg, HashMap::new())
+        let err = Model::from_tensors(cfg, bytes, HashMap::new())
             .err()
             .unwrap()
             .to_string();

@@ -13,7 +13,8 @@
 //! - [`butterfly`]: partition plan, averaging and verification of stage replicas.
 //! - [`outer`]: the outer Nesterov step a merge takes on the replicas' averaged change.
 //! - [`export`]: the stages' weights as one safetensors model in the Hugging Face Llama layout.
-//! - [`generate`]: byte sampling with a KV cache from an exported model.
+//! - [`generate`]: sampling with a KV cache from an exported model, through its tokenizer.
+//! - [`tokenizer`]: the run's `tokenizer.json` (byte-level by default), named by its hash.
 
 pub mod butterfly;
 pub mod checkpoint;
@@ -26,6 +27,7 @@ pub mod model;
 pub mod outer;
 pub mod preset;
 pub mod stage;
+pub mod tokenizer;
 pub mod wire;
 pub mod worker;
 
@@ -34,8 +36,9 @@ pub use data::{Batch, Corpus};
 pub use dataset::{Dataset, TrainingData};
 pub use local::{LocalConfig, LocalReport};
 pub use model::{Bottleneck, BottleneckKind, StageLayout};
-pub use preset::{parse_device, DType, ModelConfig, Preset, VOCAB};
+pub use preset::{parse_device, DType, ModelConfig, Preset, MAX_VOCAB, VOCAB};
 pub use stage::{AdamW, LossOutput, Stage, StageConfig, StageState, StepReport};
 pub use tch::Device;
+pub use tokenizer::Tokenizer;
 pub use wire::WireDtype;
 pub use worker::StageHandle;

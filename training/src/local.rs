@@ -14,7 +14,7 @@ use tch::{Device, Tensor};
 
 use crate::data::{Corpus, CorpusError, SampleError};
 use crate::model::Bottleneck;
-use crate::preset::{DType, Preset};
+use crate::preset::{DType, Preset, VOCAB};
 use crate::stage::{AdamW, BackwardError, BuildError, ForwardError, Stage, StageConfig, StepError};
 use crate::wire::{
     self, Codec, DecodeError, DecodeLimits, EncodeError, FrameKind, FrameMeta, WireDtype,
@@ -65,6 +65,9 @@ pub struct LocalConfig {
     pub device: Device,
     /// Compute dtype.
     pub dtype: DType,
+    /// Tokens of the tokenizer ([`crate::ModelConfig::vocab`]); [`VOCAB`] (byte-level, what
+    /// the embedded corpus gives) by default.
+    pub vocab: usize,
 }
 
 impl Default for LocalConfig {
@@ -91,6 +94,7 @@ impl Default for LocalConfig {
             stale: 0,
             device: Device::Cpu,
             dtype: DType::F32,
+            vocab: VOCAB,
         }
     }
 }
@@ -375,6 +379,7 @@ pub fn run(
             ..AdamW::default()
         },
         ..StageConfig::new(cfg.preset, cfg.stages, 0, cfg.bottleneck, cfg.seed)
+            .with_vocab(cfg.vocab)
     };
     let codec = Codec {
         dtype: cfg.wire,

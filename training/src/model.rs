@@ -3,7 +3,7 @@
 //! Blocks are pre-norm: `h += attn(rmsnorm(h))`, `h += mlp(rmsnorm(h))`, with rotary position
 //! embeddings, causal scaled-dot-product attention and a SwiGLU MLP. Stage `i` of `S` holds a
 //! contiguous range of layers (the first `L mod S` stages get one extra); the first stage also
-//! holds the byte embedding, the last the final norm and the LM head.
+//! holds the token embedding, the last the final norm and the LM head.
 //!
 //! What crosses a boundary is chosen by a [`Bottleneck`]: a width `b` (0: the whole
 //! `d`-wide hidden state) and a [`BottleneckKind`]:
@@ -20,7 +20,7 @@
 //!   `d`): `y = h[.., :b] + W_down · silu(W_down_hidden · rmsnorm(h))`,
 //!   `h = pad(y, d) + W_up · silu(W_up_hidden · rmsnorm(y))`.
 //! - `subspace` (Protocol Models): no boundary modules at all. The residual stream is
-//!   `x = T[token] + U · z` with a fixed table `T` (`[256, d]`) and a fixed orthonormal basis
+//!   `x = T[token] + U · z` with a fixed table `T` (`[padded vocab, d]`) and a fixed orthonormal basis
 //!   `U` (`[d, b]`), both pure functions of the seed; the embedding and every write into the
 //!   stream (`wo`, `w2`) are `b`-wide, so each block reads `x` and adds to `z`. A boundary
 //!   sends `z` and the next stage rebuilds `x` exactly from it and the token ids, which every
@@ -41,7 +41,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tch::{Kind, Tensor};
 
-use crate::preset::{ModelConfig, VOCAB};
+use crate::preset::ModelConfig;
 
 pub(crate) const NORM_EPS: f64 = 1e-5;
 pub(crate) const ROPE_THETA: f64 = 10_000.0;
@@ -338,6 +338,7 @@ impl ParamSpec {
 pub(crate) fn param_specs(cfg: &ModelConfig, layout: &StageLayout) -> Vec<ParamSpec> {
     let d = cfg.d_model;
     let f = cfg.ffn_hidden;
+    let vocab = cfg.padded_vocab();
     let bn = layout.bottleneck;
     let b = bn.width;
     let resbm = bn.kind == BottleneckKind::Resbm;
@@ -378,7 +379,7 @@ pub(crate) fn param_specs(cfg: &ModelConfig, layout: &StageLayout) -> Vec<ParamS
         );
     };
     if layout.is_head() {
-        push("embed".into(), vec![VOCAB, w], Init::Normal(INIT_STD));
+        push("embed".into(), vec![vocab, w], Init::Normal(INIT_STD));
     }
     if layout.has_up() {
         up(&mut push, layout.index - 1);
@@ -407,13 +408,13 @@ pub(crate) fn param_specs(cfg: &ModelConfig, layout: &StageLayout) -> Vec<ParamS
     }
     if layout.is_tail() {
         push("final_norm".into(), vec![d], Init::Ones);
-        push("lm_head".into(), vec![VOCAB, d], Init::Normal(INIT_STD));
+        push("lm_head".into(), vec![vocab, d], Init::Normal(INIT_STD));
     }
     specs
 }
 
 /// The fixed (untrained) tensors of a subspace model: the orthonormal basis `U` (`[d, b]`)
-/// and the token table `T` (`[256, d]`), pure functions of the seed, in f32.
+/// and the token table `T` (`[padded vocab, d]`), pure functions of the seed, in f32.
 pub(crate) fn subspace_tensors(
     cfg: &ModelConfig,
     width: usize,
@@ -424,10 +425,11 @@ pub(crate) fn subspace_tensors(
     let basis = orthonormal_basis(seed, d, width);
     let table = ParamSpec {
         name: "subspace.tokens".into(),
-        shape: vec![VOCAB, d],
+        shape: vec![cfg.padded_vocab(), d],
         init: Init::Normal(INIT_STD),
     };
-    let tokens = Tensor::from_slice(&init_values(seed, &table)).reshape([VOCAB as i64, d as i64]);
+    let tokens = Tensor::from_slice(&init_values(seed, &table))
+        .reshape([cfg.padded_vocab() as i64, d as i64]);
     let basis = Tensor::from_slice(&basis).reshape([d as i64, width as i64]);
     (basis.to_device(device), tokens.to_device(device))
 }
@@ -545,7 +547,7 @@ pub(crate) struct Fixed {
     /// would be too coarse at long positions).
     pub(crate) cos: Tensor,
     pub(crate) sin: Tensor,
-    /// `U` `[d, b]` and `T` `[256, d]` in the stage dtype.
+    /// `U` `[d, b]` and `T` `[padded vocab, d]` in the stage dtype.
     pub(crate) subspace: Option<(Tensor, Tensor)>,
 }
 
@@ -750,7 +752,7 @@ impl Net {
     }
 
     /// Runs the stage: tokens `[B, T]` (head) or hidden `[B, T, in_width]` in, hidden
-    /// `[B, T, out_width]` or, for the tail, logits `[B, T, 256]` out. A subspace model's
+    /// `[B, T, out_width]` or, for the tail, logits `[B, T, padded vocab]` out. A subspace model's
     /// stages after the head take the sample's `tokens` too (`[B, T]`; the caller checks that
     /// they are given where [`StageLayout::needs_tokens`]).
     pub(crate) fn forward(&self, input: &Tensor, tokens: Option<&Tensor>) -> Tensor {
@@ -790,10 +792,12 @@ impl Net {
     }
 }
 
-/// Mean next-token cross-entropy in nats, computed in f32.
+/// Mean next-token cross-entropy in nats, computed in f32, over all the logits' rows (the
+/// padding rows of the vocabulary too: their logits are pushed down like any wrong token's).
 pub(crate) fn loss(logits: &Tensor, targets: &Tensor) -> Tensor {
+    let rows = logits.size().last().copied().unwrap_or(1);
     logits
-        .reshape([-1, VOCAB as i64])
+        .reshape([-1, rows])
         .to_kind(Kind::Float)
         .cross_entropy_for_logits(&targets.reshape([-1]))
 }
@@ -878,7 +882,7 @@ mod tests {
         let per_layer = (d - 16) * (d + cfg.ffn_hidden);
         assert_eq!(
             count(BottleneckKind::Subspace),
-            plain - VOCAB * (d - 16) - cfg.n_layers * per_layer
+            plain - cfg.padded_vocab() * (d - 16) - cfg.n_layers * per_layer
         );
         assert!(StageLayout::unsplit(&cfg, cfg.n_layers + 1, 16).is_err());
     }

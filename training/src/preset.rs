@@ -6,8 +6,17 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// Byte-level vocabulary: every token is one byte.
+/// The byte-level vocabulary, the default of every preset: every token is one byte. A model's
+/// vocabulary is [`ModelConfig::vocab`]; this is only its default.
 pub const VOCAB: usize = 256;
+
+/// Largest vocabulary a model may have (today's largest tokenizers hold about 256 k tokens):
+/// a bound on what a run configuration can make a node allocate.
+pub const MAX_VOCAB: usize = 1 << 20;
+
+/// The embedding and LM head have a multiple of this many rows ([`ModelConfig::padded_vocab`]):
+/// matrix shapes GPU kernels handle well.
+pub const VOCAB_ALIGN: usize = 64;
 
 /// Shape of a Llama-style decoder.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,6 +31,9 @@ pub struct ModelConfig {
     pub ffn_hidden: usize,
     /// Longest sequence the rotary tables are built for.
     pub max_seq: usize,
+    /// Tokens of the tokenizer: input ids and targets are below it. [`VOCAB`] (byte-level)
+    /// in every preset.
+    pub vocab: usize,
 }
 
 impl ModelConfig {
@@ -30,11 +42,23 @@ impl ModelConfig {
         self.d_model / self.n_heads
     }
 
+    /// Rows of the embedding and the LM head: [`ModelConfig::vocab`] rounded up to a multiple
+    /// of [`VOCAB_ALIGN`] (the byte-level 256 stays 256). The rows past `vocab` are never an
+    /// input or a target; training pushes their logits down like any wrong token's.
+    pub fn padded_vocab(&self) -> usize {
+        self.vocab.div_ceil(VOCAB_ALIGN) * VOCAB_ALIGN
+    }
+
+    /// This model with the vocabulary `vocab` (a tokenizer's).
+    pub fn with_vocab(self, vocab: usize) -> ModelConfig {
+        ModelConfig { vocab, ..self }
+    }
+
     /// Parameters of the whole unsplit model (embedding, blocks, final norm, LM head).
     pub fn num_params(&self) -> usize {
         let d = self.d_model;
         let block = 2 * d + 4 * d * d + 3 * d * self.ffn_hidden;
-        2 * VOCAB * d + self.n_layers * block + d
+        2 * self.padded_vocab() * d + self.n_layers * block + d
     }
 }
 
@@ -64,6 +88,7 @@ impl Preset {
                 n_heads: 4,
                 ffn_hidden: 352,
                 max_seq: 512,
+                vocab: VOCAB,
             },
             Preset::Small => ModelConfig {
                 d_model: 384,
@@ -71,6 +96,7 @@ impl Preset {
                 n_heads: 6,
                 ffn_hidden: 1024,
                 max_seq: 1024,
+                vocab: VOCAB,
             },
             Preset::Base => ModelConfig {
                 d_model: 768,
@@ -78,6 +104,7 @@ impl Preset {
                 n_heads: 12,
                 ffn_hidden: 3072,
                 max_seq: 2048,
+                vocab: VOCAB,
             },
             Preset::Large => ModelConfig {
                 d_model: 2048,
@@ -85,6 +112,7 @@ impl Preset {
                 n_heads: 16,
                 ffn_hidden: 5632,
                 max_seq: 2048,
+                vocab: VOCAB,
             },
         }
     }
@@ -210,6 +238,22 @@ mod tests {
             assert_eq!(c.d_model % c.n_heads, 0);
             assert_eq!(c.head_dim() % 2, 0, "rotary needs even head width");
         }
+    }
+
+    #[test]
+    fn the_vocabulary_is_padded_to_a_multiple_of_64_and_bytes_stay_256() {
+        let tiny = Preset::Tiny.config();
+        assert_eq!(tiny.vocab, 256);
+        assert_eq!(tiny.padded_vocab(), 256);
+        for (vocab, padded) in [(1, 64), (64, 64), (65, 128), (4096, 4096), (50_257, 50_304)] {
+            let c = tiny.clone().with_vocab(vocab);
+            assert_eq!(c.padded_vocab(), padded, "vocab {vocab}");
+        }
+        let big = tiny.clone().with_vocab(4096);
+        assert_eq!(
+            big.num_params() - tiny.num_params(),
+            2 * (4096 - 256) * tiny.d_model
+        );
     }
 
     #[test]

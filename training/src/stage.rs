@@ -43,7 +43,7 @@ use optim::Param;
 pub use optim::{AdamW, StepReport};
 
 use crate::model::{self, Bottleneck, Fixed, Net, ParamSpec, StageLayout};
-use crate::preset::{DType, ModelConfig, Preset, VOCAB};
+use crate::preset::{DType, ModelConfig, Preset, MAX_VOCAB, VOCAB};
 
 /// Everything that determines a stage.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,10 +70,14 @@ pub struct StageConfig {
     pub optimizer: AdamW,
     /// Most samples whose graphs may wait for their backward pass.
     pub max_in_flight: usize,
+    /// Tokens of the run's tokenizer ([`ModelConfig::vocab`]); [`VOCAB`] (byte-level) by
+    /// default.
+    pub vocab: usize,
 }
 
 impl StageConfig {
-    /// Stage `index` of `num_stages` on the CPU in f32, default AdamW, 64 samples in flight.
+    /// Stage `index` of `num_stages` on the CPU in f32, default AdamW, 64 samples in flight,
+    /// byte-level vocabulary.
     pub fn new(
         preset: Preset,
         num_stages: usize,
@@ -92,7 +96,18 @@ impl StageConfig {
             dtype: DType::F32,
             optimizer: AdamW::default(),
             max_in_flight: 64,
+            vocab: VOCAB,
         }
+    }
+
+    /// This configuration with the vocabulary `vocab` (a tokenizer's).
+    pub fn with_vocab(self, vocab: usize) -> Self {
+        StageConfig { vocab, ..self }
+    }
+
+    /// The model this stage is a slice of: the preset's, with this vocabulary.
+    pub fn model(&self) -> ModelConfig {
+        self.preset.config().with_vocab(self.vocab)
     }
 }
 
@@ -161,7 +176,13 @@ pub struct GivenWeights {
 impl Stage {
     /// Builds and initialises the stage.
     pub fn new(config: &StageConfig) -> Result<Stage, BuildError> {
-        let model = config.preset.config();
+        if !(1..=MAX_VOCAB).contains(&config.vocab) {
+            return Err(BuildError::Vocab {
+                vocab: config.vocab,
+                max: MAX_VOCAB,
+            });
+        }
+        let model = config.model();
         let layout = if config.inline_of > 1 {
             if config.num_stages != 1 {
                 return Err(model::LayoutError::InlineNeedsOneStage {
@@ -208,6 +229,11 @@ impl Stage {
             step: 0,
             given: None,
         })
+    }
+
+    /// The whole model this stage is a slice of (its vocabulary included).
+    pub fn model(&self) -> &ModelConfig {
+        &self.model
     }
 
     /// What this stage holds and what crosses its boundaries.
@@ -275,8 +301,11 @@ impl Stage {
         self.check_seq(size[1])?;
         let lo = t.f_min()?.f_int64_value(&[])?;
         let hi = t.f_max()?.f_int64_value(&[])?;
-        if lo < 0 || hi >= VOCAB as i64 {
-            return Err(ForwardError::TokenOutOfRange);
+        if lo < 0 || hi >= self.model.vocab as i64 {
+            return Err(ForwardError::TokenOutOfRange {
+                id: if lo < 0 { lo } else { hi },
+                vocab: self.model.vocab,
+            });
         }
         Ok(())
     }
@@ -492,7 +521,7 @@ impl Stage {
         self.eval_forward_on(&self.net, input, tokens)
     }
 
-    /// The tail's logits `[B, T, 256]` for its input, without autograd (sampling, and
+    /// The tail's logits `[B, T, padded vocab]` for its input, without autograd (sampling, and
     /// comparing an exported model with the stages).
     pub fn eval_logits(&self, input: &Tensor) -> Result<Tensor, ForwardError> {
         self.eval_logits_with_tokens(input, None)
@@ -884,4 +913,133 @@ pub fn hash_f32(values: &[f32]) -> [u8; 32] {
         h.update(&bytes);
     }
     *h.finalize().as_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn the_byte_level_default_initialises_as_it_always_has() {
+        tch::set_num_threads(1);
+        // Pinned before the vocabulary became a setting: a byte-level stage's weights, the
+        // embedding and LM head included, are the same bit for bit.
+        let pinned = [
+            (
+                1,
+                0,
+                "252336d84956d0f867a8f0d8b298572d922890911ba6f7e9390b727ea4edd457",
+            ),
+            (
+                2,
+                0,
+                "7212fa93623f5d9b6a6b0a18a1fd19e3e09b4646ced2aafd7bacec91a5f63c1c",
+            ),
+            (
+                2,
+                1,
+                "ecb3f9afec04a6723e4875fcbae40cca124269080c6df383fe0f0a3c6a68aa06",
+            ),
+        ];
+        for (stages, index, hash) in pinned {
+            let cfg = StageConfig::new(Preset::Tiny, stages, index, 0, 0);
+            assert_eq!(cfg.vocab, VOCAB);
+            let stage = Stage::new(&cfg).unwrap();
+            assert_eq!(
+                hex(&stage.weights_hash()),
+                hash,
+                "stage {index} of {stages}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_4096_token_model_trains_through_two_stages_and_refuses_ids_past_its_vocabulary() {
+        tch::set_num_threads(1);
+        let cfg = |index| StageConfig::new(Preset::Tiny, 2, index, 16, 5).with_vocab(4096);
+        let mut head = Stage::new(&cfg(0)).unwrap();
+        let mut tail = Stage::new(&cfg(1)).unwrap();
+        let model = head.model().clone();
+        assert_eq!((model.vocab, model.padded_vocab()), (4096, 4096));
+        let shapes = |s: &Stage| s.param_shapes().into_iter().collect::<HashMap<_, _>>();
+        assert_eq!(shapes(&head)["embed"], [4096, model.d_model]);
+        assert_eq!(shapes(&tail)["lm_head"], [4096, model.d_model]);
+        assert_eq!(
+            head.num_params() + tail.num_params(),
+            model.num_params() + model.d_model + 2 * 16 * model.d_model + 16,
+            "the whole model and one bottleneck"
+        );
+        // Ids and targets across the whole vocabulary, the last one included.
+        let values: Vec<i64> = (0..32).map(|i| (i * 131 + 7) % 4096).collect();
+        let mut targets = values[1..].to_vec();
+        targets.push(4095);
+        let (x, y) = (
+            Tensor::from_slice(&values).reshape([2, 16]),
+            Tensor::from_slice(&targets).reshape([2, 16]),
+        );
+        let before = head.flat_params();
+        let mut losses = Vec::new();
+        for step in 0..3 {
+            let h = head.forward(step, &x).unwrap();
+            let out = tail.forward_loss(&h, &y).unwrap();
+            head.backward(step, &out.grad_input.unwrap()).unwrap();
+            head.step().unwrap();
+            tail.step().unwrap();
+            losses.push(out.loss);
+        }
+        // Untrained, the loss is about ln 4096 = 8.3 nats; a few steps on one batch lower it.
+        assert!((losses[0] - 4096f32.ln()).abs() < 0.5, "{losses:?}");
+        assert!(losses[2] < losses[0], "{losses:?}");
+        assert_ne!(head.flat_params(), before, "the embedding learned");
+        // An id or a target at the vocabulary's size is refused, naming both.
+        let past = Tensor::from_slice(&[1i64, 4096]).reshape([1, 2]);
+        let err = head.eval_forward(&past).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ForwardError::TokenOutOfRange {
+                    id: 4096,
+                    vocab: 4096
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("0..4096"), "{err}");
+        let h = head.eval_forward(&x).unwrap();
+        let bad_y = y.full_like(4096);
+        assert!(matches!(
+            tail.eval_loss(&h, &bad_y),
+            Err(ForwardError::TokenOutOfRange { .. })
+        ));
+    }
+
+    #[test]
+    fn a_padded_vocabulary_checks_ids_against_the_tokens_not_the_rows() {
+        tch::set_num_threads(1);
+        let stage =
+            Stage::new(&StageConfig::new(Preset::Tiny, 1, 0, 0, 0).with_vocab(1000)).unwrap();
+        assert_eq!(stage.model().padded_vocab(), 1024);
+        let x = Tensor::from_slice(&[0i64, 999]).reshape([1, 2]);
+        let logits = stage.eval_logits(&x).unwrap();
+        assert_eq!(logits.size(), [1, 2, 1024]);
+        let y = Tensor::from_slice(&[999i64, 1000]).reshape([1, 2]);
+        assert!(matches!(
+            stage.eval_loss(&x, &y),
+            Err(ForwardError::TokenOutOfRange {
+                id: 1000,
+                vocab: 1000
+            })
+        ));
+        for vocab in [0, MAX_VOCAB + 1] {
+            let cfg = StageConfig::new(Preset::Tiny, 1, 0, 0, 0).with_vocab(vocab);
+            assert!(
+                matches!(Stage::new(&cfg), Err(BuildError::Vocab { .. })),
+                "vocab {vocab}"
+            );
+        }
+    }
 }

@@ -72,7 +72,7 @@ pub enum StageInput {
         batch: usize,
         /// Tokens per window.
         seq: usize,
-        /// `batch × seq` tokens in `0..256`.
+        /// `batch × seq` token ids, each below the model's vocabulary.
         tokens: Vec<i64>,
     },
     /// An encoded activation frame from the previous stage.

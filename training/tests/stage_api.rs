@@ -25,7 +25,7 @@ fn malformed_inputs_are_typed_errors() {
     let bad = tokens(2, 8) + 300;
     assert!(matches!(
         head.forward(0, &bad),
-        Err(ForwardError::TokenOutOfRange)
+        Err(ForwardError::TokenOutOfRange { vocab: 256, .. })
     ));
     let too_long = tokens(1, 513);
     assert!(matches!(

@@ -5,7 +5,8 @@
 //! the data dirs it is given (a `local-swarm` output holds one per node), picks the newest
 //! epoch that every stage has a checkpoint of, checks each checkpoint against its blob hash
 //! and every replica of a stage against the others (the merged weights hash the same on
-//! every replica), and writes one model with `training::export`.
+//! every replica), and writes one model with `training::export`, with the run's tokenizer
+//! (`--tokenizer`, else the byte-level one), whose size is the model's vocabulary.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -29,8 +30,13 @@ struct StageWeights {
 pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<()> {
     let dirs = data_dirs(&args.from)?;
     let run = run_config(args)?;
+    let tokenizer = match &args.tokenizer {
+        Some(path) => training::Tokenizer::from_file(path)
+            .with_context(|| format!("--tokenizer {}", path.display()))?,
+        None => training::Tokenizer::byte_level()?,
+    };
     let preset = crate::run_spec::preset(run.preset);
-    let model = preset.config();
+    let model = preset.config().with_vocab(tokenizer.vocab_size());
     let run_id = crate::run_spec::run_id(&run);
     let stages = run.stages;
     let stores = open_stores(&dirs)?;
@@ -60,7 +66,14 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<()> {
     }
     let flats: Vec<&[f32]> = weights.iter().map(|w| w.params.as_slice()).collect();
     let bottleneck = crate::run_spec::bottleneck(&run);
-    let tensors = training::export::assemble_with(&model, bottleneck, run.seed, &flats)?;
+    let tensors = training::export::assemble_with(&model, bottleneck, run.seed, &flats)
+        .with_context(|| {
+            format!(
+                "assembling a model with a vocabulary of {} tokens, the tokenizer's (is \
+                 --tokenizer the one the run trained with?)",
+                model.vocab
+            )
+        })?;
     let mut config = training::export::config_json_with(&model, stages as usize, bottleneck);
     config["iota_epoch"] = epoch.into();
     config["iota_run_hash"] = run.hash().to_string().into();
@@ -74,11 +87,14 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<()> {
         ("iota_epoch".to_string(), epoch.to_string()),
         ("iota_run_hash".to_string(), run.hash().to_string()),
     ]);
-    training::export::write(&args.out, &tensors, &config, metadata)?;
+    training::export::write(&args.out, &tensors, &config, tokenizer.json(), metadata)?;
     print_stages(&weights, epoch);
     let params: usize = tensors.iter().map(|t| t.values.len()).sum();
     println!(
-        "RESULT export epoch={epoch} stages={stages} params={params} out={}",
+        "RESULT export epoch={epoch} stages={stages} params={params} vocab={} tokenizer={} \
+         out={}",
+        model.vocab,
+        tokenizer.hash(),
         args.out.display()
     );
     Ok(())

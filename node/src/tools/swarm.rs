@@ -88,6 +88,7 @@ fn sample(out: &Path) -> anyhow::Result<()> {
         out: model_dir.clone(),
         run: None,
         epoch: None,
+        tokenizer: None,
     })?;
     let model = training::generate::Model::load(&model_dir)?;
     let prompt = "ROMEO:";
@@ -97,10 +98,7 @@ fn sample(out: &Path) -> anyhow::Result<()> {
         top_k: 40,
         seed: 0,
     };
-    let text = format!(
-        "{prompt}{}",
-        String::from_utf8_lossy(&model.generate(prompt.as_bytes(), &sampling)?)
-    );
+    let text = format!("{prompt}{}", model.generate(prompt, &sampling)?);
     println!(
         "local-swarm: model in {}; a sample from it:\n{text}",
         model_dir.display()

@@ -13,6 +13,14 @@ pub enum BuildError {
     /// libtorch refused (for example, the device is not available).
     #[error("creating tensors: {0}")]
     Tensor(#[from] tch::TchError),
+    /// The vocabulary is empty or larger than any tokenizer's.
+    #[error("a vocabulary of {vocab} tokens (must be 1..={max})")]
+    Vocab {
+        /// The vocabulary asked for.
+        vocab: usize,
+        /// The largest accepted ([`crate::preset::MAX_VOCAB`]).
+        max: usize,
+    },
 }
 
 /// Why a forward pass was refused or failed.
@@ -44,9 +52,14 @@ pub enum ForwardError {
         /// The preset's `max_seq`.
         max: usize,
     },
-    /// A token or target is outside `0..256`.
-    #[error("token outside 0..256")]
-    TokenOutOfRange,
+    /// A token or target is outside the model's vocabulary `0..vocab`.
+    #[error("token id {id} outside the vocabulary 0..{vocab}")]
+    TokenOutOfRange {
+        /// The first offending id (the smallest if one is negative, else the largest).
+        id: i64,
+        /// The model's vocabulary ([`crate::ModelConfig::vocab`]).
+        vocab: usize,
+    },
     /// A subspace model's stage after the head was not given the sample's tokens.
     #[error("this stage rebuilds the residual stream from the sample's tokens; none were given")]
     TokensRequired,
