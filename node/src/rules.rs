@@ -165,8 +165,7 @@ pub(crate) struct Expect {
 impl FrameRules {
     /// The frame shapes of `run`, whose frames carry `run_id`.
     pub(crate) fn new(run: &RunConfig, run_id: u64) -> anyhow::Result<Self> {
-        let preset = crate::run_spec::preset(run.preset);
-        let model = preset.config();
+        let model = crate::run_spec::model(run);
         let mut widths = Vec::new();
         for stage in 0..run.stages.saturating_sub(1) {
             let layout = training::StageLayout::new(

@@ -22,6 +22,11 @@ pub(crate) fn preset(preset: ModelPreset) -> Preset {
     }
 }
 
+/// The model `run` trains: its preset's shape with the run's vocabulary.
+pub(crate) fn model(run: &RunConfig) -> training::ModelConfig {
+    preset(run.preset).config().with_vocab(vocab(run))
+}
+
 /// The training crate's wire element type for a run's wire format.
 pub(crate) fn wire_dtype(format: WireFormat) -> WireDtype {
     match format {
@@ -70,7 +75,7 @@ pub(crate) fn stage_config(run: &RunConfig, stage: u32, device: training::Device
         run.seed,
     );
     config.device = device;
-    config
+    config.with_vocab(vocab(run))
 }
 
 /// The compute thread's configuration for `stage` of `run`: its codecs, the run's id, and

@@ -76,11 +76,7 @@ pub(crate) fn epoch_due(
 /// How long the merge opening an epoch may take at most: its start delay and the budget of
 /// a vector as large as the whole model (no stage is larger).
 pub(crate) fn merge_allowance(run: &RunConfig) -> Duration {
-    let len = run
-        .preset
-        .name()
-        .parse::<training::Preset>()
-        .map_or(0, |preset| preset.config().num_params());
+    let len = crate::run_spec::model(run).num_params();
     crate::schedule::MERGE_DELAY + crate::schedule::merge_budget(len)
 }
 

@@ -250,15 +250,15 @@ impl NetMerger {
 
     /// Number of parameters of `stage` under this run's model.
     fn stage_params(&self, stage: u32) -> Option<usize> {
-        let preset = crate::run_spec::preset(self.run.preset);
+        let model = crate::run_spec::model(&self.run);
         let layout = training::StageLayout::new(
-            &preset.config(),
+            &model,
             self.run.stages as usize,
             stage as usize,
             crate::run_spec::bottleneck(&self.run),
         )
         .ok()?;
-        Some(layout.num_params(&preset.config()))
+        Some(layout.num_params(&model))
     }
 
     /// The deadlines of a merge of `len` values starting at `start`.

@@ -221,7 +221,7 @@ impl Checker {
     /// frames no larger than the run's largest raw frame twice over (an encoded frame is
     /// smaller than its raw values, plus its header).
     fn bounds(&self, stage: u32) -> Result<Bounds, Outcome> {
-        let model = crate::run_spec::preset(self.run.preset).config();
+        let model = crate::run_spec::model(&self.run);
         let layout = training::StageLayout::new(
             &model,
             self.run.stages as usize,
