@@ -31,6 +31,8 @@
 //!    * chain: with `--subtensor`, the reader of the subnet's stake, a validator's
 //!      `set_weights` submitter, and the `metagraph` command;
 //!    * observe: `/status`, `/metrics` and the dashboard at `/`;
+//!    * data: the run's tokens (the embedded corpus or a dataset's shards), served to
+//!      peers and fetched from them;
 //!
 //!    and `services::spot_check_tests`, a test of a miner and a validator together (each
 //!    through its `api`).
