@@ -31,6 +31,8 @@
 //!    * chain: with `--subtensor`, the reader of the subnet's stake, a validator's
 //!      `set_weights` submitter, and the `metagraph` command;
 //!    * observe: `/status`, `/metrics` and the dashboard at `/`;
+//!    * data: the run's tokens (the embedded corpus or a dataset's shards), served to
+//!      peers and fetched from them;
 //!
 //!    and `services::spot_check_tests`, a test of a miner and a validator together (each
 //!    through its `api`).
@@ -159,18 +161,14 @@ fn train_local(args: &cli::TrainLocalArgs) -> anyhow::Result<()> {
         device: args.device,
         ..training::LocalConfig::default()
     };
+    let bytes_per_token = tools::train_local::EMBEDDED_BYTES_PER_TOKEN;
     let report = training::local::run(&cfg, |p| {
-        println!(
-            "step {:>6}/{} ({:>3.0} %)  train loss {}  held-out loss {}  {:.0} tokens/s",
-            p.step,
-            p.steps,
-            100.0 * p.step as f64 / p.steps.max(1) as f64,
-            p.train_loss.map_or("-".to_string(), |l| format!("{l:.4}")),
-            p.val_loss.map_or("-".to_string(), |l| format!("{l:.4}")),
-            p.tokens_per_s
-        );
+        println!("{}", tools::train_local::progress_line(p, bytes_per_token));
     })?;
-    println!("{}", report.result_line());
+    println!(
+        "{}",
+        tools::train_local::result_line(&report, bytes_per_token)
+    );
     Ok(())
 }
 

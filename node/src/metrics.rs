@@ -126,8 +126,12 @@ pub(crate) struct PipelineMetrics {
     pub(crate) samples_dropped: Counter,
     /// `iota_train_loss`: the latest training loss this miner saw.
     pub(crate) train_loss: Gauge<f64, AtomicU64>,
-    /// `iota_val_loss`: the latest held-out loss this node saw.
+    /// `iota_val_loss`: the latest held-out loss this node saw, in nats per token.
     pub(crate) val_loss: Gauge<f64, AtomicU64>,
+    /// `iota_val_bits_per_byte`: the same loss in bits per byte of held-out text (set when
+    /// the node knows the dataset's bytes per token), which compares runs whose tokenizers
+    /// differ.
+    val_bits_per_byte: Gauge<f64, AtomicU64>,
     /// `iota_wire_bytes_total{direction,kind}`: pipeline bytes on the wire; direction is
     /// `sent` or `received`, kind `activation` or `gradient`.
     wire_bytes: Family<WireLabels, Counter>,
@@ -157,13 +161,18 @@ impl PipelineMetrics {
         );
         registry.register(
             "iota_train_loss",
-            "Latest training loss seen (nats per byte)",
+            "Latest training loss seen (nats per token)",
             m.train_loss.clone(),
         );
         registry.register(
             "iota_val_loss",
-            "Latest held-out loss seen (nats per byte)",
+            "Latest held-out loss seen (nats per token)",
             m.val_loss.clone(),
+        );
+        registry.register(
+            "iota_val_bits_per_byte",
+            "Latest held-out loss seen, in bits per byte of held-out text",
+            m.val_bits_per_byte.clone(),
         );
         registry.register(
             "iota_wire_bytes",
@@ -176,6 +185,15 @@ impl PipelineMetrics {
             m.responses_rejected.clone(),
         );
         m
+    }
+
+    /// A held-out loss of `nats` per token, and the same in bits per byte when the node knows
+    /// it (the bits-per-byte gauge keeps its last value otherwise).
+    pub(crate) fn set_val_loss(&self, nats: f64, bits_per_byte: Option<f64>) {
+        self.val_loss.set(nats);
+        if let Some(bpb) = bits_per_byte {
+            self.val_bits_per_byte.set(bpb);
+        }
     }
 
     /// Counts a refused reply of the next stage.
@@ -293,5 +311,35 @@ impl ChainMetrics {
         self.weights_failed
             .get_or_create(&ReasonLabels { reason })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of the unlabelled metric `name` in the text exposition of `registry`.
+    fn value(registry: &Registry, name: &str) -> Option<f64> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .map(|v| v.trim().parse().unwrap())
+    }
+
+    #[test]
+    fn a_held_out_loss_is_exported_in_nats_per_token_and_bits_per_byte() {
+        let mut registry = Registry::default();
+        let m = PipelineMetrics::new(&mut registry);
+        let nats = 2.0;
+        m.set_val_loss(nats, Some(nats / std::f64::consts::LN_2));
+        assert_eq!(value(&registry, "iota_val_loss"), Some(2.0));
+        let bpb = value(&registry, "iota_val_bits_per_byte").unwrap();
+        assert!((bpb - 2.0 / std::f64::consts::LN_2).abs() < 1e-9, "{bpb}");
+        // Without the data's bytes per token, the loss moves and bits per byte keep their
+        // last known value.
+        m.set_val_loss(1.5, None);
+        assert_eq!(value(&registry, "iota_val_loss"), Some(1.5));
+        assert_eq!(value(&registry, "iota_val_bits_per_byte"), Some(bpb));
     }
 }

@@ -420,7 +420,9 @@ impl Router {
     /// Hands accepted pipeline gossip to the validator and the miner.
     async fn deliver_pipeline(&mut self, message: PipelineGossip) -> Result<(), ServiceGone> {
         if let PipelineGossip::ValLoss { loss, .. } = &message {
-            self.metrics.pipeline.val_loss.set(f64::from(*loss));
+            let nats = f64::from(*loss);
+            let bits_per_byte = self.services.data.bits_per_byte(nats);
+            self.metrics.pipeline.set_val_loss(nats, bits_per_byte);
         }
         if let Some(validator) = &self.services.validator {
             match &message {

@@ -147,6 +147,7 @@ const LAYERS: &[(&str, usize)] = &[
     ("services::validator", 3),
     ("services::chain", 3),
     ("services::observe", 3),
+    ("services::data", 3),
     // A test of two services together, through their `api`s.
     ("services::spot_check_tests", 3),
     ("router", 4),

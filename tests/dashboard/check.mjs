@@ -1,6 +1,7 @@
 // Opens a node's dashboard in headless Chromium and checks what it shows against the node's
 // own /status: every miner of the plan under its stage, each miner's own sample count read
-// from that miner's /status, and the held-out loss curve gaining a point as an epoch passes. Leaves a screenshot. Used by the dashboard test
+// from that miner's /status, the held-out loss curve gaining a point as an epoch passes, and the
+// latest held-out loss in nats per token and bits per byte. Leaves a screenshot. Used by the dashboard test
 // (tests/tests/dashboard.rs); exits non-zero saying what was not seen.
 //
 // Usage: node check.mjs <dashboard url> <expected.json> <screenshot.png>
@@ -50,9 +51,16 @@ try {
     { timeout: 120000, polling: 500 },
   );
   const after = await points();
+  // The latest held-out loss, also in bits per byte (the validator holds the run's data).
+  await page.waitForFunction(
+    () => /nats\/token · [0-9.]+ bits\/byte$/.test(document.getElementById("val-latest").textContent),
+    null,
+    { timeout: 10000, polling: 500 },
+  );
+  const heldOut = await page.locator("#val-latest").textContent();
   await page.screenshot({ path: screenshot, fullPage: true });
   console.log(
-    `DASHBOARD ok stages=${expected.stage_map.length} miners=${expected.stage_map.flat().length} val_points=${before}->${after} screenshot=${screenshot}`,
+    `DASHBOARD ok stages=${expected.stage_map.length} miners=${expected.stage_map.flat().length} val_points=${before}->${after} held_out="${heldOut}" screenshot=${screenshot}`,
   );
 } catch (e) {
   failed = e;

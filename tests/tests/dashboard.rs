@@ -1,8 +1,10 @@
 //! The dashboard in a real browser: a 3-stage local swarm runs, and headless Chromium (driven by
 //! `tests/dashboard/check.mjs` through playwright-core) opens its validator's `GET /` and must
 //! show every miner of the plan under its stage, each miner's own sample count (read from the
-//! `/status` the miner announces in its heartbeats) and the held-out loss curve gaining a point
-//! as an epoch passes. The screenshot stays in the test's scratch directory.
+//! `/status` the miner announces in its heartbeats), the held-out loss curve gaining a point
+//! as an epoch passes, and the latest held-out loss in bits per byte beside nats per token;
+//! the swarm's `RESULT` line gives them too. The screenshot stays in the test's scratch
+//! directory.
 //!
 //! A second test (`tests/dashboard/trickle.mjs`, no swarm) serves the node's dashboard assets
 //! next to a stand-in `/status` naming one miner whose announced server trickles its body for
@@ -151,4 +153,24 @@ async fn the_dashboard_shows_the_stage_map_and_a_growing_loss_curve_in_chromium(
     assert!(screenshot.exists(), "a screenshot was kept");
     println!("screenshot: {}", screenshot.display());
     assert!(finished.unwrap().success(), "local-swarm ran to the end");
+    // The validator's /status gave each held-out loss in bits per byte too: byte-level, they
+    // are the nats over ln 2.
+    let stdout = std::fs::read_to_string(&stdout_path).unwrap();
+    let result = stdout
+        .lines()
+        .find(|l| l.starts_with("RESULT local-swarm "))
+        .unwrap_or_else(|| panic!("no RESULT line: {stdout}"));
+    let field = |name: &str| -> f64 {
+        result
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in {result}"))
+            .parse()
+            .unwrap()
+    };
+    let expected_bpb = field("val_loss") / std::f64::consts::LN_2;
+    assert!(
+        (field("val_bpb") - expected_bpb).abs() < 1e-3,
+        "bits per byte of a byte-level run: {result}"
+    );
 }

@@ -369,6 +369,13 @@ impl Dataset {
     }
 }
 
+/// Bits per byte of text of a loss of `nats` per token, the text holding `bytes_per_token`
+/// UTF-8 bytes per token (1 for byte tokens): the figure that compares models whose
+/// tokenizers differ.
+pub fn bits_per_byte(nats: f64, bytes_per_token: f64) -> f64 {
+    nats / std::f64::consts::LN_2 / bytes_per_token
+}
+
 /// What a node trains on: the embedded corpus (byte tokens) or a dataset of shards.
 #[derive(Debug, Clone)]
 pub enum TrainingData {
@@ -410,7 +417,7 @@ impl TrainingData {
 
     /// Bits per byte of a held-out loss of `nats` per token.
     pub fn bits_per_byte(&self, nats: f64) -> f64 {
-        nats / std::f64::consts::LN_2 / self.val_bytes_per_token()
+        bits_per_byte(nats, self.val_bytes_per_token())
     }
 
     /// Training sample `sample_id`.

@@ -156,7 +156,13 @@ pub(crate) async fn start(settings: NodeSettings, identity: NodeIdentity) -> any
         &metrics,
         &mut tasks,
     );
-    let (view, status) = node_view(&settings, &client, miner.as_ref(), validator.as_ref());
+    let (view, status) = node_view(
+        &settings,
+        &client,
+        miner.as_ref(),
+        validator.as_ref(),
+        &data,
+    );
     let http_limits = HttpLimits {
         max_connections: budgets.http_connections,
         ..HttpLimits::default()
@@ -429,6 +435,7 @@ fn node_view(
     client: &p2p::Client,
     miner: Option<&MinerHandle>,
     validator: Option<&ValidatorHandle>,
+    data: &DataHandle,
 ) -> (watch::Sender<NodeView>, StatusSource) {
     let (view, view_rx) = watch::channel(NodeView::default());
     let status = StatusSource {
@@ -437,6 +444,7 @@ fn node_view(
         view: view_rx,
         miner: miner.map(|m| m.status.clone()),
         validator: validator.map(|v| v.weights.clone()),
+        data: data.clone(),
     };
     (view, status)
 }

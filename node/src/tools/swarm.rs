@@ -414,13 +414,12 @@ async fn follow(
             let got: Vec<EpochStats> = serde_json::from_value(status["epochs"].clone())?;
             for row in &got {
                 // An epoch is reported once the next one's start has been evaluated.
-                let next_val = got
+                let next = got
                     .iter()
-                    .find(|r| r.epoch == row.epoch + 1)
-                    .and_then(|r| r.val_loss);
+                    .find(|r| r.epoch == row.epoch + 1 && r.val_loss.is_some());
                 if row.epoch == printed.get() && row.epoch < epochs {
-                    if let Some(val) = next_val {
-                        println!("{}", report::progress_line(row, val));
+                    if let Some(next) = next {
+                        println!("{}", report::progress_line(row, next));
                         printed.set(row.epoch + 1);
                     }
                 }

@@ -28,8 +28,12 @@ pub(crate) struct EpochStats {
     pub(crate) tokens: u64,
     /// Mean training loss of the records.
     pub(crate) train_loss: Option<f64>,
-    /// Held-out loss of the weights the epoch started from.
+    /// Held-out loss of the weights the epoch started from, in nats per token.
     pub(crate) val_loss: Option<f32>,
+    /// The same loss in bits per byte of held-out text, which compares runs whose
+    /// tokenizers differ. Gossip carries nats per token only: `/status` fills this from
+    /// the node's data (`None` while the node lacks the dataset's manifest).
+    pub(crate) val_bits_per_byte: Option<f64>,
     /// Heads that finished their samples.
     pub(crate) heads_done: Vec<String>,
     /// Samples the heads dropped.

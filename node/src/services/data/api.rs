@@ -220,6 +220,12 @@ impl DataHandle {
         Some(self.now()?.bits_per_byte(nats))
     }
 
+    /// UTF-8 bytes of held-out text per held-out token (1 for the embedded corpus; `None`
+    /// before the manifest): what turns a held-out loss into bits per byte.
+    pub(crate) fn bytes_per_token(&self) -> Option<f64> {
+        Some(self.now()?.val_bytes_per_token())
+    }
+
     /// Training sample `id` of the run, its shards fetched first when they are not here.
     pub(crate) async fn train_sample(&self, id: u64) -> Result<Batch, DrawError> {
         let run = &self.inner.run;
@@ -405,4 +411,57 @@ fn check_matches_run(dir: &Path, d: &Dataset, run: &RunConfig) -> Result<(), Dat
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "iota-data-api-{tag}-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn held_out_bits_per_byte_follow_the_datas_bytes_per_token() {
+        let ln2 = std::f64::consts::LN_2;
+        // The embedded corpus is byte-level: bits per byte are nats per byte over ln 2.
+        let embedded = DataHandle::embedded();
+        assert_eq!(embedded.bytes_per_token(), Some(1.0));
+        assert!((embedded.bits_per_byte(2.0).unwrap() - 2.0 / ln2).abs() < 1e-12);
+
+        // A dataset of three text bytes per token divides by three.
+        let dir = tempdir("whole");
+        let m = training::dataset::write_synthetic(&dir, &[4096], &[1024], 4096).unwrap();
+        let run = RunConfig {
+            dataset: Some(blake3::Hash::from_bytes(m.hash()).to_hex().to_string()),
+            tokenizer: Some(m.tokenizer.blake3.clone()),
+            vocab: Some(4096),
+            ..RunConfig::default()
+        };
+        let whole = DataSettings {
+            dir: Some(dir.clone()),
+            ..DataSettings::default()
+        };
+        let held = DataHandle::start(&run, &whole, None, None).unwrap();
+        assert_eq!(held.bytes_per_token(), Some(3.0));
+        assert!((held.bits_per_byte(3.0 * ln2).unwrap() - 1.0).abs() < 1e-12);
+
+        // A node still waiting for the manifest has no figure to give, rather than a wrong one.
+        let cache = tempdir("cache");
+        let waiting = DataSettings {
+            cache: Some(cache.clone()),
+            ..DataSettings::default()
+        };
+        let fetcher = DataHandle::start(&run, &waiting, None, None).unwrap();
+        assert_eq!(fetcher.bytes_per_token(), None);
+        assert_eq!(fetcher.bits_per_byte(1.0), None);
+        let _ = std::fs::remove_dir_all(dir);
+        let _ = std::fs::remove_dir_all(cache);
+    }
 }

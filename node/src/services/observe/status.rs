@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use serde::Serialize;
 
 pub(crate) use crate::services::consensus::api::EpochStats;
+use crate::services::data::api::DataHandle;
 
 /// The parts of the status that the node loop publishes and the HTTP handler reads.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -87,6 +88,8 @@ pub(crate) struct StatusSource {
     /// The latest epoch's weights, on a validator.
     pub(crate) validator:
         Option<watch::Receiver<Option<crate::services::validator::api::EpochWeights>>>,
+    /// The run's data: its bytes per token turn held-out losses into bits per byte.
+    pub(crate) data: DataHandle,
 }
 
 impl StatusSource {
@@ -111,6 +114,7 @@ impl StatusSource {
         if let (Some(own), Some(consensus)) = (&view.validator_weights, &mut view.weights) {
             annotate(consensus, own);
         }
+        held_out_bits_per_byte(&mut view.epochs, self.data.bytes_per_token());
         Ok(Status {
             peer_id: crate::wire::peer::of(&self.client.local_peer_id()),
             role: self.role,
@@ -119,6 +123,20 @@ impl StatusSource {
             routing_table: routing,
             view,
         })
+    }
+}
+
+/// Gives each epoch's held-out loss in bits per byte too, the held-out text holding
+/// `bytes_per_token` bytes per token (`None`: the dataset's manifest is not here yet, and
+/// no figure is given rather than a wrong one).
+fn held_out_bits_per_byte(epochs: &mut [EpochStats], bytes_per_token: Option<f64>) {
+    for e in epochs {
+        e.val_bits_per_byte = match (e.val_loss, bytes_per_token) {
+            (Some(nats), Some(bytes)) => {
+                Some(training::dataset::bits_per_byte(f64::from(nats), bytes))
+            }
+            _ => None,
+        };
     }
 }
 
@@ -188,6 +206,48 @@ mod tests {
             ],
             spot_checks: Default::default(),
         }
+    }
+
+    #[test]
+    fn status_gives_each_held_out_loss_in_bits_per_byte_once_the_data_is_known() {
+        let ln2 = std::f64::consts::LN_2;
+        let epoch = |epoch: u64, val_loss: Option<f32>| {
+            let mut e = EpochStats::default();
+            (e.epoch, e.val_loss) = (epoch, val_loss);
+            e
+        };
+        let mut view = NodeView {
+            epochs: vec![epoch(0, Some(3.0)), epoch(1, None)],
+            ..NodeView::default()
+        };
+        let bpb = |view: &NodeView| -> Vec<serde_json::Value> {
+            let json = serde_json::to_value(view).unwrap();
+            json["epochs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["val_bits_per_byte"].clone())
+                .collect()
+        };
+        // Byte tokens: nats per token over ln 2.
+        held_out_bits_per_byte(&mut view.epochs, Some(1.0));
+        let got = bpb(&view);
+        assert!(
+            (got[0].as_f64().unwrap() - 3.0 / ln2).abs() < 1e-6,
+            "{got:?}"
+        );
+        assert!(got[1].is_null(), "no held-out loss, no figure: {got:?}");
+        // Three bytes of text per token divide by three.
+        held_out_bits_per_byte(&mut view.epochs, Some(3.0));
+        assert!((bpb(&view)[0].as_f64().unwrap() - 1.0 / ln2).abs() < 1e-6);
+        // Before the manifest: the field is there, and null.
+        held_out_bits_per_byte(&mut view.epochs, None);
+        assert!(bpb(&view)[0].is_null());
+        // What `local-swarm` reads back from `/status` keeps the figure.
+        held_out_bits_per_byte(&mut view.epochs, Some(1.0));
+        let json = serde_json::to_value(&view).unwrap();
+        let rows: Vec<EpochStats> = serde_json::from_value(json["epochs"].clone()).unwrap();
+        assert_eq!(rows[0].val_bits_per_byte, view.epochs[0].val_bits_per_byte);
     }
 
     #[test]

@@ -11,18 +11,22 @@ use bootstrap::RunConfig;
 use crate::services::observe::api::EpochStats;
 use crate::tools::launcher::NodeProcess;
 
-/// One line per finished epoch.
-pub(crate) fn progress_line(row: &EpochStats, val_after: f32) -> String {
+/// One line per finished epoch; `after` is the next epoch's row, whose held-out loss was
+/// measured on the weights this epoch ended with.
+pub(crate) fn progress_line(row: &EpochStats, after: &EpochStats) -> String {
     let secs = match (row.first_record_s, row.last_record_s) {
         (Some(a), Some(b)) if b > a => b - a,
         _ => f64::NAN,
     };
     let wire: u64 = row.wire_bytes.values().sum();
     format!(
-        "epoch {:>3}  train loss {:.3}  held-out loss {:.3}  {:>7.0} tokens/s  {} samples ({} dropped)  {:.1} MB of activations sent",
+        "epoch {:>3}  train loss {:.3}  held-out loss {:.3}{}  {:>7.0} tokens/s  {} samples ({} dropped)  {:.1} MB of activations sent",
         row.epoch,
         row.train_loss.unwrap_or(f64::NAN),
-        val_after,
+        after.val_loss.unwrap_or(f32::NAN),
+        after
+            .val_bits_per_byte
+            .map_or(String::new(), |b| format!(" ({b:.3} bits/byte)")),
         row.tokens as f64 / secs,
         row.samples,
         row.dropped,
@@ -40,6 +44,9 @@ pub(crate) struct Summary {
     pub(crate) val_loss: f32,
     /// The epoch whose start `val_loss` was measured at (`epochs` unless missed).
     pub(crate) val_loss_epoch: u64,
+    /// `val_loss_start` and `val_loss` in bits per byte of held-out text, when the node
+    /// the report was read from knew the dataset's bytes per token.
+    pub(crate) val_bits_per_byte: Option<(f64, f64)>,
     pub(crate) tokens_per_s: f64,
     pub(crate) epochs: u64,
     pub(crate) tokens: u64,
@@ -59,6 +66,12 @@ impl Summary {
         wall: Duration,
     ) -> anyhow::Result<Summary> {
         let ((start_epoch, start), (end_epoch, end)) = val_loss_span(rows, epochs)?;
+        let bits_per_byte = |epoch: u64| {
+            rows.iter()
+                .find(|r| r.epoch == epoch)
+                .and_then(|r| r.val_bits_per_byte)
+        };
+        let val_bits_per_byte = bits_per_byte(start_epoch).zip(bits_per_byte(end_epoch));
         let trained: Vec<&EpochStats> = rows.iter().filter(|r| r.epoch < epochs).collect();
         let tokens: u64 = trained.iter().map(|r| r.tokens).sum();
         let samples: u64 = trained.iter().map(|r| r.samples).sum();
@@ -94,6 +107,7 @@ impl Summary {
             val_loss_start_epoch: start_epoch,
             val_loss: end,
             val_loss_epoch: end_epoch,
+            val_bits_per_byte,
             tokens_per_s,
             epochs,
             tokens,
@@ -103,13 +117,17 @@ impl Summary {
         })
     }
 
-    /// The machine-readable closing line; it names the epochs of the held-out losses when
-    /// an evaluation was missed, so that a number is never passed off as another.
+    /// The machine-readable closing line: held-out losses in nats per token, and in bits per
+    /// byte when known (`val_bpb_start`, `val_bpb`); it names the epochs of the held-out
+    /// losses when an evaluation was missed, so that a number is never passed off as another.
     pub(crate) fn result_line(&self) -> String {
         let mut line = format!(
             "RESULT local-swarm val_loss_start={:.4} val_loss={:.4} tokens_per_s={:.1} epochs={}",
             self.val_loss_start, self.val_loss, self.tokens_per_s, self.epochs
         );
+        if let Some((start, end)) = self.val_bits_per_byte {
+            line.push_str(&format!(" val_bpb_start={start:.4} val_bpb={end:.4}"));
+        }
         if self.val_loss_start_epoch != 0 || self.val_loss_epoch != self.epochs {
             line.push_str(&format!(
                 " val_loss_start_epoch={} val_loss_epoch={}",
@@ -189,9 +207,16 @@ fn overview(md: &mut String, run: &RunConfig, summary: &Summary) {
         run.seq_len,
         run.lr
     );
+    // The first two numbers of this line are the held-out losses in nats per token (tests
+    // read them).
+    let bits = summary
+        .val_bits_per_byte
+        .map_or(String::new(), |(start, end)| {
+            format!(", {start:.4} → {end:.4} bits/byte of held-out text,")
+        });
     let _ = writeln!(
         md,
-        "Held-out loss {:.4} → {:.4} nats/byte over {} epochs; {} tokens at {:.0} tokens/s; {:.0} s wall.\n",
+        "Held-out loss {:.4} → {:.4} nats/token{bits} over {} epochs; {} tokens at {:.0} tokens/s; {:.0} s wall.\n",
         summary.val_loss_start,
         summary.val_loss,
         summary.epochs,
@@ -210,8 +235,9 @@ fn overview(md: &mut String, run: &RunConfig, summary: &Summary) {
 /// One row per epoch: samples, losses, and how many identical replicas each merge left.
 fn epochs_table(md: &mut String, rows: &[EpochStats]) {
     let _ = writeln!(md, "## Epochs\n");
-    let _ = writeln!(md, "| epoch | samples | dropped | train loss | held-out loss at start | identical replicas after merge |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    let _ = writeln!(md, "Losses in nats per token; the held-out loss also in bits per byte of held-out text, which compares runs whose tokenizers differ.\n");
+    let _ = writeln!(md, "| epoch | samples | dropped | train loss | held-out loss at start | held-out bits/byte | identical replicas after merge |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
     for row in rows {
         let merges: Vec<String> = row
             .merged
@@ -227,12 +253,14 @@ fn epochs_table(md: &mut String, rows: &[EpochStats]) {
             .collect();
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             row.epoch,
             row.samples,
             row.dropped,
             row.train_loss.map_or("–".into(), |l| format!("{l:.4}")),
             row.val_loss.map_or("–".into(), |l| format!("{l:.4}")),
+            row.val_bits_per_byte
+                .map_or("–".into(), |b| format!("{b:.4}")),
             if merges.is_empty() {
                 "–".into()
             } else {
@@ -296,7 +324,7 @@ fn loss_svg(rows: &[EpochStats], epochs: u64, reference: Option<f64>) -> anyhow:
         chart
             .configure_mesh()
             .x_desc("epoch")
-            .y_desc("nats per byte")
+            .y_desc("nats per token")
             .draw()?;
         let blue = RGBColor(31, 119, 180);
         let red = RGBColor(214, 39, 40);
@@ -395,6 +423,61 @@ mod tests {
     }
 
     #[test]
+    fn held_out_bits_per_byte_stand_beside_nats_per_token_when_status_gives_them() {
+        let ln2 = std::f64::consts::LN_2;
+        let mut rows = rows(2, &[(0, 6.0), (1, 4.5), (2, 3.0)]);
+        // A node without the dataset's manifest gives no bits per byte: none are reported.
+        let s = summary(&rows, 2).unwrap();
+        assert_eq!(s.val_bits_per_byte, None);
+        assert!(!s.result_line().contains("bpb"), "{}", s.result_line());
+        assert!(!super::progress_line(&rows[0], &rows[1]).contains("bits/byte"));
+        // Three bytes of held-out text per token, as `/status` gives them.
+        for r in &mut rows {
+            r.val_bits_per_byte = r
+                .val_loss
+                .map(|l| training::dataset::bits_per_byte(f64::from(l), 3.0));
+        }
+        let s = summary(&rows, 2).unwrap();
+        let (start, end) = s.val_bits_per_byte.unwrap();
+        assert!((start - 2.0 / ln2).abs() < 1e-9 && (end - 1.0 / ln2).abs() < 1e-9);
+        let line = s.result_line();
+        assert!(
+            line.starts_with("RESULT local-swarm val_loss_start=6.0000 val_loss=3.0000")
+                && line.contains(" val_bpb_start=2.8854 val_bpb=1.4427"),
+            "{line}"
+        );
+        let progress = super::progress_line(&rows[0], &rows[1]);
+        assert!(
+            progress.contains("held-out loss 4.500 (2.164 bits/byte)"),
+            "{progress}"
+        );
+        // report.md: the overview keeps nats per token as its first two numbers, and the
+        // epochs table has a bits-per-byte column.
+        let out = std::env::temp_dir().join(format!(
+            "iota-report-bpb-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&out).unwrap();
+        let run = bootstrap::RunConfig::default();
+        super::write(&out, &rows, &s, &run, &[], None).unwrap();
+        let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+        let _ = std::fs::remove_dir_all(&out);
+        let overview = md.lines().find(|l| l.starts_with("Held-out loss")).unwrap();
+        let numbers: Vec<f64> = overview
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        assert_eq!(numbers[..2], [6.0, 3.0], "{overview}");
+        assert!(
+            overview.contains("nats/token, 2.8854 → 1.4427 bits/byte"),
+            "{overview}"
+        );
+        assert!(md.contains("| held-out bits/byte |"), "{md}");
+        assert!(md.contains("| 6.0000 | 2.8854 |"), "{md}");
+    }
+
+    #[test]
     fn the_loss_chart_draws_train_held_out_and_the_reference() {
         let rows = rows(3, &[(0, 5.5), (1, 3.0), (2, 2.5), (3, 2.2)]);
         let svg = super::loss_svg(&rows, 3, Some(1.9)).unwrap();
@@ -407,7 +490,7 @@ mod tests {
             "held-out",
             "one process (same tokens)",
             "epoch",
-            "nats per byte",
+            "nats per token",
         ] {
             assert!(svg.contains(label), "{label} in {svg}");
         }

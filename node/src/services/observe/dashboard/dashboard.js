@@ -117,6 +117,20 @@ function drawLoss(epochs) {
   }
 }
 
+// The latest held-out loss in nats per token and, once the node knows the dataset's bytes per
+// token, in bits per byte of held-out text (what compares runs whose tokenizers differ).
+function drawHeldOut(epochs) {
+  const out = document.getElementById("val-latest");
+  const finite = (v) => typeof v === "number" && isFinite(v);
+  const latest = [...epochs].reverse().find((e) => finite(e.val_loss));
+  if (!latest) {
+    out.textContent = "";
+    return;
+  }
+  const bits = finite(latest.val_bits_per_byte) ? ` · ${latest.val_bits_per_byte.toFixed(3)} bits/byte` : "";
+  out.textContent = `held-out at the start of epoch ${latest.epoch}: ${latest.val_loss.toFixed(3)} nats/token${bits}`;
+}
+
 function drawMiners(status) {
   const body = document.querySelector("#miners tbody");
   body.replaceChildren();
@@ -191,6 +205,7 @@ function draw(status) {
   document.getElementById("progress-text").textContent = total ? `${done} of ${total} samples` : "";
   drawStages(status);
   drawLoss(epochs);
+  drawHeldOut(epochs);
   drawMiners(status);
   drawValidators(status);
   drawPeers(status);
