@@ -395,7 +395,7 @@ pub(crate) enum PipelineGossip {
     ValLoss {
         /// Epoch whose start was evaluated.
         epoch: u64,
-        /// Mean held-out loss, nats per byte.
+        /// Mean held-out loss, nats per token.
         loss: f32,
     },
     /// A head finished drawing its samples of `epoch`.

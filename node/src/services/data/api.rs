@@ -431,7 +431,7 @@ mod tests {
     fn held_out_bits_per_byte_follow_the_datas_bytes_per_token() {
         let ln2 = std::f64::consts::LN_2;
         // The embedded corpus is byte-level: bits per byte are nats per byte over ln 2.
-        let embedded = DataHandle::embedded();
+        let embedded = DataHandle::embedded(&RunConfig::default());
         assert_eq!(embedded.bytes_per_token(), Some(1.0));
         assert!((embedded.bits_per_byte(2.0).unwrap() - 2.0 / ln2).abs() < 1e-12);
 

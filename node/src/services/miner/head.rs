@@ -33,7 +33,8 @@ pub(crate) async fn run_epoch(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandl
                     val_bits_per_byte = bpb,
                     "held-out loss"
                 );
-                ctx.metrics.val_loss.set(f64::from(loss));
+                ctx.metrics
+                    .set_val_loss(f64::from(loss), ctx.data.bits_per_byte(f64::from(loss)));
                 publish(
                     &ctx,
                     &topic,
