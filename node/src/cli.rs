@@ -322,8 +322,9 @@ pub(crate) struct ExportArgs {
     /// (created if missing).
     #[arg(long, value_name = "DIR")]
     pub(crate) out: PathBuf,
-    /// The `tokenizer.json` the run trained with; the model's vocabulary is its size
-    /// (default: the byte-level tokenizer of the embedded corpus).
+    /// The `tokenizer.json` the run trained with (refused when it is not the one the run
+    /// names); the model's vocabulary is its size. Default: the one a node cached with the
+    /// run's dataset under `--from`, or the byte-level tokenizer of the embedded corpus.
     #[arg(long, value_name = "FILE")]
     pub(crate) tokenizer: Option<PathBuf>,
     /// The run's configuration (TOML): the `run.toml` of a `local-swarm` output when there
@@ -464,6 +465,9 @@ pub(crate) struct TrainLocalArgs {
     /// flight): their gradients are that many steps stale. 0 is plain training.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
     pub(crate) stale: u64,
+    /// Train on a dataset made by `prepare-data` instead of the embedded corpus.
+    #[arg(long = "data", value_name = "DIR")]
+    pub(crate) data: Option<PathBuf>,
     /// Device: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub(crate) device: training::Device,

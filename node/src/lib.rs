@@ -159,9 +159,17 @@ fn train_local(args: &cli::TrainLocalArgs) -> anyhow::Result<()> {
         eval_interval: args.eval_interval,
         stale: args.stale as usize,
         device: args.device,
+        data: args.data.clone(),
         ..training::LocalConfig::default()
     };
-    let bytes_per_token = tools::train_local::EMBEDDED_BYTES_PER_TOKEN;
+    let bytes_per_token = match &args.data {
+        Some(dir) => training::TrainingData::Shards(std::sync::Arc::new(
+            training::Dataset::open(dir, None)
+                .with_context(|| format!("--data {}", dir.display()))?,
+        ))
+        .val_bytes_per_token(),
+        None => tools::train_local::EMBEDDED_BYTES_PER_TOKEN,
+    };
     let report = training::local::run(&cfg, |p| {
         println!("{}", tools::train_local::progress_line(p, bytes_per_token));
     })?;

@@ -13,6 +13,7 @@ use std::time::Instant;
 use tch::{Device, Tensor};
 
 use crate::data::{Corpus, CorpusError, SampleError};
+use crate::dataset::{Dataset, TrainingData};
 use crate::model::Bottleneck;
 use crate::preset::{DType, Preset, VOCAB};
 use crate::stage::{AdamW, BackwardError, BuildError, ForwardError, Stage, StageConfig, StepError};
@@ -68,6 +69,9 @@ pub struct LocalConfig {
     /// Tokens of the tokenizer ([`crate::ModelConfig::vocab`]); [`VOCAB`] (byte-level, what
     /// the embedded corpus gives) by default.
     pub vocab: usize,
+    /// A dataset made by `prepare-data` to train on instead of the embedded corpus (its
+    /// tokenizer's vocabulary then replaces `vocab`).
+    pub data: Option<std::path::PathBuf>,
 }
 
 impl Default for LocalConfig {
@@ -95,6 +99,7 @@ impl Default for LocalConfig {
             device: Device::Cpu,
             dtype: DType::F32,
             vocab: VOCAB,
+            data: None,
         }
     }
 }
@@ -176,6 +181,12 @@ pub enum LocalError {
     /// A sample could not be drawn (sequence too long for the corpus).
     #[error(transparent)]
     Sample(#[from] SampleError),
+    /// The dataset did not open.
+    #[error(transparent)]
+    Dataset(#[from] crate::dataset::DatasetError),
+    /// A sample could not be drawn from the dataset.
+    #[error(transparent)]
+    Draw(#[from] crate::dataset::DrawError),
     /// A stage could not be built.
     #[error(transparent)]
     Build(#[from] BuildError),
@@ -364,7 +375,14 @@ pub fn run(
     }
     let started = Instant::now();
     tch::set_num_threads(cfg.threads as i32);
-    let corpus = Corpus::shakespeare()?;
+    let corpus = match &cfg.data {
+        Some(dir) => TrainingData::Shards(std::sync::Arc::new(Dataset::open(dir, None)?)),
+        None => TrainingData::Embedded(std::sync::Arc::new(Corpus::shakespeare()?)),
+    };
+    let vocab = match &corpus {
+        TrainingData::Shards(_) => corpus.vocab(),
+        TrainingData::Embedded(_) => cfg.vocab,
+    };
     let val = corpus.val_batches(cfg.batch, cfg.seq_len, cfg.eval_batches.max(1))?;
     let val: Vec<(Tensor, Tensor)> = val
         .iter()
@@ -378,8 +396,7 @@ pub fn run(
             weight_decay: cfg.weight_decay,
             ..AdamW::default()
         },
-        ..StageConfig::new(cfg.preset, cfg.stages, 0, cfg.bottleneck, cfg.seed)
-            .with_vocab(cfg.vocab)
+        ..StageConfig::new(cfg.preset, cfg.stages, 0, cfg.bottleneck, cfg.seed).with_vocab(vocab)
     };
     let codec = Codec {
         dtype: cfg.wire,

@@ -18,6 +18,54 @@ use training::CheckpointStore;
 
 use crate::cli::ExportArgs;
 
+/// The run's tokenizer: `--tokenizer` (which must be the one the run names), else the one a
+/// node cached with the run's dataset (`<data dir>/datasets/<dataset>/tokenizer.json`), else
+/// the byte-level one of a run on the embedded corpus.
+fn run_tokenizer(
+    given: Option<&std::path::Path>,
+    run: &RunConfig,
+    dirs: &[PathBuf],
+) -> anyhow::Result<training::Tokenizer> {
+    let want = run.tokenizer.as_deref().map(str::to_ascii_lowercase);
+    let check = |t: training::Tokenizer, from: &std::path::Path| match &want {
+        Some(w) if t.hash().to_hex().as_str() != w => anyhow::bail!(
+            "{}: tokenizer {} is not the run's {w}",
+            from.display(),
+            t.hash().to_hex()
+        ),
+        None if t.vocab_size() != training::VOCAB => anyhow::bail!(
+            "{}: the run trains byte tokens on the embedded corpus; this tokenizer has {} tokens",
+            from.display(),
+            t.vocab_size()
+        ),
+        _ => Ok(t),
+    };
+    if let Some(path) = given {
+        let t = training::Tokenizer::from_file(path)
+            .with_context(|| format!("--tokenizer {}", path.display()))?;
+        return check(t, path);
+    }
+    let (Some(dataset), Some(_)) = (&run.dataset, &want) else {
+        return Ok(training::Tokenizer::byte_level()?);
+    };
+    for dir in dirs {
+        let path = dir
+            .join("datasets")
+            .join(dataset.to_ascii_lowercase())
+            .join(training::dataset::TOKENIZER_FILE);
+        if let Ok(t) = training::Tokenizer::from_file(&path) {
+            if let Ok(t) = check(t, &path) {
+                return Ok(t);
+            }
+        }
+    }
+    anyhow::bail!(
+        "the run's tokenizer {} is in none of the data dirs' datasets/{dataset}/: pass it \
+         with --tokenizer (prepare-data's output holds it)",
+        want.unwrap_or_default()
+    )
+}
+
 /// One stage's merged weights at the exported epoch.
 struct StageWeights {
     hash: String,
@@ -30,11 +78,7 @@ struct StageWeights {
 pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<()> {
     let dirs = data_dirs(&args.from)?;
     let run = run_config(args)?;
-    let tokenizer = match &args.tokenizer {
-        Some(path) => training::Tokenizer::from_file(path)
-            .with_context(|| format!("--tokenizer {}", path.display()))?,
-        None => training::Tokenizer::byte_level()?,
-    };
+    let tokenizer = run_tokenizer(args.tokenizer.as_deref(), &run, &dirs)?;
     let preset = crate::run_spec::preset(run.preset);
     let model = preset.config().with_vocab(tokenizer.vocab_size());
     let run_id = crate::run_spec::run_id(&run);
