@@ -63,6 +63,10 @@ pub(crate) enum Command {
     /// Sample text from an exported model (token by token through its tokenizer, with a KV
     /// cache).
     Generate(GenerateArgs),
+    /// Tokenize text, JSON Lines and Parquet files into a dataset of token shards (llm.c's
+    /// `.bin` layout) with a `manifest.json` whose blake3 names it; or index `.bin` shards
+    /// made elsewhere (`--index`).
+    PrepareData(PrepareDataArgs),
     /// Print a subnet's neurons as read from subtensor: uid, hotkey, stake, permit, active,
     /// and the peer id a running node has verified for the hotkey. On dynamic-TAO runtimes
     /// the stake is the subnet's alpha (α), not TAO.
@@ -359,6 +363,55 @@ pub(crate) struct GenerateArgs {
     /// Seed of the sampling: the same seed gives the same text.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
+}
+
+/// Options of `prepare-data`.
+#[derive(Debug, Args)]
+pub(crate) struct PrepareDataArgs {
+    /// The tokenizer (a Hugging Face `tokenizer.json`); copied into the dataset.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) tokenizer: PathBuf,
+    /// Text (`.txt`: one document per file), JSON Lines (`.jsonl`) or Parquet (`.parquet`)
+    /// files, or directories of them (walked recursively in name order; other files in them
+    /// are skipped with a warning).
+    #[arg(long, value_name = "PATH", num_args = 1.., required_unless_present = "index", conflicts_with = "index")]
+    pub(crate) input: Vec<PathBuf>,
+    /// Directory to write the dataset into (created if missing; a dataset already there is
+    /// replaced once the new one is complete).
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "index",
+        conflicts_with = "index"
+    )]
+    pub(crate) out: Option<PathBuf>,
+    /// Write a manifest for the `.bin` shards in this directory (llm.c's or nanoGPT's), without
+    /// rewriting them, instead of tokenizing inputs.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) index: Option<PathBuf>,
+    /// The JSON Lines field, or the Parquet column, that holds each document's text.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "text",
+        conflicts_with = "index"
+    )]
+    pub(crate) text_field: String,
+    /// The token appended to every document (default: the first of `<|endoftext|>`, `</s>`,
+    /// `<|end_of_text|>`, `<eos>` that the tokenizer has).
+    #[arg(long, value_name = "TOKEN")]
+    pub(crate) eod_token: Option<String>,
+    /// Most tokens per shard.
+    #[arg(long, value_name = "N", default_value_t = 100_000_000, value_parser = clap::value_parser!(u64).range(1..=i32::MAX as u64), conflicts_with = "index")]
+    pub(crate) shard_tokens: u64,
+    /// Hold out exactly the first N tokens for validation (default: every hundredth
+    /// document, about 1 % of the tokens).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "index")]
+    pub(crate) val_tokens: Option<u64>,
+    /// With `--index`: the held-out shards' file names (default: those whose name contains
+    /// `val`, llm.c's convention).
+    #[arg(long, value_name = "NAME", value_delimiter = ',', requires = "index")]
+    pub(crate) val_shards: Vec<String>,
 }
 
 /// A softmax temperature: a finite number of at least 0.

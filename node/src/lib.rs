@@ -96,6 +96,9 @@ pub fn main_entry() -> std::process::ExitCode {
             Some(cli::Command::Export(args)) => {
                 tokio::task::spawn_blocking(move || tools::export::run(&args)).await?
             }
+            Some(cli::Command::PrepareData(args)) => {
+                tokio::task::spawn_blocking(move || tools::prepare_data::run(&args)).await?
+            }
             Some(cli::Command::Generate(args)) => {
                 tokio::task::spawn_blocking(move || generate(&args)).await?
             }
