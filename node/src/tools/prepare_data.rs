@@ -60,7 +60,7 @@ pub(crate) const HOLD_OUT_EVERY: u64 = 100;
 /// Documents per tokenizer batch.
 const BATCH_DOCS: usize = 1024;
 /// Text bytes per tokenizer batch.
-const BATCH_BYTES: usize = 4 << 20;
+const BATCH_BYTES: usize = 1 << 20;
 /// Batches waiting between the reader and the tokenizer.
 const BATCHES_IN_FLIGHT: usize = 2;
 
@@ -352,10 +352,12 @@ fn print_summary(s: &Summary) {
     println!("dataset {}", shard::hex(&s.hash));
 }
 
-/// A batch of documents and the input each came from.
+/// A batch of documents, the input each came from, and how far the reader had read.
 struct Batch {
     texts: Vec<String>,
     sources: Vec<usize>,
+    /// Input bytes read when the batch was complete (for progress).
+    read: u64,
 }
 
 /// Makes a dataset: reads, tokenizes, writes shards, the tokenizer and the manifest.
@@ -398,7 +400,7 @@ pub(crate) fn prepare(opts: &Options) -> Result<Summary, PrepareError> {
             &mut router,
             [&mut train, &mut val],
             &mut totals,
-            &mut |t| progress.update(consumed.load(Ordering::Relaxed), t, started),
+            &mut |read, t| progress.update(read, t, started),
         );
         // A failed tokenizer dropped the receiver, so the reader stops at its next batch.
         let read = reader.join().map_err(|_| PrepareError::Reader)?;
@@ -516,6 +518,7 @@ fn read_all(
     let empty = || Batch {
         texts: Vec::with_capacity(BATCH_DOCS),
         sources: Vec::with_capacity(BATCH_DOCS),
+        read: 0,
     };
     let mut batch = empty();
     let mut bytes = 0usize;
@@ -527,6 +530,7 @@ fn read_all(
             batch.sources.push(k);
             if batch.texts.len() >= BATCH_DOCS || bytes >= BATCH_BYTES {
                 bytes = 0;
+                batch.read = consumed.load(Ordering::Relaxed);
                 open = tx.send(Ok(std::mem::replace(&mut batch, empty()))).is_ok();
             }
             open
@@ -541,6 +545,7 @@ fn read_all(
         }
     }
     if !batch.texts.is_empty() {
+        batch.read = consumed.load(Ordering::Relaxed);
         let _ = tx.send(Ok(batch));
     }
     Ok(())
@@ -554,7 +559,7 @@ fn tokenize_all(
     router: &mut Router,
     [train, val]: [&mut Sink; 2],
     totals: &mut Totals,
-    progress: &mut dyn FnMut(&Totals),
+    progress: &mut dyn FnMut(u64, &Totals),
 ) -> Result<(), PrepareError> {
     for batch in rx {
         let batch = batch?;
@@ -584,7 +589,7 @@ fn tokenize_all(
             totals.tokens += n as u64;
             totals.text_bytes += text.len() as u64;
         }
-        progress(totals);
+        progress(batch.read, totals);
     }
     Ok(())
 }
@@ -701,6 +706,7 @@ impl Progress {
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
         bar.set_style(style);
+        bar.set_message("starting");
         Progress { bar }
     }
 
