@@ -33,7 +33,6 @@ pub(crate) mod index;
 mod input;
 mod split;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -43,16 +42,12 @@ use training::dataset::manifest::{self, Manifest, ManifestError, ShardEntry, Tok
 use training::dataset::shard::{self, ShardError, TokenWidth};
 use training::dataset::{Split, CHUNK_BYTES, MANIFEST_FILE, TOKENIZER_FILE};
 
+use training::tokenizer::{LoadError, END_OF_DOCUMENT_TOKENS};
+
 use crate::cli::PrepareDataArgs;
 use input::{Input, InputError};
 use split::{Holdout, Router, Sink, SinkError, Written};
 
-/// Largest `tokenizer.json` read (Llama 3's is 9 MB, Gemma's about 33 MB).
-pub(crate) const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
-/// The end-of-document tokens looked up, in this order: GPT-2's and most BPE tokenizers',
-/// SentencePiece's (Llama 2, Mistral), Llama 3's, Gemma's.
-pub(crate) const END_OF_DOCUMENT_TOKENS: [&str; 4] =
-    ["<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>"];
 /// The directory a run writes its shards into before they are moved into place.
 pub(crate) const STAGING_DIR: &str = "prepare.partial";
 /// One in this many documents is held out by default.
@@ -64,14 +59,9 @@ const BATCH_BYTES: usize = 1 << 20;
 /// Batches waiting between the reader and the tokenizer.
 const BATCHES_IN_FLIGHT: usize = 2;
 
-/// A loaded `tokenizer.json` with what a manifest records of it.
+/// The run's tokenizer and the end-of-document token appended to every document.
 pub(crate) struct Tokenizer {
-    /// The tokenizer.
-    pub(crate) inner: tokenizers::Tokenizer,
-    /// The file's bytes (copied into the dataset).
-    pub(crate) json: Vec<u8>,
-    /// Their blake3.
-    pub(crate) hash: [u8; 32],
+    loaded: training::Tokenizer,
     /// Ids are below this (special tokens included).
     pub(crate) vocab: u32,
     /// The end-of-document token.
@@ -84,36 +74,14 @@ pub(crate) struct Tokenizer {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub(crate) enum TokenizerError {
-    /// The file could not be read.
+    /// The file is not a usable `tokenizer.json`.
     #[error("tokenizer {}: {source}", path.display())]
-    Read {
+    Load {
         /// The file.
         path: PathBuf,
         /// Why.
         #[source]
-        source: std::io::Error,
-    },
-    /// Larger than any tokenizer.
-    #[error("tokenizer {}: more than {MAX_TOKENIZER_BYTES} bytes", path.display())]
-    TooLarge {
-        /// The file.
-        path: PathBuf,
-    },
-    /// Not a Hugging Face `tokenizer.json`.
-    #[error("tokenizer {}: not a Hugging Face tokenizer.json: {reason}", path.display())]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// What the tokenizers crate said.
-        reason: String,
-    },
-    /// A vocabulary no model of a run may have.
-    #[error("tokenizer {}: a vocabulary of {vocab} tokens (must be 1..={})", path.display(), bootstrap::MAX_VOCAB)]
-    Vocab {
-        /// The file.
-        path: PathBuf,
-        /// Its tokens.
-        vocab: usize,
+        source: LoadError,
     },
     /// None of the end-of-document tokens looked up.
     #[error("tokenizer {}: no end-of-document token (none of {}); name one with --eod-token", path.display(), END_OF_DOCUMENT_TOKENS.join(", "))]
@@ -121,7 +89,7 @@ pub(crate) enum TokenizerError {
         /// The file.
         path: PathBuf,
     },
-    /// The `--eod-token` given is not a token.
+    /// The `--eod-token` given is not a token, or not below the vocabulary.
     #[error("tokenizer {}: no token {token:?} (--eod-token)", path.display())]
     NoSuchToken {
         /// The file.
@@ -135,69 +103,53 @@ impl Tokenizer {
     /// Reads the `tokenizer.json` at `path`; its end-of-document token is `eod` when given,
     /// else the first of [`END_OF_DOCUMENT_TOKENS`] it has.
     pub(crate) fn load(path: &Path, eod: Option<&str>) -> Result<Tokenizer, TokenizerError> {
-        let read = |source| TokenizerError::Read {
-            path: path.to_path_buf(),
-            source,
-        };
-        let mut json = Vec::new();
-        std::fs::File::open(path)
-            .map_err(read)?
-            .take(MAX_TOKENIZER_BYTES + 1)
-            .read_to_end(&mut json)
-            .map_err(read)?;
-        if json.len() as u64 > MAX_TOKENIZER_BYTES {
-            return Err(TokenizerError::TooLarge {
+        let loaded =
+            training::Tokenizer::from_file(path).map_err(|source| TokenizerError::Load {
                 path: path.to_path_buf(),
-            });
-        }
-        let inner =
-            tokenizers::Tokenizer::from_bytes(&json).map_err(|e| TokenizerError::Parse {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
+                source,
             })?;
-        let size = inner.get_vocab_size(true);
-        let vocab = u32::try_from(size)
-            .ok()
-            .filter(|v| (1..=bootstrap::MAX_VOCAB).contains(v))
-            .ok_or_else(|| TokenizerError::Vocab {
-                path: path.to_path_buf(),
-                vocab: size,
-            })?;
+        // from_file bounds the vocabulary by the model's, far below u32::MAX.
+        let vocab = u32::try_from(loaded.vocab_size()).unwrap_or(u32::MAX);
         let (eod, eod_id) = match eod {
-            Some(token) => inner
+            Some(token) => loaded
+                .inner()
                 .token_to_id(token)
+                .filter(|&id| id < vocab)
                 .map(|id| (token.to_string(), id))
                 .ok_or_else(|| TokenizerError::NoSuchToken {
                     path: path.to_path_buf(),
                     token: token.to_string(),
                 })?,
-            None => END_OF_DOCUMENT_TOKENS
-                .iter()
-                .find_map(|&t| inner.token_to_id(t).map(|id| (t.to_string(), id)))
+            None => loaded
+                .end_of_document()
+                .filter(|t| t.id < vocab)
+                .map(|t| (t.content.clone(), t.id))
                 .ok_or_else(|| TokenizerError::NoEndOfDocument {
                     path: path.to_path_buf(),
                 })?,
         };
-        if eod_id >= vocab {
-            return Err(TokenizerError::Vocab {
-                path: path.to_path_buf(),
-                vocab: size,
-            });
-        }
         Ok(Tokenizer {
-            hash: *blake3::hash(&json).as_bytes(),
-            json,
-            inner,
+            loaded,
             vocab,
             eod,
             eod_id,
         })
     }
 
+    /// The `tokenizers` tokenizer (batches are encoded and decoded in parallel with it).
+    pub(crate) fn inner(&self) -> &tokenizers::Tokenizer {
+        self.loaded.inner()
+    }
+
+    /// The file's bytes (copied into the dataset).
+    pub(crate) fn json(&self) -> &[u8] {
+        self.loaded.json()
+    }
+
     /// What a manifest records.
     pub(crate) fn info(&self) -> TokenizerInfo {
         TokenizerInfo {
-            blake3: shard::hex(&self.hash),
+            blake3: self.loaded.hash().to_hex().to_string(),
             vocab_size: self.vocab,
             eod_id: self.eod_id,
         }
@@ -308,7 +260,8 @@ pub(crate) fn run(args: &PrepareDataArgs) -> anyhow::Result<()> {
             dir: dir.clone(),
             eod_token: args.eod_token.clone(),
             val_shards: args.val_shards.clone(),
-        })?,
+        })
+        .map_err(flat)?,
         None => {
             let out = args
                 .out
@@ -322,11 +275,18 @@ pub(crate) fn run(args: &PrepareDataArgs) -> anyhow::Result<()> {
                 eod_token: args.eod_token.clone(),
                 shard_tokens: args.shard_tokens,
                 val_tokens: args.val_tokens,
-            })?
+            })
+            .map_err(flat)?
         }
     };
     print_summary(&summary);
     Ok(())
+}
+
+/// An error as its own message: every message here already says its cause, which the
+/// chain `{:#}` prints would repeat.
+fn flat(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
 }
 
 fn print_summary(s: &Summary) {
@@ -417,8 +377,9 @@ pub(crate) fn prepare(opts: &Options) -> Result<Summary, PrepareError> {
             "held-out"
         };
         return Err(PrepareError::Split(format!(
-            "{} documents of {} tokens leave no {which} tokens: give more text{}",
+            "{} document{} of {} tokens leave no {which} tokens: give more text{}",
             totals.documents,
+            if totals.documents == 1 { "" } else { "s" },
             totals.tokens,
             match opts.val_tokens {
                 Some(_) => " or a smaller --val-tokens",
@@ -439,7 +400,7 @@ pub(crate) fn prepare(opts: &Options) -> Result<Summary, PrepareError> {
     };
     manifest.check()?;
     let tokenizer_staged = staging.join(TOKENIZER_FILE);
-    std::fs::write(&tokenizer_staged, &tok.json).map_err(io(&tokenizer_staged))?;
+    std::fs::write(&tokenizer_staged, tok.json()).map_err(io(&tokenizer_staged))?;
     let hash = commit(out, &staging, &manifest)?;
     let summary = Summary {
         hash,
@@ -564,7 +525,7 @@ fn tokenize_all(
     for batch in rx {
         let batch = batch?;
         let texts: Vec<&str> = batch.texts.iter().map(String::as_str).collect();
-        let encodings = match tok.inner.encode_batch_fast(texts, false) {
+        let encodings = match tok.inner().encode_batch_fast(texts, false) {
             Ok(e) => e,
             Err(_) => return Err(encode_failure(tok, inputs, &batch)),
         };
@@ -605,7 +566,7 @@ fn prefix_bytes(tok: &Tokenizer, content: &[u32], text: &str, k: usize) -> u64 {
     if k >= content.len() {
         return whole;
     }
-    match tok.inner.decode(&content[..k], false) {
+    match tok.inner().decode(&content[..k], false) {
         Ok(prefix) => (prefix.len() as u64).min(whole),
         Err(_) => whole * k as u64 / content.len() as u64,
     }
@@ -614,7 +575,7 @@ fn prefix_bytes(tok: &Tokenizer, content: &[u32], text: &str, k: usize) -> u64 {
 /// Finds the document of `batch` the tokenizer fails on, to name its file.
 fn encode_failure(tok: &Tokenizer, inputs: &[Input], batch: &Batch) -> PrepareError {
     for (text, &source) in batch.texts.iter().zip(&batch.sources) {
-        if let Err(e) = tok.inner.encode_fast(text.as_str(), false) {
+        if let Err(e) = tok.inner().encode_fast(text.as_str(), false) {
             return PrepareError::Encode {
                 path: inputs[source].path.clone(),
                 reason: e.to_string(),

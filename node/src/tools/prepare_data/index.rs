@@ -216,7 +216,7 @@ pub(crate) fn index(opts: &IndexOptions) -> Result<Summary, IndexError> {
         source,
     })?;
     let tokenizer_path = dir.join(TOKENIZER_FILE);
-    crate::fsio::write_atomically(&tokenizer_path, &tok.json, false)
+    crate::fsio::write_atomically(&tokenizer_path, tok.json(), false)
         .map_err(io(&tokenizer_path))?;
     let bytes = manifest.to_bytes();
     let manifest_path = dir.join(MANIFEST_FILE);
@@ -348,12 +348,12 @@ impl<'t> TextCounter<'t> {
             .split(|&id| id == eod)
             .filter(|d| !d.is_empty())
             .collect();
-        self.bytes += match self.tok.inner.decode_batch(&docs, true) {
+        self.bytes += match self.tok.inner().decode_batch(&docs, true) {
             Ok(texts) => texts.iter().map(|t| t.len() as u64).sum::<u64>(),
             // A decoder that fails on some ids: decode what it can, document by document.
             Err(_) => docs
                 .iter()
-                .filter_map(|d| self.tok.inner.decode(d, true).ok())
+                .filter_map(|d| self.tok.inner().decode(d, true).ok())
                 .map(|t| t.len() as u64)
                 .sum::<u64>(),
         };

@@ -412,7 +412,7 @@ fn prepare_refuses_every_bad_input_naming_the_file_and_what_is_wrong() {
     std::fs::write(&one, "just one document").unwrap();
     refused(
         &options(vec![one], &dir.join("out-one")),
-        &["1 documents", "no training tokens", "--val-tokens"],
+        &["1 document of", "no training tokens", "--val-tokens"],
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
