@@ -191,9 +191,9 @@ pub struct Expected {
     pub vocab: u32,
 }
 
-/// Reads the shard at `path` and checks it against `expected`: header, length, hash, and
-/// every id below the vocabulary.
-pub fn verify(path: &Path, expected: &Expected) -> Result<(), ShardError> {
+/// Opens the shard at `path` and reads its header: the file (after the header), its length,
+/// the header's bytes and the header.
+fn open_header(path: &Path) -> Result<(File, u64, [u8; HEADER_BYTES], ShardHeader), ShardError> {
     let mut file = File::open(path)?;
     let len = file.metadata()?.len();
     let mut head = [0u8; HEADER_BYTES];
@@ -205,6 +205,13 @@ pub fn verify(path: &Path, expected: &Expected) -> Result<(), ShardError> {
     }
     file.read_exact(&mut head)?;
     let header = ShardHeader::decode(&head)?;
+    Ok((file, len, head, header))
+}
+
+/// Reads the shard at `path` and checks it against `expected`: header, length, hash, and
+/// every id below the vocabulary.
+pub fn verify(path: &Path, expected: &Expected) -> Result<(), ShardError> {
+    let (mut file, len, head, header) = open_header(path)?;
     if header.width != expected.width || header.tokens != expected.tokens {
         return Err(ShardError::Header {
             expected: format!("{} tokens of {:?}", expected.tokens, expected.width),
@@ -267,17 +274,7 @@ fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
 /// Header and blake3 of the shard at `path`, read as it is (for indexing shards made
 /// elsewhere); the length is checked against the header.
 pub fn inspect(path: &Path) -> Result<(ShardHeader, [u8; 32]), ShardError> {
-    let mut file = File::open(path)?;
-    let len = file.metadata()?.len();
-    let mut head = [0u8; HEADER_BYTES];
-    if len < HEADER_BYTES as u64 {
-        return Err(ShardError::Truncated {
-            len,
-            expected: HEADER_BYTES as u64,
-        });
-    }
-    file.read_exact(&mut head)?;
-    let header = ShardHeader::decode(&head)?;
+    let (mut file, len, _head, header) = open_header(path)?;
     if len != header.file_len() {
         return Err(ShardError::Truncated {
             len,
