@@ -64,18 +64,8 @@ pub struct Batch {
 impl Batch {
     /// Builds a batch from `batch` windows of `seq + 1` tokens each, row-major.
     pub fn from_windows(batch: usize, seq: usize, windows: &[u8]) -> Batch {
-        let mut inputs = Vec::with_capacity(batch * seq);
-        let mut targets = Vec::with_capacity(batch * seq);
-        for w in windows.chunks_exact(seq + 1).take(batch) {
-            inputs.extend(w[..seq].iter().map(|&t| i64::from(t)));
-            targets.extend(w[1..].iter().map(|&t| i64::from(t)));
-        }
-        Batch {
-            batch,
-            seq,
-            inputs,
-            targets,
-        }
+        let ids: Vec<u32> = windows.iter().map(|&b| u32::from(b)).collect();
+        Batch::from_ids(batch, seq, &ids)
     }
 
     /// Builds a batch from `batch` windows of `seq + 1` token ids each, row-major.
