@@ -361,8 +361,15 @@ fn an_export_loads_in_transformers_with_the_logits_of_the_stages() {
 fn a_bpe_export_loads_in_transformers_with_our_token_ids_logits_and_greedy_text() {
     tch::set_num_threads(1);
     let dir = scratch_dir("export-bpe");
-    let run = run_config(0);
     let tokenizer = training::Tokenizer::from_file(&bpe_path()).unwrap();
+    // A run on a prepared dataset names its tokenizer and vocabulary (the dataset's hash is
+    // only a name here: export reads checkpoints, not shards).
+    let run = RunConfig {
+        dataset: Some("ab".repeat(32)),
+        tokenizer: Some(tokenizer.hash().to_hex().to_string()),
+        vocab: Some(4096),
+        ..run_config(0)
+    };
     assert_eq!(tokenizer.vocab_size(), 4096);
     let stages = stages_with_vocab(&run, 4096);
     let out = dir.join("model");
@@ -425,11 +432,35 @@ fn a_bpe_export_loads_in_transformers_with_our_token_ids_logits_and_greedy_text(
     );
     let printed = String::from_utf8(output.stdout).unwrap();
     assert!(printed.starts_with("ROMEO:"), "{printed}");
-    // The checkpoints of this 4096-token model do not fit the byte-level tokenizer.
-    let failed = export(&dir.join("swarm"), &dir.join("model-bytes"), &[]);
+    // Without --tokenizer, export looks for the run's in the nodes' dataset caches: none
+    // holds it yet, so it fails saying where it looked; once a node cached it, it is found.
+    let failed = export(&dir.join("swarm"), &dir.join("model-cached"), &[]);
     let stderr = String::from_utf8_lossy(&failed.stderr);
     assert!(!failed.status.success(), "{stderr}");
-    assert!(stderr.contains("vocabulary of 256 tokens"), "{stderr}");
+    assert!(stderr.contains("is in none of the data dirs"), "{stderr}");
+    let cache = dir
+        .join("swarm/miner-3/datasets")
+        .join(run.dataset.as_deref().unwrap());
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::write(cache.join("tokenizer.json"), tokenizer.json()).unwrap();
+    let found = export(&dir.join("swarm"), &dir.join("model-cached"), &[]);
+    assert!(
+        found.status.success(),
+        "{}",
+        String::from_utf8_lossy(&found.stderr)
+    );
+    assert_eq!(
+        std::fs::read(dir.join("model-cached/tokenizer.json")).unwrap(),
+        tokenizer.json()
+    );
+    // A tokenizer other than the run's is refused.
+    let bytes_json = dir.join("bytes.json");
+    std::fs::write(&bytes_json, training::Tokenizer::byte_level().unwrap().json()).unwrap();
+    let flag = [std::ffi::OsStr::new("--tokenizer"), bytes_json.as_os_str()];
+    let wrong = export(&dir.join("swarm"), &dir.join("model-wrong"), &flag);
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success(), "{stderr}");
+    assert!(stderr.contains("is not the run's"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
