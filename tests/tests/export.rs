@@ -455,7 +455,11 @@ fn a_bpe_export_loads_in_transformers_with_our_token_ids_logits_and_greedy_text(
     );
     // A tokenizer other than the run's is refused.
     let bytes_json = dir.join("bytes.json");
-    std::fs::write(&bytes_json, training::Tokenizer::byte_level().unwrap().json()).unwrap();
+    std::fs::write(
+        &bytes_json,
+        training::Tokenizer::byte_level().unwrap().json(),
+    )
+    .unwrap();
     let flag = [std::ffi::OsStr::new("--tokenizer"), bytes_json.as_os_str()];
     let wrong = export(&dir.join("swarm"), &dir.join("model-wrong"), &flag);
     let stderr = String::from_utf8_lossy(&wrong.stderr);
