@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bootstrap::{PeerIdStr, RunConfig};
 use tokio::sync::{watch, OnceCell};
-use training::dataset::{Dataset, TrainingData, MANIFEST_FILE, TOKENIZER_FILE};
+use training::dataset::{Dataset, TrainingData, TOKENIZER_FILE};
 use training::Batch;
 
 use super::wire::{DataReply, DataRequest};
@@ -405,7 +405,6 @@ fn check_matches_run(dir: &Path, d: &Dataset, run: &RunConfig) -> Result<(), Dat
             ));
         }
     }
-    let _ = MANIFEST_FILE;
     Ok(())
 }
 
@@ -463,5 +462,56 @@ mod tests {
         assert_eq!(fetcher.bits_per_byte(1.0), None);
         let _ = std::fs::remove_dir_all(dir);
         let _ = std::fs::remove_dir_all(cache);
+    }
+
+    #[test]
+    fn a_data_dir_that_is_not_the_runs_is_refused_naming_what_differs() {
+        let dir = tempdir("other");
+        let m = training::dataset::write_synthetic(&dir, &[4096], &[1024], 4096).unwrap();
+        let run = RunConfig {
+            dataset: Some(blake3::Hash::from_bytes(m.hash()).to_hex().to_string()),
+            tokenizer: Some(m.tokenizer.blake3.clone()),
+            vocab: Some(4096),
+            ..RunConfig::default()
+        };
+        let whole = DataSettings {
+            dir: Some(dir.clone()),
+            ..DataSettings::default()
+        };
+        let refused = |run: &RunConfig, needle: &str| {
+            let Err(error) = DataHandle::start(run, &whole, None, None) else {
+                panic!("{needle}: accepted");
+            };
+            let said = error.to_string();
+            assert!(said.contains(needle), "{needle}: {said}");
+            assert!(said.contains(&dir.display().to_string()), "{said}");
+        };
+        assert!(DataHandle::start(&run, &whole, None, None).is_ok());
+        refused(&RunConfig::default(), "the run names no dataset");
+        refused(
+            &RunConfig {
+                dataset: Some("ab".repeat(32)),
+                ..run.clone()
+            },
+            "abababab",
+        );
+        refused(
+            &RunConfig {
+                tokenizer: Some("cd".repeat(32)),
+                ..run.clone()
+            },
+            "is not the run's cdcdcdcd",
+        );
+        refused(
+            &RunConfig {
+                vocab: Some(8192),
+                ..run.clone()
+            },
+            "vocabulary 4096 is not the run's 8192",
+        );
+        // A tokenizer.json that is not the one the manifest names.
+        std::fs::write(dir.join(TOKENIZER_FILE), b"{}").unwrap();
+        refused(&run, "not the manifest's");
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
