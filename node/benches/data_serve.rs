@@ -5,16 +5,23 @@
 //! 1. **Request-response.** Two nodes of the p2p crate in this process, on 127.0.0.1: one asks
 //!    with a short body, the other answers with as many bytes as a chunk of the shard holds
 //!    (4 MiB, the last one shorter), until the whole shard's length has moved; one request at
-//!    a time, as the data service asks, and then with 16 MiB answers for reference.
+//!    a time, as the data service asks; then with 16 MiB answers (the transport benchmark's
+//!    size), and with 4 MiB answers four at a time, for reference.
 //! 2. **The data service.** A synthetic dataset with one ~100 MB training shard, served by
 //!    the validator of `iota-p2p local-swarm --data` (1 validator, 1 miner, 1 stage). The
 //!    miner has no data: it fetches the shard its first sample needs, chunk by chunk, each
 //!    checked against the manifest, the whole shard against its hash, and logs
 //!    `shard fetched ... bytes=.. ms=..`. The bench reads that line and stops the swarm.
+//! 3. **Where the gap comes from.** The fetch's work besides moving bytes, timed in this
+//!    process one step at a time on the same shard: the server's chunk reads, the chunk
+//!    hashes, the file writes, the whole-shard verify.
 //!
-//! Prints both and, last, `RESULT data-serve fetch_mb_s=<x> rr_4m_mb_s=<y> ratio=<x/y>`.
+//! Each round does all three; `IOTA_BENCH_ROUNDS` rounds (default 3, a fresh swarm each) give
+//! medians, because a shared machine makes single figures vary. Prints each round and, last,
+//! the medians: `RESULT data-serve fetch_mb_s=<x> rr_4m_mb_s=<y> ratio=<x/y>`.
 //! Everything it writes lives under one temporary directory, removed at the end (also when
-//! it fails). `IOTA_BENCH_SHARD_MB` sizes the shard (default 100).
+//! it fails). `IOTA_BENCH_SHARD_MB` sizes the shard (default 100); `IOTA_BENCH_BINARY` runs
+//! the swarm with another build of `iota-p2p` (to compare two versions of the fetch).
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -81,9 +88,10 @@ fn answers(total: u64, chunk: u64) -> Vec<u64> {
         .collect()
 }
 
-/// MB/s of request-response answering with `total` bytes in answers of `chunk` bytes, one
-/// request in flight, between two nodes on 127.0.0.1.
-async fn request_response(total: u64, chunks: &[u64]) -> Vec<f64> {
+/// MB/s of request-response answering with `total` bytes, for each `(chunk, in_flight)` in
+/// answers of `chunk` bytes with `in_flight` requests outstanding, between two nodes on
+/// 127.0.0.1.
+async fn request_response(total: u64, shapes: &[(u64, usize)]) -> Vec<f64> {
     let config = Config {
         request_timeout: Duration::from_secs(60),
         ..Config::default()
@@ -100,7 +108,7 @@ async fn request_response(total: u64, chunks: &[u64]) -> Vec<f64> {
             _ => continue,
         }
     };
-    let biggest = chunks.iter().copied().max().unwrap_or(0) as usize;
+    let biggest = shapes.iter().map(|s| s.0).max().unwrap_or(0) as usize;
     let source: Vec<u8> = (0..biggest).map(|i| (i * 131 % 251) as u8).collect();
     let responder = server.clone();
     let serve = tokio::spawn(async move {
@@ -124,7 +132,7 @@ async fn request_response(total: u64, chunks: &[u64]) -> Vec<f64> {
     .expect("spawn client");
     tokio::spawn(async move { while client_events.recv().await.is_some() {} });
     let server_id = server.local_peer_id();
-    let fetch = |sizes: Vec<u64>| {
+    let fetch = |sizes: Vec<u64>, in_flight: usize| {
         let client = client.clone();
         async move {
             let started = Instant::now();
@@ -138,21 +146,69 @@ async fn request_response(total: u64, chunks: &[u64]) -> Vec<f64> {
                     assert_eq!(reply.len() as u64, n);
                 }
             }))
-            .buffered(1);
+            .buffered(in_flight);
             while replies.next().await.is_some() {}
             started.elapsed()
         }
     };
     let mut rates = Vec::new();
-    for &chunk in chunks {
-        fetch(answers(WARMUP as u64 * chunk, chunk)).await;
-        let elapsed = fetch(answers(total, chunk)).await;
+    for &(chunk, in_flight) in shapes {
+        fetch(answers(WARMUP as u64 * chunk, chunk), in_flight).await;
+        let elapsed = fetch(answers(total, chunk), in_flight).await;
         rates.push(mb_per_s(total, elapsed));
     }
     client.shutdown().await;
     server.shutdown().await;
     serve.abort();
     rates
+}
+
+/// What one fetch does besides moving bytes, timed here on the same shard one step at a
+/// time: the server reading each chunk into a fresh buffer, the fetcher hashing each chunk,
+/// writing the chunks out, and verifying the whole file (read back and hashed) before it is
+/// mapped. Milliseconds of each.
+fn local_work(dir: &Path, m: &training::dataset::Manifest) -> [(&'static str, u64); 4] {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let path = dir.join(&m.shards[0].name);
+    let len = m.file_len(0).expect("the training shard");
+    let ms = |t: Instant| t.elapsed().as_millis() as u64;
+    let t = Instant::now();
+    let mut chunks = Vec::new();
+    for n in answers(len, CHUNK_BYTES) {
+        let offset = chunks.len() as u64 * CHUNK_BYTES;
+        let mut file = std::fs::File::open(&path).expect("the shard");
+        file.seek(SeekFrom::Start(offset)).expect("seek");
+        let mut chunk = vec![0u8; n as usize];
+        file.read_exact(&mut chunk).expect("read");
+        chunks.push(chunk);
+    }
+    let read = ms(t);
+    let t = Instant::now();
+    for (k, chunk) in chunks.iter().enumerate() {
+        let want = m.chunk_hash(0, k).expect("a chunk hash");
+        assert_eq!(blake3::hash(chunk).as_bytes(), &want);
+    }
+    let hash = ms(t);
+    let copy = dir.join("copy.bin");
+    let t = Instant::now();
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&copy).expect("the copy"));
+    for chunk in &chunks {
+        out.write_all(chunk).expect("write");
+    }
+    out.flush().expect("flush");
+    drop(out);
+    let write = ms(t);
+    let t = Instant::now();
+    training::dataset::shard::verify(&copy, &m.expected(0).expect("the shard"))
+        .expect("the copy verifies");
+    let verify = ms(t);
+    let _ = std::fs::remove_file(copy);
+    [
+        ("server reads", read),
+        ("chunk hashes", hash),
+        ("file writes", write),
+        ("whole-shard verify", verify),
+    ]
 }
 
 /// A `shard fetched` line's `bytes` and `ms`.
@@ -193,7 +249,10 @@ fn find_fetch(out: &Path, shard: &str) -> Option<(String, u64, u64)> {
 /// The swarm's own output goes to `console`, shown when no fetch is seen.
 fn served(data: &Path, out: &Path, console: &Path, shard: &str) -> (String, u64, u64) {
     let log = std::fs::File::create(console).expect("the swarm's console file");
-    let child = Command::new(env!("CARGO_BIN_EXE_iota-p2p"))
+    let binary = std::env::var_os("IOTA_BENCH_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_iota-p2p")));
+    let child = Command::new(binary)
         .args(["local-swarm", "--data"])
         .arg(data)
         .arg("--out")
@@ -248,6 +307,11 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
+    let repeats: usize = std::env::var("IOTA_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     let root = TempDir(std::env::temp_dir().join(format!(
         "iota-bench-data-serve-{}-{}",
         std::process::id(),
@@ -266,23 +330,53 @@ fn main() {
         CHUNK_BYTES >> 20
     );
 
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    let rr = runtime.block_on(request_response(total, &[CHUNK_BYTES, 16 << 20]));
-    drop(runtime);
-    let (rr_4m, rr_16m) = (rr[0], rr[1]);
-    println!("request-response, 4 MiB answers:  {rr_4m:.0} MB/s");
-    println!("request-response, 16 MiB answers: {rr_16m:.0} MB/s");
+    let mut rounds = Vec::new();
+    for round in 1..=repeats {
+        let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+        let shapes = [(CHUNK_BYTES, 1), (16 << 20, 1), (CHUNK_BYTES, 4)];
+        let rr = runtime.block_on(request_response(total, &shapes));
+        drop(runtime);
+        let (rr_4m, rr_16m, rr_4m_x4) = (rr[0], rr[1], rr[2]);
+        println!("round {round}: request-response, 4 MiB answers, 1 in flight:  {rr_4m:.0} MB/s");
+        println!("round {round}: request-response, 16 MiB answers, 1 in flight: {rr_16m:.0} MB/s");
+        println!(
+            "round {round}: request-response, 4 MiB answers, 4 in flight:  {rr_4m_x4:.0} MB/s"
+        );
 
-    let (node, bytes, ms) = served(
-        &data,
-        &root.0.join("swarm"),
-        &root.0.join("swarm-console.txt"),
-        &shard,
-    );
-    let fetch = mb_per_s(bytes, Duration::from_millis(ms.max(1)));
-    println!("data service, {node} fetching {bytes} bytes: {ms} ms, {fetch:.0} MB/s");
+        let work = local_work(&data, &manifest);
+        let work_ms: u64 = work.iter().map(|(_, ms)| ms).sum();
+        let parts: Vec<String> = work
+            .iter()
+            .map(|(what, ms)| format!("{what} {ms} ms"))
+            .collect();
+        println!(
+            "round {round}: local work per shard, one step at a time: {} (total {work_ms} ms)",
+            parts.join(", ")
+        );
+
+        let swarm = root.0.join(format!("swarm-{round}"));
+        let console = root.0.join(format!("swarm-{round}.txt"));
+        let (node, bytes, ms) = served(&data, &swarm, &console, &shard);
+        let _ = std::fs::remove_dir_all(&swarm);
+        let fetch = mb_per_s(bytes, Duration::from_millis(ms.max(1)));
+        println!(
+            "round {round}: data service, {node} fetching {bytes} bytes: {ms} ms, {fetch:.0} MB/s (ratio {:.3})",
+            fetch / rr_4m
+        );
+        rounds.push([fetch, rr_4m, rr_16m, rr_4m_x4, work_ms as f64]);
+    }
+    let median = |k: usize| {
+        let mut v: Vec<f64> = rounds.iter().map(|r| r[k]).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (fetch, rr_4m, rr_16m, rr_4m_x4, work_ms) =
+        (median(0), median(1), median(2), median(3), median(4));
+    println!("medians of {repeats} rounds:");
     println!(
-        "RESULT data-serve fetch_mb_s={fetch:.1} rr_4m_mb_s={rr_4m:.1} rr_16m_mb_s={rr_16m:.1} ratio={:.3}",
+        "RESULT data-serve fetch_mb_s={fetch:.1} rr_4m_mb_s={rr_4m:.1} rr_16m_mb_s={rr_16m:.1} rr_4m_x4_mb_s={rr_4m_x4:.1} fetch_ms={:.0} rr_4m_ms={:.0} work_ms={work_ms:.0} ratio={:.3}",
+        total as f64 / fetch / 1e3,
+        total as f64 / rr_4m / 1e3,
         fetch / rr_4m
     );
 }
