@@ -174,11 +174,20 @@ pub(super) async fn ensure(
             continue;
         }
         tried += 1;
+        let started = std::time::Instant::now();
         match fetch_from(inner, d, i, &peer).await {
             Ok(()) => {
                 inner.fetched.fetch_add(1, Ordering::Relaxed);
                 touch(inner, i);
-                tracing::info!(%peer, shard = %name, bytes = len, "shard fetched");
+                let elapsed = started.elapsed();
+                tracing::info!(
+                    %peer,
+                    shard = %name,
+                    bytes = len,
+                    ms = elapsed.as_millis() as u64,
+                    mb_s = %format_args!("{:.1}", mb_per_s(len, elapsed)),
+                    "shard fetched"
+                );
                 return Ok(());
             }
             Err(Fetch::Bad(why)) => {
@@ -192,6 +201,11 @@ pub(super) async fn ensure(
         }
     }
     Err(fail(format!("no server gave it ({tried} tried)")))
+}
+
+/// Megabytes (10^6 bytes) per second of `bytes` moved in `elapsed`.
+fn mb_per_s(bytes: u64, elapsed: Duration) -> f64 {
+    bytes as f64 / elapsed.as_secs_f64().max(1e-9) / 1e6
 }
 
 enum Fetch {
