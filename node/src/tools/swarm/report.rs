@@ -100,8 +100,8 @@ impl Summary {
         let wire: u64 = latest.values().sum();
         let boundaries = u64::from(run.stages.saturating_sub(1)).max(1);
         let per = wire as f64 / (samples.max(1) * boundaries) as f64;
-        let preset = crate::run_spec::preset(run.preset);
-        let raw = f64::from(run.batch_size * run.seq_len) * preset.config().d_model as f64 * 4.0;
+        let d_model = crate::run_spec::model(run).d_model as f64;
+        let raw = f64::from(run.batch_size * run.seq_len) * d_model * 4.0;
         Ok(Summary {
             val_loss_start: start,
             val_loss_start_epoch: start_epoch,
