@@ -5,7 +5,8 @@ Usage: iota_forward.py <model dir> <tokens.json> <out.json>
 Reads `config.json` and `model.safetensors` as `iota-p2p export` writes them, with or without
 IOTA bottlenecks, and runs the decoder by hand: byte embedding; per layer, pre-norm attention
 (RMSNorm, q/k/v projections, rotary embeddings rotating the two halves of each head, causal
-softmax attention, output projection) and a pre-norm SwiGLU MLP; at the end of every stage but
+softmax attention in which each of the `num_key_value_heads` key-value heads serves that many
+consecutive query heads, output projection) and a pre-norm SwiGLU MLP; at the end of every stage but
 the last (`iota_stage_layers`) the boundary `y = h[..., :b] + down(rmsnorm(h))`,
 `h = pad(y, d) + up(rmsnorm(y))`; final RMSNorm and LM head. Writes the logits, nested as
 [batch][position][256], to `out.json`. The export test compares them with the Rust stages'.
@@ -30,6 +31,7 @@ def main() -> None:
     w = load_file(f"{model_dir}/model.safetensors")
     d, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["rms_norm_eps"]
     hd = d // heads
+    kv = cfg.get("num_key_value_heads", heads)
     b = cfg.get("iota_bottleneck", 0)
     ends = {end - 1: k for k, (_, end) in enumerate(cfg.get("iota_stage_layers", [])[:-1])}
     with open(tokens_path) as f:
@@ -49,8 +51,10 @@ def main() -> None:
         for i in range(cfg["num_hidden_layers"]):
             p = f"model.layers.{i}."
             x = rms(h, w[p + "input_layernorm.weight"], eps)
-            split = lambda name: (x @ w[p + name].T).view(batch, t, heads, hd).transpose(1, 2)
-            q, k, v = rope(split("self_attn.q_proj.weight")), rope(split("self_attn.k_proj.weight")), split("self_attn.v_proj.weight")
+            split = lambda name, n: (x @ w[p + name].T).view(batch, t, n, hd).transpose(1, 2)
+            q = rope(split("self_attn.q_proj.weight", heads))
+            k = rope(split("self_attn.k_proj.weight", kv)).repeat_interleave(heads // kv, 1)
+            v = split("self_attn.v_proj.weight", kv).repeat_interleave(heads // kv, 1)
             att = (q @ k.transpose(-1, -2) / math.sqrt(hd) + mask).softmax(-1) @ v
             h = h + att.transpose(1, 2).reshape(batch, t, d) @ w[p + "self_attn.o_proj.weight"].T
             x = rms(h, w[p + "post_attention_layernorm.weight"], eps)

@@ -9,6 +9,12 @@
 //! are rejected, and every error names its field. Both paths give a config that passed
 //! [`RunConfig::validate`].
 //!
+//! **Model shape.** The model is a preset's, named by `preset`, unless the run spells its shape
+//! out in a `[model]` table ([`ModelShape`], the keys of a Llama `config.json`), which then
+//! replaces the preset's; the vocabulary is the run's `vocab` either way. A shape no model can
+//! have is refused naming its field (`model.num_key_value_heads`, …); a run without the table
+//! hashes as it did before there was one.
+//!
 //! **Epoch length.** An epoch is `epoch_samples` samples drawn by each head-stage miner: the
 //! amount of work per epoch is then fixed by the plan, not by wall-clock luck, so runs are
 //! reproducible. `epoch_timeout_secs` caps the epoch in time: the orchestrator closes it then
@@ -43,6 +49,9 @@ pub enum ModelPreset {
     Base,
     /// Several GPUs.
     Large,
+    /// Llama-3.2-1B's shape (grouped-query attention) with the run's vocabulary.
+    #[serde(rename = "llama-3.2-1b")]
+    Llama32_1b,
 }
 
 impl ModelPreset {
@@ -53,6 +62,7 @@ impl ModelPreset {
             ModelPreset::Small => "small",
             ModelPreset::Base => "base",
             ModelPreset::Large => "large",
+            ModelPreset::Llama32_1b => "llama-3.2-1b",
         }
     }
 }
@@ -182,7 +192,45 @@ pub struct RunConfig {
     /// padded to a multiple of 64. Left out: 256 byte tokens.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vocab: Option<u32>,
+    /// The model's shape, replacing the preset's; left out: the preset's. (Last: a TOML
+    /// table follows the plain values.)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelShape>,
 }
+
+/// A model shape written out in a run's `[model]` table, under the names a Llama
+/// `config.json` gives them; the vocabulary is the run's (`vocab`, else 256 byte tokens).
+/// Every key is required.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelShape {
+    /// Width of the residual stream (1 to [`MAX_HIDDEN_SIZE`]).
+    pub hidden_size: u32,
+    /// Transformer blocks (1 to [`MAX_LAYERS`], and at least `stages`).
+    pub num_hidden_layers: u32,
+    /// Attention (query) heads: they divide `hidden_size` into even head widths.
+    pub num_attention_heads: u32,
+    /// Key-value heads, a divisor of `num_attention_heads` (equal: multi-head attention;
+    /// fewer: grouped-query attention).
+    pub num_key_value_heads: u32,
+    /// Hidden width of the SwiGLU MLP (1 to [`MAX_INTERMEDIATE_SIZE`]).
+    pub intermediate_size: u32,
+    /// Base of the rotary embedding's frequencies (finite, above 1).
+    pub rope_theta: f64,
+    /// Longest sequence (1 to [`MAX_POSITIONS`], and at least `seq_len`).
+    pub max_position_embeddings: u32,
+    /// Epsilon of every RMSNorm (above 0, below 1).
+    pub rms_norm_eps: f64,
+}
+
+/// Widest residual stream a `[model]` table may give.
+pub const MAX_HIDDEN_SIZE: u32 = 1 << 16;
+/// Most layers a `[model]` table may give.
+pub const MAX_LAYERS: u32 = 1 << 10;
+/// Widest MLP a `[model]` table may give.
+pub const MAX_INTERMEDIATE_SIZE: u32 = 1 << 18;
+/// Longest context a `[model]` table may give.
+pub const MAX_POSITIONS: u32 = 1 << 17;
 
 /// The largest vocabulary a run may name.
 pub const MAX_VOCAB: u32 = 1 << 20;
@@ -279,6 +327,7 @@ impl Default for RunConfig {
             dataset: None,
             tokenizer: None,
             vocab: None,
+            model: None,
         }
     }
 }
@@ -347,6 +396,7 @@ impl RunConfig {
             "dataset" => self.dataset = Some(field("dataset", value)?),
             "tokenizer" => self.tokenizer = Some(field("tokenizer", value)?),
             "vocab" => self.vocab = Some(field("vocab", value)?),
+            "model" => self.model = Some(field("model", value)?),
             _ => {
                 return Err(RunConfigError::UnknownField {
                     field: key.to_owned(),
@@ -435,6 +485,81 @@ impl RunConfig {
         }
         if self.vocab.is_some_and(|v| v == 0 || v > MAX_VOCAB) {
             return invalid("vocab", "must be between 1 and 1048576");
+        }
+        if let Some(model) = &self.model {
+            self.validate_model(model)?;
+        }
+        Ok(())
+    }
+
+    /// Checks a `[model]` table: a shape some model has, within the bounds on what a run may
+    /// make a node allocate, that this run's stages, bottleneck and sequences fit.
+    fn validate_model(&self, m: &ModelShape) -> Result<(), RunConfigError> {
+        let invalid =
+            |field: &'static str, reason: String| Err(RunConfigError::Invalid { field, reason });
+        let sizes: [(&'static str, u32, u32); 6] = [
+            ("model.hidden_size", m.hidden_size, MAX_HIDDEN_SIZE),
+            ("model.num_hidden_layers", m.num_hidden_layers, MAX_LAYERS),
+            ("model.num_attention_heads", m.num_attention_heads, u32::MAX),
+            ("model.num_key_value_heads", m.num_key_value_heads, u32::MAX),
+            (
+                "model.intermediate_size",
+                m.intermediate_size,
+                MAX_INTERMEDIATE_SIZE,
+            ),
+            (
+                "model.max_position_embeddings",
+                m.max_position_embeddings,
+                MAX_POSITIONS,
+            ),
+        ];
+        for (field, value, max) in sizes {
+            if !(1..=max).contains(&value) {
+                return invalid(field, format!("must be between 1 and {max}"));
+            }
+        }
+        let (d, h, kv) = (m.hidden_size, m.num_attention_heads, m.num_key_value_heads);
+        if d % h != 0 || (d / h) % 2 != 0 {
+            return invalid(
+                "model.num_attention_heads",
+                format!("must divide hidden_size {d} into even head widths (rotary embeddings rotate pairs)"),
+            );
+        }
+        if h % kv != 0 {
+            return invalid(
+                "model.num_key_value_heads",
+                format!("must divide num_attention_heads {h}"),
+            );
+        }
+        if !(m.rope_theta.is_finite() && m.rope_theta > 1.0) {
+            return invalid("model.rope_theta", "must be a finite number above 1".into());
+        }
+        if !(m.rms_norm_eps.is_finite() && m.rms_norm_eps > 0.0 && m.rms_norm_eps < 1.0) {
+            return invalid("model.rms_norm_eps", "must be above 0 and below 1".into());
+        }
+        if self.stages > m.num_hidden_layers {
+            return invalid(
+                "stages",
+                format!(
+                    "must be at most model.num_hidden_layers ({})",
+                    m.num_hidden_layers
+                ),
+            );
+        }
+        if self.bottleneck > d {
+            return invalid(
+                "bottleneck",
+                format!("must be at most model.hidden_size ({d})"),
+            );
+        }
+        if self.seq_len > m.max_position_embeddings {
+            return invalid(
+                "seq_len",
+                format!(
+                    "must be at most model.max_position_embeddings ({})",
+                    m.max_position_embeddings
+                ),
+            );
         }
         Ok(())
     }

@@ -1,5 +1,5 @@
 //! The one bridge from a run configuration (`bootstrap::RunConfig`) to the training crate's
-//! types: the model preset, the boundaries, the wire codecs, the stage and worker
+//! types: the model (a preset's shape, or the run's `[model]` table), the boundaries, the wire codecs, the stage and worker
 //! configuration every miner and validator builds a stage from, and the ids frames and
 //! samples carry.
 //!
@@ -7,7 +7,7 @@
 //! compile here instead of failing at run time. (They are functions rather than `From`
 //! impls: both types are foreign to this crate, which the orphan rule forbids.)
 
-use bootstrap::{BottleneckKind, ModelPreset, RunConfig, WireFormat};
+use bootstrap::{BottleneckKind, ModelPreset, ModelShape, RunConfig, WireFormat};
 use training::wire::{Codec, DecodeLimits, WireDtype};
 use training::worker::WorkerConfig;
 use training::{Preset, StageConfig};
@@ -19,12 +19,44 @@ pub(crate) fn preset(preset: ModelPreset) -> Preset {
         ModelPreset::Small => Preset::Small,
         ModelPreset::Base => Preset::Base,
         ModelPreset::Large => Preset::Large,
+        ModelPreset::Llama32_1b => Preset::Llama32_1b,
     }
 }
 
-/// The model `run` trains: its preset's shape with the run's vocabulary.
+/// The model `run` trains: its `[model]` table's shape, else its preset's, with the run's
+/// vocabulary.
 pub(crate) fn model(run: &RunConfig) -> training::ModelConfig {
-    preset(run.preset).config().with_vocab(vocab(run))
+    match &run.model {
+        Some(shape) => model_shape(shape),
+        None => preset(run.preset).config(),
+    }
+    .with_vocab(vocab(run))
+}
+
+/// The training crate's model for a `[model]` table, with the byte vocabulary (the caller
+/// sets the run's).
+pub(crate) fn model_shape(shape: &ModelShape) -> training::ModelConfig {
+    let ModelShape {
+        hidden_size,
+        num_hidden_layers,
+        num_attention_heads,
+        num_key_value_heads,
+        intermediate_size,
+        rope_theta,
+        max_position_embeddings,
+        rms_norm_eps,
+    } = *shape;
+    training::ModelConfig {
+        d_model: hidden_size as usize,
+        n_layers: num_hidden_layers as usize,
+        n_heads: num_attention_heads as usize,
+        n_kv_heads: num_key_value_heads as usize,
+        ffn_hidden: intermediate_size as usize,
+        max_seq: max_position_embeddings as usize,
+        vocab: training::VOCAB,
+        rope_theta,
+        norm_eps: rms_norm_eps,
+    }
 }
 
 /// The training crate's wire element type for a run's wire format.
@@ -75,7 +107,7 @@ pub(crate) fn stage_config(run: &RunConfig, stage: u32, device: training::Device
         run.seed,
     );
     config.device = device;
-    config.with_vocab(vocab(run))
+    config.with_shape(model(run))
 }
 
 /// The compute thread's configuration for `stage` of `run`: its codecs, the run's id, and
@@ -127,6 +159,7 @@ mod tests {
             ModelPreset::Small,
             ModelPreset::Base,
             ModelPreset::Large,
+            ModelPreset::Llama32_1b,
         ] {
             assert_eq!(preset(p).to_string(), p.name());
         }
@@ -146,6 +179,69 @@ mod tests {
         ] {
             assert_eq!(bottleneck_kind(k).to_string(), k.name());
         }
+    }
+
+    #[test]
+    fn a_model_table_replaces_the_preset_shape_in_every_stage() {
+        let toml = r#"
+            stages = 2
+            bottleneck = 16
+            dataset = "1111111111111111111111111111111111111111111111111111111111111111"
+            tokenizer = "2222222222222222222222222222222222222222222222222222222222222222"
+            vocab = 4096
+            [model]
+            hidden_size = 128
+            num_hidden_layers = 2
+            num_attention_heads = 4
+            num_key_value_heads = 2
+            intermediate_size = 352
+            rope_theta = 500000.0
+            max_position_embeddings = 256
+            rms_norm_eps = 1e-6
+        "#;
+        let run = RunConfig::from_toml_str(toml).unwrap();
+        let m = model(&run);
+        assert_eq!(
+            (
+                m.d_model,
+                m.n_layers,
+                m.n_heads,
+                m.n_kv_heads,
+                m.ffn_hidden,
+                m.max_seq
+            ),
+            (128, 2, 4, 2, 352, 256)
+        );
+        assert_eq!((m.vocab, m.rope_theta, m.norm_eps), (4096, 500_000.0, 1e-6));
+        assert_eq!(m.validate(), Ok(()));
+        for index in 0..2 {
+            let config = stage_config(&run, index, training::Device::Cpu);
+            assert_eq!(config.model(), m);
+            let stage = training::Stage::new(&config).unwrap();
+            let shapes: std::collections::HashMap<_, _> =
+                stage.param_shapes().into_iter().collect();
+            let wk = format!("layers.{}.wk", stage.layout().layers.start);
+            assert_eq!(shapes[&wk], [64, 128], "2 key-value heads of 32");
+        }
+        // Without the table: the preset's shape, as before.
+        let plain = RunConfig::default();
+        assert_eq!(model(&plain), Preset::Tiny.config());
+        assert_eq!(
+            stage_config(&plain, 0, training::Device::Cpu).model(),
+            Preset::Tiny.config()
+        );
+        // Every shape the run configuration accepts at its bounds, the model accepts.
+        let widest = ModelShape {
+            hidden_size: bootstrap::MAX_HIDDEN_SIZE,
+            num_hidden_layers: bootstrap::MAX_LAYERS,
+            num_attention_heads: 1,
+            num_key_value_heads: 1,
+            intermediate_size: bootstrap::MAX_INTERMEDIATE_SIZE,
+            rope_theta: 1.5,
+            max_position_embeddings: bootstrap::MAX_POSITIONS,
+            rms_norm_eps: 0.5,
+        };
+        assert_eq!(model_shape(&widest).validate(), Ok(()));
     }
 
     #[test]

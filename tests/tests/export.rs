@@ -40,6 +40,26 @@ fn stages(run: &RunConfig) -> Vec<Stage> {
     stages_with_vocab(run, training::VOCAB)
 }
 
+/// The model `run` trains (the preset's shape, or its `[model]` table's), with the byte
+/// vocabulary.
+fn shape(run: &RunConfig) -> training::ModelConfig {
+    let preset: training::Preset = run.preset.name().parse().unwrap();
+    match &run.model {
+        None => preset.config(),
+        Some(m) => training::ModelConfig {
+            d_model: m.hidden_size as usize,
+            n_layers: m.num_hidden_layers as usize,
+            n_heads: m.num_attention_heads as usize,
+            n_kv_heads: m.num_key_value_heads as usize,
+            ffn_hidden: m.intermediate_size as usize,
+            max_seq: m.max_position_embeddings as usize,
+            vocab: training::VOCAB,
+            rope_theta: m.rope_theta,
+            norm_eps: m.rms_norm_eps,
+        },
+    }
+}
+
 /// [`stages`] of a model with a vocabulary of `vocab` tokens.
 fn stages_with_vocab(run: &RunConfig, vocab: usize) -> Vec<Stage> {
     let preset: training::Preset = run.preset.name().parse().unwrap();
@@ -47,7 +67,8 @@ fn stages_with_vocab(run: &RunConfig, vocab: usize) -> Vec<Stage> {
         .map(|i| {
             let kind: training::BottleneckKind = run.bottleneck_kind.name().parse().unwrap();
             let b = training::Bottleneck::new(kind, run.bottleneck as usize);
-            let cfg = StageConfig::new(preset, STAGES, i, b, run.seed).with_vocab(vocab);
+            let cfg = StageConfig::new(preset, STAGES, i, b, run.seed)
+                .with_shape(shape(run).with_vocab(vocab));
             let mut stage = Stage::new(&cfg).unwrap();
             let perturbed: Vec<f32> = stage
                 .flat_params()
@@ -354,6 +375,51 @@ fn an_export_loads_in_transformers_with_the_logits_of_the_stages() {
         String::from_utf8_lossy(&text)
     );
     assert_eq!(text, generate("3"), "one seed, one text");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_grouped_query_export_loads_in_transformers_with_the_logits_of_the_stages() {
+    tch::set_num_threads(1);
+    let dir = scratch_dir("export-gqa");
+    // A run's own shape: 8 query heads sharing 2 key-value heads, Llama 3's RoPE base, another
+    // norm epsilon.
+    let table = r#"
+        [model]
+        hidden_size = 128
+        num_hidden_layers = 3
+        num_attention_heads = 8
+        num_key_value_heads = 2
+        intermediate_size = 352
+        rope_theta = 500000.0
+        max_position_embeddings = 256
+        rms_norm_eps = 1e-6
+    "#;
+    let run = run_config(0).with_toml_str(table).unwrap();
+    let stages = stages(&run);
+    let out = dir.join("model");
+    checkpoint_and_export(&dir.join("swarm"), &out, &run, &stages, &[]);
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["model_type"], "llama");
+    assert_eq!(config["num_attention_heads"], 8);
+    assert_eq!(config["num_key_value_heads"], 2);
+    assert_eq!(config["head_dim"], 16);
+    assert_eq!(config["rope_theta"], 500_000.0);
+    assert_eq!(config["rms_norm_eps"], 1e-6);
+    assert_eq!(config["max_position_embeddings"], 256);
+    let tokens = tokens();
+    let ours = stage_logits(&stages, &tokens);
+    let theirs = python_logits("hf_logits.py", &out, &tokens, &dir);
+    let diff = max_diff(&ours, &theirs);
+    println!("grouped-query export: max |logit difference| {diff:e}");
+    assert!(
+        diff <= 1e-4,
+        "transformers' logits differ from the stages' by {diff}"
+    );
+    // The documented plain-PyTorch forward agrees too.
+    let plain = python_logits("iota_forward.py", &out, &tokens, &dir);
+    assert!(max_diff(&ours, &plain) <= 1e-4);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -56,7 +56,7 @@ const MAX_LAYERS: usize = 1 << 10;
 /// Most attention heads accepted.
 const MAX_HEADS: usize = 1 << 8;
 /// Longest context accepted (the rotary tables are `positions × head width` numbers).
-const MAX_POSITIONS: usize = 1 << 16;
+const MAX_POSITIONS: usize = crate::preset::MAX_POSITIONS;
 /// Longest `model.safetensors` header read (safetensors' own limit is 100 MB).
 const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
 
@@ -68,6 +68,9 @@ struct Config {
     intermediate_size: usize,
     num_hidden_layers: usize,
     num_attention_heads: usize,
+    /// Left out (as `transformers` allows): `num_attention_heads`, multi-head attention.
+    #[serde(default)]
+    num_key_value_heads: Option<usize>,
     max_position_embeddings: usize,
     rms_norm_eps: f64,
     rope_theta: f64,
@@ -142,6 +145,12 @@ impl Config {
                 "hidden_size {d} over num_attention_heads {h} is not an even head width"
             )));
         }
+        let kv = self.kv_heads();
+        if kv == 0 || h % kv != 0 {
+            return Err(GenerateError::Config(format!(
+                "num_key_value_heads {kv} does not divide num_attention_heads {h}"
+            )));
+        }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
             return Err(GenerateError::Config(format!(
                 "rms_norm_eps is {}, not within (0, 1)",
@@ -157,19 +166,30 @@ impl Config {
         Ok(())
     }
 
+    /// Key-value heads: `num_key_value_heads`, else one per attention head.
+    fn kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    /// Width of one token's keys (and values): the key-value heads times the head width.
+    fn kv_dim(&self) -> usize {
+        self.kv_heads() * (self.hidden_size / self.num_attention_heads)
+    }
+
     /// How many numbers the weights hold: embedding, layers, bottlenecks between stages (when
     /// there is one), final norm and head. Within [`Config::check`]'s bounds this cannot
     /// overflow.
     fn parameters(&self) -> u64 {
-        let [v, d, f, l, b] = [
+        let [v, d, f, l, b, kv] = [
             self.vocab_size,
             self.hidden_size,
             self.intermediate_size,
             self.num_hidden_layers,
             self.iota_bottleneck,
+            self.kv_dim(),
         ]
         .map(|n| n as u64);
-        let layer = 2 * d + 4 * d * d + 3 * f * d;
+        let layer = 2 * d + 2 * d * d + 2 * kv * d + 3 * f * d;
         let boundaries = if b > 0 {
             (self.iota_stage_layers.len() as u64).saturating_sub(1) * (d + 2 * b * d + b)
         } else {
@@ -245,7 +265,8 @@ pub struct Sampling {
     pub seed: u64,
 }
 
-/// The keys and values of the tokens so far, per layer: `[1, heads, t, head_dim]`.
+/// The keys and values of the tokens so far, per layer: `[1, kv heads, t, head_dim]` (the
+/// key-value heads, not their repeats for every query head).
 struct Cache {
     kv: Vec<Option<(Tensor, Tensor)>>,
     len: usize,
@@ -302,10 +323,11 @@ impl Model {
             cfg.num_attention_heads,
         );
         let v = cfg.vocab_size;
-        if v == 0 || d == 0 || h == 0 || d % h != 0 || (d / h) % 2 != 0 {
+        let kv = cfg.kv_heads();
+        if v == 0 || d == 0 || h == 0 || d % h != 0 || (d / h) % 2 != 0 || kv == 0 || h % kv != 0 {
             return Err(GenerateError::Config(format!(
                 "vocab {v}, hidden {d}, heads {h}: not a model with a vocabulary and an even \
-                 head width"
+                 head width, or key-value heads {kv} that do not divide the heads"
             )));
         }
         if cfg.max_position_embeddings < 2 || l == 0 {
@@ -337,8 +359,8 @@ impl Model {
             layers.push(Layer {
                 attn_norm: take(p("input_layernorm"), &[d])?,
                 wq: take(p("self_attn.q_proj"), &[d, d])?,
-                wk: take(p("self_attn.k_proj"), &[d, d])?,
-                wv: take(p("self_attn.v_proj"), &[d, d])?,
+                wk: take(p("self_attn.k_proj"), &[cfg.kv_dim(), d])?,
+                wv: take(p("self_attn.v_proj"), &[cfg.kv_dim(), d])?,
                 wo: take(p("self_attn.o_proj"), &[d, d])?,
                 mlp_norm: take(p("post_attention_layernorm"), &[d])?,
                 gate: take(p("mlp.gate_proj"), &[f, d])?,
@@ -414,20 +436,21 @@ impl Model {
         let start = cache.len;
         let d = self.cfg.hidden_size as i64;
         let heads = self.cfg.num_attention_heads as i64;
+        let kv_heads = self.cfg.kv_heads() as i64;
         let hd = d / heads;
         let ids: Vec<i64> = tokens.iter().map(|&id| i64::from(id)).collect();
         let ids = Tensor::from_slice(&ids).reshape([1, t]);
         let mut h = Tensor::embedding(&self.embed, &ids, -1, false, false);
         for (i, layer) in self.layers.iter().enumerate() {
             let x = self.rms(&h, &layer.attn_norm);
-            let split = |w: &Tensor| {
+            let split = |w: &Tensor, heads: i64| {
                 x.linear::<Tensor>(w, None)
                     .reshape([1, t, heads, hd])
                     .transpose(1, 2)
             };
-            let q = self.rotate(&split(&layer.wq), start);
-            let k = self.rotate(&split(&layer.wk), start);
-            let v = split(&layer.wv);
+            let q = self.rotate(&split(&layer.wq, heads), start);
+            let k = self.rotate(&split(&layer.wk, kv_heads), start);
+            let v = split(&layer.wv, kv_heads);
             let (k, v) = match cache.kv[i].take() {
                 Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
                 None => (k, v),
@@ -439,8 +462,8 @@ impl Model {
             });
             let a = Tensor::scaled_dot_product_attention(
                 &q,
-                &k,
-                &v,
+                &crate::model::repeat_kv(&k, heads),
+                &crate::model::repeat_kv(&v, heads),
                 mask.as_ref(),
                 0.0,
                 start == 0 && t > 1,
@@ -654,20 +677,32 @@ mod tests {
         bottleneck: usize,
         tokenizer_json: &[u8],
     ) -> (std::path::PathBuf, Vec<Stage>) {
+        exported_shape(test, Preset::Tiny.config(), bottleneck, tokenizer_json)
+    }
+
+    /// [`exported_with`] for a model of shape `shape` (its vocabulary replaced by the
+    /// tokenizer's).
+    fn exported_shape(
+        test: &str,
+        shape: crate::ModelConfig,
+        bottleneck: usize,
+        tokenizer_json: &[u8],
+    ) -> (std::path::PathBuf, Vec<Stage>) {
         let dir = std::env::temp_dir().join(format!(
             "iota-generate-{}-{test}-{bottleneck}",
             std::process::id()
         ));
         let vocab = Tokenizer::from_bytes(tokenizer_json).unwrap().vocab_size();
+        let model = shape.with_vocab(vocab);
         let stages: Vec<Stage> = (0..2)
             .map(|i| {
-                let cfg = StageConfig::new(Preset::Tiny, 2, i, bottleneck, 3).with_vocab(vocab);
+                let cfg =
+                    StageConfig::new(Preset::Tiny, 2, i, bottleneck, 3).with_shape(model.clone());
                 Stage::new(&cfg).unwrap()
             })
             .collect();
         let flats: Vec<Vec<f32>> = stages.iter().map(Stage::flat_params).collect();
         let refs: Vec<&[f32]> = flats.iter().map(Vec::as_slice).collect();
-        let model = Preset::Tiny.config().with_vocab(vocab);
         let tensors = export::assemble(&model, bottleneck, &refs).unwrap();
         let config = export::config_json(&model, 2, bottleneck);
         export::write(&dir, &tensors, &config, tokenizer_json, HashMap::new()).unwrap();
@@ -711,6 +746,70 @@ mod tests {
                 max_diff(&full, &theirs) < 1e-4,
                 "stages, bottleneck {bottleneck}"
             );
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_grouped_query_model_caches_its_key_value_heads_and_generates_as_without_a_cache() {
+        tch::set_num_threads(1);
+        // 4 query heads sharing 2 key-value heads, another RoPE base and norm epsilon.
+        let shape = crate::ModelConfig {
+            n_kv_heads: 2,
+            rope_theta: 500_000.0,
+            norm_eps: 1e-6,
+            ..Preset::Tiny.config()
+        };
+        for bottleneck in [0, 16] {
+            let (dir, stages) = exported_shape(
+                "gqa",
+                shape.clone(),
+                bottleneck,
+                byte_level_json().as_bytes(),
+            );
+            let model = Model::load(&dir).unwrap();
+            assert_eq!(model.cfg.kv_heads(), 2);
+            assert_eq!(model.cfg.rope_theta, 500_000.0);
+            assert_eq!(model.cfg.rms_norm_eps, 1e-6);
+            let text = bytes(b"ROMEO: But soft, what light");
+            let full = model.logits(&text);
+            let cached = model.logits_cached(&text);
+            let cache_diff = max_diff(&full, &cached);
+            let ids: Vec<i64> = text.iter().map(|&b| i64::from(b)).collect();
+            let h = stages[0]
+                .eval_forward(&Tensor::from_slice(&ids).reshape([1, -1]))
+                .unwrap();
+            let theirs = stages[1].eval_logits(&h).unwrap().squeeze_dim(0);
+            let stage_diff = max_diff(&full, &theirs);
+            eprintln!("bottleneck {bottleneck}: cache {cache_diff:.2e}, stages {stage_diff:.2e}");
+            assert!(cache_diff < 1e-4, "cache, bottleneck {bottleneck}");
+            assert!(stage_diff < 1e-4, "stages, bottleneck {bottleneck}");
+            // The cache holds the key-value heads, not their repeats.
+            let mut cache = model.empty_cache();
+            let _ = tch::no_grad(|| model.forward(&text, &mut cache));
+            let (k, v) = cache.kv[0].as_ref().unwrap();
+            assert_eq!(k.size(), [1, 2, text.len() as i64, 32]);
+            assert_eq!(v.size(), k.size());
+            // Greedy generation through the cache picks, at every step, the argmax of the
+            // whole sequence's forward pass without one.
+            let greedy = Sampling {
+                tokens: 12,
+                temperature: 0.0,
+                top_k: 0,
+                seed: 0,
+            };
+            let prompt = bytes(b"ROMEO:");
+            let out = model.generate_ids(&prompt, &greedy).unwrap();
+            let mut context = prompt.clone();
+            for id in out {
+                let best = model
+                    .logits(&context)
+                    .select(0, -1)
+                    .argmax(-1, false)
+                    .int64_value(&[]);
+                assert_eq!(i64::from(id), best, "bottleneck {bottleneck}");
+                context.push(id);
+            }
             std::fs::remove_dir_all(&dir).unwrap();
         }
     }
@@ -899,7 +998,7 @@ mod tests {
         let good: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
                 .unwrap();
-        let cases: [(&str, serde_json::Value); 11] = [
+        let cases: [(&str, serde_json::Value); 13] = [
             ("vocab_size", 0.into()),
             ("vocab_size", (1u64 << 40).into()),
             ("num_hidden_layers", (1u64 << 60).into()),
@@ -907,6 +1006,8 @@ mod tests {
             ("hidden_size", (1u64 << 40).into()),
             ("intermediate_size", (1u64 << 50).into()),
             ("num_attention_heads", 0.into()),
+            ("num_key_value_heads", 0.into()),
+            ("num_key_value_heads", 3.into()),
             ("rms_norm_eps", (-1.0).into()),
             ("rope_theta", 0.0.into()),
             // Within bounds, but the weights file does not hold that many numbers.

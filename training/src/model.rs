@@ -1,7 +1,10 @@
 //! The Llama-style decoder, cut into pipeline stages: layout, parameters and forward maths.
 //!
 //! Blocks are pre-norm: `h += attn(rmsnorm(h))`, `h += mlp(rmsnorm(h))`, with rotary position
-//! embeddings, causal scaled-dot-product attention and a SwiGLU MLP. Stage `i` of `S` holds a
+//! embeddings, causal scaled-dot-product attention and a SwiGLU MLP. Attention is
+//! grouped-query when the model has fewer key-value heads than query heads: the keys and
+//! values are `n_kv_heads` heads wide and each serves `n_heads / n_kv_heads` consecutive query
+//! heads (Llama's `repeat_kv`); with as many as query heads it is multi-head attention. Stage `i` of `S` holds a
 //! contiguous range of layers (the first `L mod S` stages get one extra); the first stage also
 //! holds the token embedding, the last the final norm and the LM head.
 //!
@@ -43,8 +46,6 @@ use tch::{Kind, Tensor};
 
 use crate::preset::ModelConfig;
 
-pub(crate) const NORM_EPS: f64 = 1e-5;
-pub(crate) const ROPE_THETA: f64 = 10_000.0;
 const INIT_STD: f64 = 0.02;
 
 /// Why a stage layout is impossible.
@@ -390,10 +391,10 @@ pub(crate) fn param_specs(cfg: &ModelConfig, layout: &StageLayout) -> Vec<ParamS
             up(&mut push, k);
         }
         push(format!("layers.{l}.attn_norm"), vec![d], Init::Ones);
-        for w in ["wq", "wk", "wv"] {
+        for (w, rows) in [("wq", d), ("wk", cfg.kv_dim()), ("wv", cfg.kv_dim())] {
             push(
                 format!("layers.{l}.{w}"),
-                vec![d, d],
+                vec![rows, d],
                 Init::Normal(INIT_STD),
             );
         }
@@ -523,8 +524,8 @@ pub(crate) struct Projection {
 }
 
 impl Projection {
-    fn apply(&self, x: &Tensor) -> Tensor {
-        let x = rms(x, &self.norm);
+    fn apply(&self, x: &Tensor, eps: f64) -> Tensor {
+        let x = rms(x, &self.norm, eps);
         match &self.hidden {
             Some(h) => linear(&linear(&x, h).silu(), &self.weight),
             None => linear(&x, &self.weight),
@@ -594,13 +595,15 @@ pub(crate) struct Net {
     pub(crate) identity: bool,
     pub(crate) first_layer: usize,
     pub(crate) n_heads: i64,
+    pub(crate) n_kv_heads: i64,
     pub(crate) d_model: i64,
+    pub(crate) norm_eps: f64,
     pub(crate) fixed: Fixed,
 }
 
 /// f32 rotary tables for `cfg` on `device`.
 pub(crate) fn rope_tables(cfg: &ModelConfig, device: tch::Device) -> (Tensor, Tensor) {
-    rope_tables_for(cfg.head_dim(), cfg.max_seq, ROPE_THETA, device)
+    rope_tables_for(cfg.head_dim(), cfg.max_seq, cfg.rope_theta, device)
 }
 
 /// f32 rotary tables `[positions, head_dim / 2]` (cos, sin) for base `theta` on `device`.
@@ -626,8 +629,22 @@ pub(crate) fn rope_tables_for(
     (t(&cos), t(&sin))
 }
 
-fn rms(x: &Tensor, w: &Tensor) -> Tensor {
-    x.rms_norm([w.size()[0]], Some(w), NORM_EPS)
+fn rms(x: &Tensor, w: &Tensor, eps: f64) -> Tensor {
+    x.rms_norm([w.size()[0]], Some(w), eps)
+}
+
+/// Keys or values `[b, kv_heads, t, hd]` repeated to `heads` query heads, each kv head serving
+/// `heads / kv_heads` consecutive query heads (Llama's `repeat_kv`); unchanged when as many.
+pub(crate) fn repeat_kv(x: &Tensor, heads: i64) -> Tensor {
+    let (b, kv, t, hd) = x
+        .size4()
+        .expect("keys and values are [batch, heads, seq, width]");
+    if kv == heads {
+        return x.shallow_clone();
+    }
+    x.unsqueeze(2)
+        .expand([b, kv, heads / kv, t, hd], false)
+        .reshape([b, heads, t, hd])
 }
 
 fn linear(x: &Tensor, w: &Tensor) -> Tensor {
@@ -689,7 +706,9 @@ impl Net {
             identity: layout.bottleneck.kind != BottleneckKind::Plain,
             first_layer: layout.layers.start,
             n_heads: model.n_heads as i64,
+            n_kv_heads: model.n_kv_heads as i64,
             d_model: model.d_model as i64,
+            norm_eps: model.norm_eps,
             fixed,
         }
     }
@@ -712,28 +731,26 @@ impl Net {
         let (b, t, _) = h.size3().expect("hidden states are [batch, seq, width]");
         let d = self.d_model;
         let hd = d / self.n_heads;
-        let x = rms(&read(h), &blk.attn_norm);
-        let split = |w: &Tensor| {
-            linear(&x, w)
-                .reshape([b, t, self.n_heads, hd])
-                .transpose(1, 2)
-        };
-        let q = self.rope(&split(&blk.wq), t);
-        let k = self.rope(&split(&blk.wk), t);
-        let v = split(&blk.wv);
+        let x = rms(&read(h), &blk.attn_norm, self.norm_eps);
+        let split =
+            |w: &Tensor, heads: i64| linear(&x, w).reshape([b, t, heads, hd]).transpose(1, 2);
+        let q = self.rope(&split(&blk.wq, self.n_heads), t);
+        let k = self.rope(&split(&blk.wk, self.n_kv_heads), t);
+        let v = split(&blk.wv, self.n_kv_heads);
+        let (k, v) = (repeat_kv(&k, self.n_heads), repeat_kv(&v, self.n_heads));
         let a = Tensor::scaled_dot_product_attention::<Tensor>(
             &q, &k, &v, None, 0.0, true, None, false,
         );
         let a = a.transpose(1, 2).reshape([b, t, d]);
         let h = h + linear(&a, &blk.wo);
-        let x = rms(&read(&h), &blk.mlp_norm);
+        let x = rms(&read(&h), &blk.mlp_norm, self.norm_eps);
         let gate = linear(&x, &blk.w1).silu() * linear(&x, &blk.w3);
         h + linear(&gate, &blk.w2)
     }
 
     fn down(&self, p: &Projection, h: &Tensor) -> Tensor {
         let b = p.weight.size()[0];
-        let z = p.apply(h);
+        let z = p.apply(h, self.norm_eps);
         if self.identity {
             h.narrow(-1, 0, b) + z
         } else {
@@ -743,7 +760,7 @@ impl Net {
 
     fn up(&self, p: &Projection, y: &Tensor) -> Tensor {
         let b = y.size()[2];
-        let h = p.apply(y);
+        let h = p.apply(y, self.norm_eps);
         if self.identity {
             y.constant_pad_nd([0, self.d_model - b]) + h
         } else {
@@ -786,7 +803,7 @@ impl Net {
             h = self.down(down, &h);
         }
         if let (Some(norm), Some(head)) = (&self.final_norm, &self.lm_head) {
-            h = linear(&rms(&read(&h), norm), head);
+            h = linear(&rms(&read(&h), norm, self.norm_eps), head);
         }
         h
     }
@@ -885,6 +902,29 @@ mod tests {
             plain - cfg.padded_vocab() * (d - 16) - cfg.n_layers * per_layer
         );
         assert!(StageLayout::unsplit(&cfg, cfg.n_layers + 1, 16).is_err());
+    }
+
+    #[test]
+    fn each_key_value_head_serves_consecutive_query_heads() {
+        // Two kv heads of width 1 at one position, repeated to 4 query heads: a a b b, as
+        // Llama's repeat_kv does.
+        let kv = Tensor::from_slice(&[1f32, 2.0]).reshape([1, 2, 1, 1]);
+        let q = repeat_kv(&kv, 4);
+        assert_eq!(q.size(), [1, 4, 1, 1]);
+        assert_eq!(
+            Vec::<f32>::try_from(q.reshape([-1])).unwrap(),
+            [1.0, 1.0, 2.0, 2.0]
+        );
+        assert_eq!(repeat_kv(&kv, 2), kv);
+        let cfg = ModelConfig {
+            n_kv_heads: 2,
+            ..Preset::Tiny.config()
+        };
+        let specs = param_specs(&cfg, &StageLayout::new(&cfg, 1, 0, 0).unwrap());
+        let n: usize = specs.iter().map(ParamSpec::numel).sum();
+        assert_eq!(n, cfg.num_params());
+        let wk = specs.iter().find(|s| s.name == "layers.0.wk").unwrap();
+        assert_eq!(wk.shape, [cfg.kv_dim(), cfg.d_model]);
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! Model sizes and numeric settings: the named presets, the compute device and dtype.
 //!
 //! A [`Preset`] names a fixed [`ModelConfig`]; every node of a run derives the same model from
-//! the same preset name, so the name is all that travels in a run's configuration.
+//! the same preset name, so the name is all that travels in a run's configuration (a run may
+//! also spell a shape out, field by field). [`ModelConfig::validate`] refuses a shape no
+//! model can have, or one past the bounds on what a configuration may make a node allocate,
+//! naming the field.
 
 use std::fmt;
 use std::str::FromStr;
@@ -18,15 +21,34 @@ pub const MAX_VOCAB: usize = 1 << 20;
 /// matrix shapes GPU kernels handle well.
 pub const VOCAB_ALIGN: usize = 64;
 
+/// RoPE base of every preset but the Llama shapes.
+pub const ROPE_THETA: f64 = 10_000.0;
+
+/// RMSNorm epsilon of every preset.
+pub const NORM_EPS: f64 = 1e-5;
+
+/// Widest residual stream a shape may have.
+pub const MAX_D_MODEL: usize = 1 << 16;
+/// Most transformer blocks a shape may have.
+pub const MAX_LAYERS: usize = 1 << 10;
+/// Widest MLP a shape may have.
+pub const MAX_FFN_HIDDEN: usize = 1 << 18;
+/// Longest context a shape may have (the rotary tables are `positions × head width / 2`).
+pub const MAX_POSITIONS: usize = 1 << 17;
+
 /// Shape of a Llama-style decoder.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     /// Width of the residual stream.
     pub d_model: usize,
     /// Number of transformer blocks.
     pub n_layers: usize,
-    /// Number of attention heads; `d_model` is a multiple of it.
+    /// Number of attention (query) heads; `d_model` is a multiple of it.
     pub n_heads: usize,
+    /// Number of key and value heads, a divisor of `n_heads`: each serves `n_heads /
+    /// n_kv_heads` query heads (grouped-query attention); equal to `n_heads` in multi-head
+    /// attention, as in every preset but the Llama shapes.
+    pub n_kv_heads: usize,
     /// Hidden width of the SwiGLU MLP.
     pub ffn_hidden: usize,
     /// Longest sequence the rotary tables are built for.
@@ -34,12 +56,133 @@ pub struct ModelConfig {
     /// Tokens of the tokenizer: input ids and targets are below it. [`VOCAB`] (byte-level)
     /// in every preset.
     pub vocab: usize,
+    /// Base of the rotary position embedding's frequencies.
+    pub rope_theta: f64,
+    /// Epsilon of every RMSNorm.
+    pub norm_eps: f64,
+}
+
+/// Why a [`ModelConfig`] is not a model's shape; each names the field at fault.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShapeError {
+    /// A size that must be at least 1 is 0.
+    #[error("{field} is 0; it must be at least 1")]
+    Zero {
+        /// The field.
+        field: &'static str,
+    },
+    /// A size above its bound.
+    #[error("{field} is {value}; at most {max} is accepted")]
+    TooLarge {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A size that is not a multiple of another.
+    #[error("{field} {value} is not a multiple of {of} {divisor}")]
+    NotAMultiple {
+        /// The field that must be the multiple.
+        field: &'static str,
+        /// Its value.
+        value: usize,
+        /// The field that must divide it.
+        of: &'static str,
+        /// Its value.
+        divisor: usize,
+    },
+    /// The head width (`d_model / n_heads`) is odd: rotary embeddings rotate pairs.
+    #[error(
+        "n_heads {n_heads} gives an odd head width {head_dim}; rotary embeddings need an even one"
+    )]
+    OddHeadWidth {
+        /// The heads.
+        n_heads: usize,
+        /// `d_model / n_heads`.
+        head_dim: usize,
+    },
+    /// A real number outside its range.
+    #[error("{field} is {value}; it must be {range}")]
+    OutOfRange {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: f64,
+        /// The range, in words.
+        range: &'static str,
+    },
 }
 
 impl ModelConfig {
     /// Width of one attention head.
     pub fn head_dim(&self) -> usize {
         self.d_model / self.n_heads
+    }
+
+    /// Width of the keys (and of the values) of one token: `n_kv_heads` heads.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim()
+    }
+
+    /// Checks that this is a model's shape, within the bounds on what a configuration may
+    /// make a node allocate; the error names the first field at fault.
+    pub fn validate(&self) -> Result<(), ShapeError> {
+        let sizes = [
+            ("d_model", self.d_model, MAX_D_MODEL),
+            ("n_layers", self.n_layers, MAX_LAYERS),
+            // At most d_model and n_heads: the multiples below.
+            ("n_heads", self.n_heads, usize::MAX),
+            ("n_kv_heads", self.n_kv_heads, usize::MAX),
+            ("ffn_hidden", self.ffn_hidden, MAX_FFN_HIDDEN),
+            ("max_seq", self.max_seq, MAX_POSITIONS),
+            ("vocab", self.vocab, MAX_VOCAB),
+        ];
+        for (field, value, max) in sizes {
+            if value == 0 {
+                return Err(ShapeError::Zero { field });
+            }
+            if value > max {
+                return Err(ShapeError::TooLarge { field, value, max });
+            }
+        }
+        let multiples = [
+            ("d_model", self.d_model, "n_heads", self.n_heads),
+            ("n_heads", self.n_heads, "n_kv_heads", self.n_kv_heads),
+        ];
+        for (field, value, of, divisor) in multiples {
+            if value % divisor != 0 {
+                return Err(ShapeError::NotAMultiple {
+                    field,
+                    value,
+                    of,
+                    divisor,
+                });
+            }
+        }
+        if self.head_dim() % 2 != 0 {
+            return Err(ShapeError::OddHeadWidth {
+                n_heads: self.n_heads,
+                head_dim: self.head_dim(),
+            });
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            return Err(ShapeError::OutOfRange {
+                field: "rope_theta",
+                value: self.rope_theta,
+                range: "a finite number above 1",
+            });
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps > 0.0 && self.norm_eps < 1.0) {
+            return Err(ShapeError::OutOfRange {
+                field: "norm_eps",
+                value: self.norm_eps,
+                range: "above 0 and below 1",
+            });
+        }
+        Ok(())
     }
 
     /// Rows of the embedding and the LM head: [`ModelConfig::vocab`] rounded up to a multiple
@@ -57,7 +200,7 @@ impl ModelConfig {
     /// Parameters of the whole unsplit model (embedding, blocks, final norm, LM head).
     pub fn num_params(&self) -> usize {
         let d = self.d_model;
-        let block = 2 * d + 4 * d * d + 3 * d * self.ffn_hidden;
+        let block = 2 * d + 2 * d * d + 2 * d * self.kv_dim() + 3 * d * self.ffn_hidden;
         2 * self.padded_vocab() * d + self.n_layers * block + d
     }
 }
@@ -73,11 +216,21 @@ pub enum Preset {
     Base,
     /// About 1 B parameters: GPUs.
     Large,
+    /// Llama-3.2-1B's shape (grouped-query attention, RoPE base 500 000) with the run's
+    /// vocabulary: about 1 B parameters with a byte vocabulary (its own 128 256 tokens add
+    /// 0.5 B). Neither its tied embeddings nor its RoPE frequency scaling.
+    Llama32_1b,
 }
 
 impl Preset {
     /// All presets, smallest first.
-    pub const ALL: [Preset; 4] = [Preset::Tiny, Preset::Small, Preset::Base, Preset::Large];
+    pub const ALL: [Preset; 5] = [
+        Preset::Tiny,
+        Preset::Small,
+        Preset::Base,
+        Preset::Large,
+        Preset::Llama32_1b,
+    ];
 
     /// The model this preset names.
     pub fn config(self) -> ModelConfig {
@@ -86,33 +239,57 @@ impl Preset {
                 d_model: 128,
                 n_layers: 4,
                 n_heads: 4,
+                n_kv_heads: 4,
                 ffn_hidden: 352,
                 max_seq: 512,
                 vocab: VOCAB,
+                rope_theta: ROPE_THETA,
+                norm_eps: NORM_EPS,
             },
             Preset::Small => ModelConfig {
                 d_model: 384,
                 n_layers: 6,
                 n_heads: 6,
+                n_kv_heads: 6,
                 ffn_hidden: 1024,
                 max_seq: 1024,
                 vocab: VOCAB,
+                rope_theta: ROPE_THETA,
+                norm_eps: NORM_EPS,
             },
             Preset::Base => ModelConfig {
                 d_model: 768,
                 n_layers: 12,
                 n_heads: 12,
+                n_kv_heads: 12,
                 ffn_hidden: 3072,
                 max_seq: 2048,
                 vocab: VOCAB,
+                rope_theta: ROPE_THETA,
+                norm_eps: NORM_EPS,
             },
             Preset::Large => ModelConfig {
                 d_model: 2048,
                 n_layers: 20,
                 n_heads: 16,
+                n_kv_heads: 16,
                 ffn_hidden: 5632,
                 max_seq: 2048,
                 vocab: VOCAB,
+                rope_theta: ROPE_THETA,
+                norm_eps: NORM_EPS,
+            },
+            // meta-llama/Llama-3.2-1B's config.json.
+            Preset::Llama32_1b => ModelConfig {
+                d_model: 2048,
+                n_layers: 16,
+                n_heads: 32,
+                n_kv_heads: 8,
+                ffn_hidden: 8192,
+                max_seq: 131_072,
+                vocab: VOCAB,
+                rope_theta: 500_000.0,
+                norm_eps: 1e-5,
             },
         }
     }
@@ -124,6 +301,7 @@ impl Preset {
             Preset::Small => "small",
             Preset::Base => "base",
             Preset::Large => "large",
+            Preset::Llama32_1b => "llama-3.2-1b",
         }
     }
 }
@@ -156,7 +334,7 @@ impl FromStr for Preset {
             .ok_or_else(|| ParseNameError {
                 what: "preset",
                 given: s.to_owned(),
-                expected: "tiny, small, base, large",
+                expected: "tiny, small, base, large, llama-3.2-1b",
             })
     }
 }
@@ -235,9 +413,126 @@ mod tests {
         );
         for p in Preset::ALL {
             let c = p.config();
+            assert_eq!(c.validate(), Ok(()), "{p}");
             assert_eq!(c.d_model % c.n_heads, 0);
             assert_eq!(c.head_dim() % 2, 0, "rotary needs even head width");
         }
+    }
+
+    #[test]
+    fn the_llama_3_2_1b_shape_has_grouped_query_attention_and_its_parameter_count() {
+        let c = Preset::Llama32_1b.config();
+        assert_eq!((c.n_heads, c.n_kv_heads, c.head_dim()), (32, 8, 64));
+        assert_eq!(c.kv_dim(), 512);
+        // Llama-3.2-1B has 1 235 814 400 parameters with its 128 256 tokens and tied
+        // embeddings; untied, the LM head adds another 128 256 × 2048.
+        let own = c.clone().with_vocab(128_256);
+        assert_eq!(own.padded_vocab(), 128_256);
+        assert_eq!(own.num_params(), 1_235_814_400 + 128_256 * 2048);
+        for p in [Preset::Tiny, Preset::Small, Preset::Base, Preset::Large] {
+            let c = p.config();
+            assert_eq!(c.n_kv_heads, c.n_heads, "{p} is multi-head");
+            assert_eq!((c.rope_theta, c.norm_eps), (ROPE_THETA, NORM_EPS));
+        }
+    }
+
+    #[test]
+    fn a_shape_that_no_model_has_is_refused_naming_the_field() {
+        let tiny = Preset::Tiny.config();
+        let bad = |f: fn(&mut ModelConfig)| {
+            let mut c = tiny.clone();
+            f(&mut c);
+            c.validate().unwrap_err()
+        };
+        let zero = |field| ShapeError::Zero { field };
+        assert_eq!(bad(|c| c.d_model = 0), zero("d_model"));
+        assert_eq!(bad(|c| c.n_layers = 0), zero("n_layers"));
+        assert_eq!(bad(|c| c.n_heads = 0), zero("n_heads"));
+        assert_eq!(bad(|c| c.n_kv_heads = 0), zero("n_kv_heads"));
+        assert_eq!(bad(|c| c.ffn_hidden = 0), zero("ffn_hidden"));
+        assert_eq!(bad(|c| c.max_seq = 0), zero("max_seq"));
+        assert_eq!(bad(|c| c.vocab = 0), zero("vocab"));
+        assert_eq!(
+            bad(|c| c.n_heads = 3),
+            ShapeError::NotAMultiple {
+                field: "d_model",
+                value: 128,
+                of: "n_heads",
+                divisor: 3
+            }
+        );
+        assert_eq!(
+            bad(|c| c.n_kv_heads = 3),
+            ShapeError::NotAMultiple {
+                field: "n_heads",
+                value: 4,
+                of: "n_kv_heads",
+                divisor: 3
+            }
+        );
+        assert!(matches!(
+            bad(|c| c.n_kv_heads = 8),
+            ShapeError::NotAMultiple {
+                field: "n_heads",
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad(|c| c.vocab = MAX_VOCAB + 1),
+            ShapeError::TooLarge { field: "vocab", .. }
+        ));
+        assert!(matches!(
+            bad(|c| c.max_seq = MAX_POSITIONS + 1),
+            ShapeError::TooLarge {
+                field: "max_seq",
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad(|c| c.d_model = MAX_D_MODEL * 2),
+            ShapeError::TooLarge {
+                field: "d_model",
+                ..
+            }
+        ));
+        assert_eq!(
+            bad(|c| c.n_heads = 128),
+            ShapeError::OddHeadWidth {
+                n_heads: 128,
+                head_dim: 1
+            }
+        );
+        for theta in [0.0, f64::NAN, f64::INFINITY] {
+            let err = bad_theta(&tiny, theta);
+            assert!(err.to_string().contains("rope_theta"), "{err}");
+        }
+        for eps in [0.0, -1e-5, 1.0, f64::NAN] {
+            let mut c = tiny.clone();
+            c.norm_eps = eps;
+            let err = c.validate().unwrap_err();
+            assert!(err.to_string().contains("norm_eps"), "{err}");
+        }
+        // Grouped-query shapes whose heads divide are fine.
+        for kv in [1, 2, 4] {
+            let c = ModelConfig {
+                n_kv_heads: kv,
+                ..tiny.clone()
+            };
+            assert_eq!(c.validate(), Ok(()), "{kv} kv heads");
+        }
+        let err = bad(|c| c.n_kv_heads = 3).to_string();
+        assert!(
+            err.contains("n_heads 4") && err.contains("n_kv_heads 3"),
+            "{err}"
+        );
+    }
+
+    fn bad_theta(c: &ModelConfig, theta: f64) -> ShapeError {
+        let c = ModelConfig {
+            rope_theta: theta,
+            ..c.clone()
+        };
+        c.validate().unwrap_err()
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! inputs and backward on gradients received from its neighbours.
 //!
 //! Guarantees:
-//! - Built from `(preset, num_stages, index, bottleneck, seed)`, a stage holds exactly the
+//! - Built from `(model shape, num_stages, index, bottleneck, seed)`, a stage holds exactly the
 //!   weights the same layers have in the unsplit model built from the same seed (see
 //!   [`crate::model`]), so `S` stages compute what one stage computes (with a bottleneck: what
 //!   one stage with the same boundaries inline computes, [`StageConfig::inline_of`]).
@@ -43,13 +43,13 @@ use optim::Param;
 pub use optim::{AdamW, StepReport};
 
 use crate::model::{self, Bottleneck, Fixed, Net, ParamSpec, StageLayout};
-use crate::preset::{DType, ModelConfig, Preset, MAX_VOCAB, VOCAB};
+use crate::preset::{DType, ModelConfig, Preset, MAX_VOCAB};
 
 /// Everything that determines a stage.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StageConfig {
-    /// Model size.
-    pub preset: Preset,
+    /// The whole model's shape, its vocabulary included (a preset's, or a run's own).
+    pub shape: ModelConfig,
     /// Stages the model is cut into.
     pub num_stages: usize,
     /// This stage's index.
@@ -70,14 +70,11 @@ pub struct StageConfig {
     pub optimizer: AdamW,
     /// Most samples whose graphs may wait for their backward pass.
     pub max_in_flight: usize,
-    /// Tokens of the run's tokenizer ([`ModelConfig::vocab`]); [`VOCAB`] (byte-level) by
-    /// default.
-    pub vocab: usize,
 }
 
 impl StageConfig {
-    /// Stage `index` of `num_stages` on the CPU in f32, default AdamW, 64 samples in flight,
-    /// byte-level vocabulary.
+    /// Stage `index` of `num_stages` of `preset`'s model on the CPU in f32, default AdamW, 64
+    /// samples in flight, byte-level vocabulary.
     pub fn new(
         preset: Preset,
         num_stages: usize,
@@ -86,7 +83,7 @@ impl StageConfig {
         seed: u64,
     ) -> Self {
         StageConfig {
-            preset,
+            shape: preset.config(),
             num_stages,
             index,
             bottleneck: bottleneck.into(),
@@ -96,18 +93,23 @@ impl StageConfig {
             dtype: DType::F32,
             optimizer: AdamW::default(),
             max_in_flight: 64,
-            vocab: VOCAB,
         }
     }
 
     /// This configuration with the vocabulary `vocab` (a tokenizer's).
     pub fn with_vocab(self, vocab: usize) -> Self {
-        StageConfig { vocab, ..self }
+        let shape = self.shape.clone().with_vocab(vocab);
+        StageConfig { shape, ..self }
     }
 
-    /// The model this stage is a slice of: the preset's, with this vocabulary.
+    /// This configuration for a model of shape `shape` (its vocabulary included) instead.
+    pub fn with_shape(self, shape: ModelConfig) -> Self {
+        StageConfig { shape, ..self }
+    }
+
+    /// The model this stage is a slice of.
     pub fn model(&self) -> ModelConfig {
-        self.preset.config().with_vocab(self.vocab)
+        self.shape.clone()
     }
 }
 
@@ -176,13 +178,14 @@ pub struct GivenWeights {
 impl Stage {
     /// Builds and initialises the stage.
     pub fn new(config: &StageConfig) -> Result<Stage, BuildError> {
-        if !(1..=MAX_VOCAB).contains(&config.vocab) {
+        let model = config.model();
+        if !(1..=MAX_VOCAB).contains(&model.vocab) {
             return Err(BuildError::Vocab {
-                vocab: config.vocab,
+                vocab: model.vocab,
                 max: MAX_VOCAB,
             });
         }
-        let model = config.model();
+        model.validate()?;
         let layout = if config.inline_of > 1 {
             if config.num_stages != 1 {
                 return Err(model::LayoutError::InlineNeedsOneStage {
@@ -947,7 +950,7 @@ mod tests {
         ];
         for (stages, index, hash) in pinned {
             let cfg = StageConfig::new(Preset::Tiny, stages, index, 0, 0);
-            assert_eq!(cfg.vocab, VOCAB);
+            assert_eq!(cfg.shape.vocab, crate::VOCAB);
             let stage = Stage::new(&cfg).unwrap();
             assert_eq!(
                 hex(&stage.weights_hash()),

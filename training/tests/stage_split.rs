@@ -7,7 +7,7 @@
 use training::local::Pipeline;
 use training::stage::ForwardError;
 use training::wire::{Codec, WireDtype};
-use training::{Bottleneck, BottleneckKind, Corpus, Preset, Stage, StageConfig};
+use training::{Bottleneck, BottleneckKind, Corpus, ModelConfig, Preset, Stage, StageConfig};
 
 const SEED: u64 = 11;
 
@@ -109,6 +109,46 @@ fn three_f32_stages_compute_what_one_stage_computes() {
     // Every stage got its share: the head's embedding gradient is not empty.
     assert!(grads_split[0].iter().any(|&g| g != 0.0));
     assert!(split.activation_bytes > 0 && split.gradient_bytes > 0);
+}
+
+/// The tiny shape with grouped-query attention: its 4 query heads share 2 key-value heads.
+fn grouped_query() -> ModelConfig {
+    ModelConfig {
+        n_kv_heads: 2,
+        ..Preset::Tiny.config()
+    }
+}
+
+#[test]
+fn a_grouped_query_model_in_three_stages_computes_what_one_stage_computes() {
+    tch::set_num_threads(1);
+    let f32_wire = || Codec::new(WireDtype::F32);
+    let config = |stages, bottleneck: Bottleneck| {
+        StageConfig::new(Preset::Tiny, stages, 0, bottleneck, SEED).with_shape(grouped_query())
+    };
+    let none = Bottleneck::from(0);
+    let mut whole = Pipeline::new(&config(1, none), 1, f32_wire(), 7).unwrap();
+    let mut split = Pipeline::new(&config(3, none), 3, f32_wire(), 7).unwrap();
+    let shapes: std::collections::HashMap<_, _> =
+        whole.stages[0].param_shapes().into_iter().collect();
+    assert_eq!(shapes["layers.0.wq"], [128, 128]);
+    assert_eq!(shapes["layers.0.wk"], [64, 128], "2 key-value heads of 32");
+    assert_eq!(shapes["layers.0.wv"], [64, 128]);
+    assert_eq!(whole.stages[0].num_params(), grouped_query().num_params());
+    let gqa = assert_same_function("grouped-query", &mut whole, &mut split);
+    // With IOTA's bottleneck, against the unsplit model with the same boundaries inline.
+    let b = Bottleneck::new(BottleneckKind::Iota, 16);
+    let inline = StageConfig {
+        inline_of: 3,
+        ..config(1, b)
+    };
+    let mut whole = Pipeline::new(&inline, 1, f32_wire(), 7).unwrap();
+    let mut split = Pipeline::new(&config(3, b), 3, f32_wire(), 7).unwrap();
+    assert_same_function("grouped-query, iota 16", &mut whole, &mut split);
+    // Fewer key-value heads is another model than the multi-head one of the same seed.
+    let mut mha = pipeline(3, 0, WireDtype::F32);
+    let (mha_loss, _) = one_sample(&mut mha, 3);
+    assert_ne!(gqa, mha_loss);
 }
 
 #[test]

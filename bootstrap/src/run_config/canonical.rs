@@ -5,7 +5,7 @@
 //! an f64 with `-0.0` folded into `0.0` and every NaN into one NaN, enums by their TOML name.
 //! The encoding depends only on the field values, never on how the TOML was laid out.
 
-use super::RunConfig;
+use super::{ModelShape, RunConfig};
 
 /// Changes whenever the layout below changes, so old and new hashes never collide.
 const DOMAIN: &[u8] = b"iota-p2p/run-config/v3";
@@ -40,6 +40,7 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
         dataset,
         tokenizer,
         vocab,
+        model,
     } = config;
     let mut out = Encoder(Vec::with_capacity(512));
     out.bytes(DOMAIN);
@@ -75,6 +76,30 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
         out.str("dataset", &dataset.to_ascii_lowercase());
         out.str("tokenizer", &tokenizer.to_ascii_lowercase());
         out.uint("vocab", (*vocab).into());
+    }
+    // Only when set: a run of a preset's shape keeps the hash it had before `[model]`.
+    if let Some(m) = model {
+        let ModelShape {
+            hidden_size,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads,
+            intermediate_size,
+            rope_theta,
+            max_position_embeddings,
+            rms_norm_eps,
+        } = m;
+        out.uint("model.hidden_size", (*hidden_size).into());
+        out.uint("model.num_hidden_layers", (*num_hidden_layers).into());
+        out.uint("model.num_attention_heads", (*num_attention_heads).into());
+        out.uint("model.num_key_value_heads", (*num_key_value_heads).into());
+        out.uint("model.intermediate_size", (*intermediate_size).into());
+        out.float("model.rope_theta", *rope_theta);
+        out.uint(
+            "model.max_position_embeddings",
+            (*max_position_embeddings).into(),
+        );
+        out.float("model.rms_norm_eps", *rms_norm_eps);
     }
     out.0
 }

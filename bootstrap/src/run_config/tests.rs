@@ -61,6 +61,7 @@ fn every_field() -> RunConfig {
         dataset: Some("1".repeat(64)),
         tokenizer: Some("2".repeat(64)),
         vocab: Some(4096),
+        model: None,
     }
 }
 
@@ -434,4 +435,209 @@ fn toml_over_another_config_keeps_its_fields_and_checks_the_new_ones() {
         base.with_toml_str("bogus = 1"),
         Err(RunConfigError::UnknownField { .. })
     ));
+}
+
+#[test]
+fn the_hashes_of_runs_without_a_model_table_stay_as_they_were() {
+    // Pinned before runs could spell out a model shape: a run that does not keeps its hash.
+    assert_eq!(
+        RunConfig::default().hash().to_hex(),
+        "302b215a262040e454618c99f4c52707e0cd4b313f11b54b55160ee1e0fd5a11"
+    );
+    assert_eq!(
+        every_field().hash().to_hex(),
+        "4a8551b843acb5b8d17a708ca19d36e74ede741927d6806a5ab3741dc911a269"
+    );
+}
+
+/// A small grouped-query shape, as a `[model]` table.
+const MODEL_TABLE: &str = r#"
+[model]
+hidden_size = 256
+num_hidden_layers = 4
+num_attention_heads = 8
+num_key_value_heads = 2
+intermediate_size = 688
+rope_theta = 500000.0
+max_position_embeddings = 1024
+rms_norm_eps = 1e-6
+"#;
+
+fn model_table() -> ModelShape {
+    ModelShape {
+        hidden_size: 256,
+        num_hidden_layers: 4,
+        num_attention_heads: 8,
+        num_key_value_heads: 2,
+        intermediate_size: 688,
+        rope_theta: 500_000.0,
+        max_position_embeddings: 1024,
+        rms_norm_eps: 1e-6,
+    }
+}
+
+#[test]
+fn a_model_table_is_read_round_trips_and_changes_the_hash_with_each_key() {
+    let run = RunConfig::from_toml_str(&format!("stages = 2\n{MODEL_TABLE}")).unwrap();
+    assert_eq!(run.model, Some(model_table()));
+    let text = run.to_toml_string().unwrap();
+    assert!(text.contains("[model]"), "{text}");
+    assert_eq!(RunConfig::from_toml_str(&text).unwrap(), run, "{text}");
+    // The keys' order and number spelling do not matter.
+    let reordered = r#"
+        stages = 2
+        [model]
+        rms_norm_eps = 0.000001
+        max_position_embeddings = 1_024
+        rope_theta = 5e5
+        intermediate_size = 688
+        num_key_value_heads = 2
+        num_attention_heads = 8
+        num_hidden_layers = 4
+        hidden_size = 256
+    "#;
+    assert_eq!(
+        RunConfig::from_toml_str(reordered).unwrap().hash(),
+        run.hash()
+    );
+    let changes: [fn(&mut ModelShape); 8] = [
+        |m| m.hidden_size *= 2,
+        |m| m.num_hidden_layers += 1,
+        |m| m.num_attention_heads /= 2,
+        |m| m.num_key_value_heads = 1,
+        |m| m.intermediate_size += 1,
+        |m| m.rope_theta = 10_000.0,
+        |m| m.max_position_embeddings += 1,
+        |m| m.rms_norm_eps = 1e-5,
+    ];
+    let without = RunConfig {
+        model: None,
+        ..run.clone()
+    };
+    let mut hashes = BTreeSet::from([run.hash(), without.hash()]);
+    for (i, change) in changes.iter().enumerate() {
+        let mut changed = run.clone();
+        change(changed.model.as_mut().unwrap());
+        changed.validate().unwrap();
+        assert!(hashes.insert(changed.hash()), "change #{i}");
+    }
+    // A key the table does not have, or one left out, is refused naming the table.
+    for text in [
+        format!("{MODEL_TABLE}tie_word_embeddings = true\n"),
+        MODEL_TABLE.replace("rope_theta = 500000.0\n", ""),
+    ] {
+        match RunConfig::from_toml_str(&text) {
+            Err(RunConfigError::FieldType { field: "model", .. }) => {}
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_model_table_no_model_can_have_is_refused_naming_the_key() {
+    let cases: [(&str, &str, &str); 14] = [
+        ("hidden_size = 256", "hidden_size = 0", "model.hidden_size"),
+        (
+            "hidden_size = 256",
+            "hidden_size = 131072",
+            "model.hidden_size",
+        ),
+        (
+            "num_hidden_layers = 4",
+            "num_hidden_layers = 0",
+            "model.num_hidden_layers",
+        ),
+        (
+            "num_attention_heads = 8",
+            "num_attention_heads = 0",
+            "model.num_attention_heads",
+        ),
+        // 256 / 12 is not whole, 256 / 256 is an odd head width of 1.
+        (
+            "num_attention_heads = 8",
+            "num_attention_heads = 12",
+            "model.num_attention_heads",
+        ),
+        (
+            "num_attention_heads = 8",
+            "num_attention_heads = 256",
+            "model.num_attention_heads",
+        ),
+        (
+            "num_key_value_heads = 2",
+            "num_key_value_heads = 3",
+            "model.num_key_value_heads",
+        ),
+        (
+            "num_key_value_heads = 2",
+            "num_key_value_heads = 16",
+            "model.num_key_value_heads",
+        ),
+        (
+            "num_key_value_heads = 2",
+            "num_key_value_heads = 0",
+            "model.num_key_value_heads",
+        ),
+        (
+            "intermediate_size = 688",
+            "intermediate_size = 0",
+            "model.intermediate_size",
+        ),
+        (
+            "rope_theta = 500000.0",
+            "rope_theta = nan",
+            "model.rope_theta",
+        ),
+        (
+            "rms_norm_eps = 1e-6",
+            "rms_norm_eps = 0.0",
+            "model.rms_norm_eps",
+        ),
+        // The run's own settings must fit the shape.
+        ("num_hidden_layers = 4", "num_hidden_layers = 2", "stages"),
+        (
+            "max_position_embeddings = 1024",
+            "max_position_embeddings = 32",
+            "seq_len",
+        ),
+    ];
+    for (good, bad, field) in cases {
+        let text = MODEL_TABLE.replace(good, bad);
+        assert_ne!(text, MODEL_TABLE, "{bad}");
+        match RunConfig::from_toml_str(&text) {
+            Err(RunConfigError::Invalid { field: got, reason }) => {
+                assert_eq!(got, field, "{bad}: {reason}")
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    let wide = format!("bottleneck = 512\n{MODEL_TABLE}");
+    assert!(matches!(
+        RunConfig::from_toml_str(&wide),
+        Err(RunConfigError::Invalid {
+            field: "bottleneck",
+            ..
+        })
+    ));
+    let err = RunConfig::from_toml_str(
+        &MODEL_TABLE.replace("num_key_value_heads = 2", "num_key_value_heads = 3"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("model.num_key_value_heads") && err.contains("divide num_attention_heads 8"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_llama_3_2_1b_preset_is_named_in_toml() {
+    let run = RunConfig::from_toml_str("preset = \"llama-3.2-1b\"").unwrap();
+    assert_eq!(run.preset, ModelPreset::Llama32_1b);
+    assert_eq!(run.preset.name(), "llama-3.2-1b");
+    assert_ne!(run.hash(), RunConfig::default().hash());
+    assert_eq!(
+        RunConfig::from_toml_str(&run.to_toml_string().unwrap()).unwrap(),
+        run
+    );
 }

@@ -79,8 +79,7 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<()> {
     let dirs = data_dirs(&args.from)?;
     let run = run_config(args)?;
     let tokenizer = run_tokenizer(args.tokenizer.as_deref(), &run, &dirs)?;
-    let preset = crate::run_spec::preset(run.preset);
-    let model = preset.config().with_vocab(tokenizer.vocab_size());
+    let model = crate::run_spec::model(&run).with_vocab(tokenizer.vocab_size());
     let run_id = crate::run_spec::run_id(&run);
     let stages = run.stages;
     let stores = open_stores(&dirs)?;

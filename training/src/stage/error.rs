@@ -21,6 +21,9 @@ pub enum BuildError {
         /// The largest accepted ([`crate::preset::MAX_VOCAB`]).
         max: usize,
     },
+    /// The model's shape is not a model's.
+    #[error("model shape: {0}")]
+    Shape(#[from] crate::preset::ShapeError),
 }
 
 /// Why a forward pass was refused or failed.

@@ -100,8 +100,8 @@ impl Summary {
         let wire: u64 = latest.values().sum();
         let boundaries = u64::from(run.stages.saturating_sub(1)).max(1);
         let per = wire as f64 / (samples.max(1) * boundaries) as f64;
-        let preset = crate::run_spec::preset(run.preset);
-        let raw = f64::from(run.batch_size * run.seq_len) * preset.config().d_model as f64 * 4.0;
+        let d_model = crate::run_spec::model(run).d_model as f64;
+        let raw = f64::from(run.batch_size * run.seq_len) * d_model * 4.0;
         Ok(Summary {
             val_loss_start: start,
             val_loss_start_epoch: start_epoch,
@@ -189,14 +189,29 @@ pub(crate) fn write(
     Ok(())
 }
 
+/// The model in words: its preset's name, or the shape of the run's `[model]` table.
+fn model_words(run: &RunConfig) -> String {
+    match &run.model {
+        None => format!("preset {}", run.preset.name()),
+        Some(m) => format!(
+            "model {} wide, {} layers, {} attention heads ({} key-value), MLP {}",
+            m.hidden_size,
+            m.num_hidden_layers,
+            m.num_attention_heads,
+            m.num_key_value_heads,
+            m.intermediate_size
+        ),
+    }
+}
+
 /// The report's title, the run's settings and the figures it ended with.
 fn overview(md: &mut String, run: &RunConfig, summary: &Summary) {
     let _ = writeln!(md, "# local-swarm report\n");
     let _ = writeln!(
         md,
-        "Run `{}`: preset {}, {} stages, bottleneck {} ({}), wire {} (gradients {}), {} samples of {}×{} tokens per head per epoch, lr {}.\n",
+        "Run `{}`: {}, {} stages, bottleneck {} ({}), wire {} (gradients {}), {} samples of {}×{} tokens per head per epoch, lr {}.\n",
         run.run_name,
-        run.preset.name(),
+        model_words(run),
         run.stages,
         run.bottleneck,
         run.bottleneck_kind.name(),
@@ -475,6 +490,21 @@ mod tests {
         );
         assert!(md.contains("| held-out bits/byte |"), "{md}");
         assert!(md.contains("| 6.0000 | 2.8854 |"), "{md}");
+    }
+
+    #[test]
+    fn the_overview_names_the_preset_or_the_shape_of_the_model_table() {
+        let run = bootstrap::RunConfig::default();
+        assert_eq!(super::model_words(&run), "preset tiny");
+        let table = "[model]\nhidden_size = 128\nnum_hidden_layers = 4\n\
+                     num_attention_heads = 8\nnum_key_value_heads = 2\n\
+                     intermediate_size = 352\nrope_theta = 5e5\n\
+                     max_position_embeddings = 512\nrms_norm_eps = 1e-5\n";
+        let own = run.with_toml_str(table).unwrap();
+        assert_eq!(
+            super::model_words(&own),
+            "model 128 wide, 4 layers, 8 attention heads (2 key-value), MLP 352"
+        );
     }
 
     #[test]
