@@ -426,16 +426,10 @@ mod tests {
         dir
     }
 
-    #[test]
-    fn held_out_bits_per_byte_follow_the_datas_bytes_per_token() {
-        let ln2 = std::f64::consts::LN_2;
-        // The embedded corpus is byte-level: bits per byte are nats per byte over ln 2.
-        let embedded = DataHandle::embedded(&RunConfig::default());
-        assert_eq!(embedded.bytes_per_token(), Some(1.0));
-        assert!((embedded.bits_per_byte(2.0).unwrap() - 2.0 / ln2).abs() < 1e-12);
-
-        // A dataset of three text bytes per token divides by three.
-        let dir = tempdir("whole");
+    /// A synthetic dataset of 4096 tokens (three text bytes per token) in a fresh directory,
+    /// the run that names it, and the settings of a node that holds it whole.
+    fn synthetic_run(tag: &str) -> (PathBuf, RunConfig, DataSettings) {
+        let dir = tempdir(tag);
         let m = training::dataset::write_synthetic(&dir, &[4096], &[1024], 4096).unwrap();
         let run = RunConfig {
             dataset: Some(blake3::Hash::from_bytes(m.hash()).to_hex().to_string()),
@@ -447,6 +441,19 @@ mod tests {
             dir: Some(dir.clone()),
             ..DataSettings::default()
         };
+        (dir, run, whole)
+    }
+
+    #[test]
+    fn held_out_bits_per_byte_follow_the_datas_bytes_per_token() {
+        let ln2 = std::f64::consts::LN_2;
+        // The embedded corpus is byte-level: bits per byte are nats per byte over ln 2.
+        let embedded = DataHandle::embedded(&RunConfig::default());
+        assert_eq!(embedded.bytes_per_token(), Some(1.0));
+        assert!((embedded.bits_per_byte(2.0).unwrap() - 2.0 / ln2).abs() < 1e-12);
+
+        // A dataset of three text bytes per token divides by three.
+        let (dir, run, whole) = synthetic_run("whole");
         let held = DataHandle::start(&run, &whole, None, None).unwrap();
         assert_eq!(held.bytes_per_token(), Some(3.0));
         assert!((held.bits_per_byte(3.0 * ln2).unwrap() - 1.0).abs() < 1e-12);
@@ -466,18 +473,7 @@ mod tests {
 
     #[test]
     fn a_data_dir_that_is_not_the_runs_is_refused_naming_what_differs() {
-        let dir = tempdir("other");
-        let m = training::dataset::write_synthetic(&dir, &[4096], &[1024], 4096).unwrap();
-        let run = RunConfig {
-            dataset: Some(blake3::Hash::from_bytes(m.hash()).to_hex().to_string()),
-            tokenizer: Some(m.tokenizer.blake3.clone()),
-            vocab: Some(4096),
-            ..RunConfig::default()
-        };
-        let whole = DataSettings {
-            dir: Some(dir.clone()),
-            ..DataSettings::default()
-        };
+        let (dir, run, whole) = synthetic_run("other");
         let refused = |run: &RunConfig, needle: &str| {
             let Err(error) = DataHandle::start(run, &whole, None, None) else {
                 panic!("{needle}: accepted");
