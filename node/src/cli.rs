@@ -440,7 +440,7 @@ pub(crate) struct LocalSwarmArgs {
     /// Samples each head miner draws per epoch.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub(crate) samples_per_epoch: u64,
-    /// Model preset: tiny, small, base, large or llama-3.2-1b.
+    /// Model preset: tiny, small, base, large, llama-3.2-1b or llama-3.2-3b.
     #[arg(long, default_value = "tiny", value_parser = parse_preset)]
     pub(crate) preset: training::Preset,
     /// Directory for the nodes' data, their logs and the report: emptied first when it is the
@@ -472,7 +472,7 @@ pub(crate) struct LocalSwarmArgs {
 /// Options of `train-local`.
 #[derive(Debug, Args)]
 pub(crate) struct TrainLocalArgs {
-    /// Model preset: tiny, small, base, large or llama-3.2-1b.
+    /// Model preset: tiny, small, base, large, llama-3.2-1b or llama-3.2-3b.
     #[arg(long, default_value = "tiny", value_parser = parse_preset)]
     pub(crate) preset: training::Preset,
     /// Optimizer steps (one sample of `--batch` windows each).
