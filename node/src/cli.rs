@@ -463,6 +463,11 @@ pub(crate) struct LocalSwarmArgs {
     /// Run configuration fields (TOML) over the swarm's own: e.g. `outer_lr = 1.5`.
     #[arg(long = "run", value_name = "FILE")]
     pub(crate) run: Option<PathBuf>,
+    /// A Hugging Face Llama `config.json` whose shape the run trains (its `[model]` table)
+    /// instead of the preset's; the vocabulary stays the run's. Refused with a `--run` whose
+    /// `[model]` table differs.
+    #[arg(long, value_name = "CONFIG.JSON", conflicts_with = "preset", value_parser = parse_model_config)]
+    pub(crate) model_config: Option<bootstrap::ModelShape>,
     /// Train on a dataset made by `prepare-data` instead of the embedded corpus. Only the
     /// first validator is given it: every other node fetches what it needs from it.
     #[arg(long = "data", value_name = "DIR")]
@@ -475,6 +480,10 @@ pub(crate) struct TrainLocalArgs {
     /// Model preset: tiny, small, base, large, llama-3.2-1b or llama-3.2-3b.
     #[arg(long, default_value = "tiny", value_parser = parse_preset)]
     pub(crate) preset: training::Preset,
+    /// A Hugging Face Llama `config.json` whose shape is trained instead of the preset's;
+    /// the vocabulary stays the data's.
+    #[arg(long, value_name = "CONFIG.JSON", conflicts_with = "preset", value_parser = parse_model_config)]
+    pub(crate) model_config: Option<bootstrap::ModelShape>,
     /// Optimizer steps (one sample of `--batch` windows each).
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub(crate) steps: u64,
@@ -530,6 +539,17 @@ pub(crate) struct TrainLocalArgs {
 fn parse_preset(s: &str) -> Result<training::Preset, String> {
     s.parse()
         .map_err(|e: training::preset::ParseNameError| e.to_string())
+}
+
+/// Reads a `--model-config` file: the shape of a Hugging Face Llama `config.json`.
+fn parse_model_config(path: &str) -> Result<bootstrap::ModelShape, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let mut text = String::new();
+    file.take(bootstrap::MAX_HF_CONFIG_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read {path}: {e}"))?;
+    bootstrap::model_shape_from_hf_config(&text).map_err(|e| format!("{path}: {e}"))
 }
 
 /// Parses a bottleneck kind.

@@ -149,6 +149,7 @@ fn generate(args: &cli::GenerateArgs) -> anyhow::Result<()> {
 fn train_local(args: &cli::TrainLocalArgs) -> anyhow::Result<()> {
     let cfg = training::LocalConfig {
         preset: args.preset,
+        model: args.model_config.as_ref().map(run_spec::model_shape),
         steps: args.steps as usize,
         stages: args.stages as usize,
         bottleneck: training::Bottleneck::new(args.bottleneck_kind, args.bottleneck),
