@@ -484,6 +484,10 @@ pub(crate) struct TrainLocalArgs {
     /// the vocabulary stays the data's.
     #[arg(long, value_name = "CONFIG.JSON", conflicts_with = "preset", value_parser = parse_model_config)]
     pub(crate) model_config: Option<bootstrap::ModelShape>,
+    /// The model of a run configuration (TOML) instead of the preset's: its `[model]` table,
+    /// else its preset. Only the model is taken from it; the vocabulary stays the data's.
+    #[arg(long = "run", value_name = "FILE", conflicts_with_all = ["preset", "model_config"], value_parser = parse_run_model)]
+    pub(crate) run_model: Option<training::ModelConfig>,
     /// Optimizer steps (one sample of `--batch` windows each).
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub(crate) steps: u64,
@@ -550,6 +554,18 @@ fn parse_model_config(path: &str) -> Result<bootstrap::ModelShape, String> {
         .read_to_string(&mut text)
         .map_err(|e| format!("cannot read {path}: {e}"))?;
     bootstrap::model_shape_from_hf_config(&text).map_err(|e| format!("{path}: {e}"))
+}
+
+/// Reads a train-local `--run` file: the model of a run configuration.
+fn parse_run_model(path: &str) -> Result<training::ModelConfig, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let mut text = String::new();
+    file.take(bootstrap::MAX_RUN_CONFIG_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read {path}: {e}"))?;
+    let run = bootstrap::RunConfig::from_toml_str(&text).map_err(|e| format!("{path}: {e}"))?;
+    Ok(crate::run_spec::model(&run))
 }
 
 /// Parses a bottleneck kind.

@@ -330,5 +330,30 @@ fn a_bad_model_config_is_refused_naming_the_flag_and_the_key_before_anything_is_
             assert!(!out.exists(), "{command:?} created its output first");
         }
     }
+    // train-local's --run: a run configuration whose [model] table no model has.
+    let run = dir.join("run.toml");
+    std::fs::write(
+        &run,
+        "[model]\nhidden_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 4\n\
+         num_key_value_heads = 3\nintermediate_size = 128\nrope_theta = 10000.0\n\
+         max_position_embeddings = 256\nrms_norm_eps = 1e-5\n",
+    )
+    .unwrap();
+    let output = std::process::Command::new(binary())
+        .args([
+            "train-local",
+            "--run",
+            run.to_str().unwrap(),
+            "--steps",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "train-local --run ran");
+    assert!(
+        stderr.contains("--run") && stderr.contains("model.num_key_value_heads"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
