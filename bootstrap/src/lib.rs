@@ -27,6 +27,7 @@
 pub mod assignment;
 pub mod chain;
 pub mod election;
+pub mod hf_config;
 pub mod identity;
 pub mod metagraph;
 mod peer_id;
@@ -40,6 +41,7 @@ pub use election::{
     elect, tie_break_hash, Candidate, Decision, OrchestratorTracker, Phase, PlanRejected, Ranking,
     TrackerConfig, View, MIN_EPOCH_GAP,
 };
+pub use hf_config::{model_shape_from_hf_config, HfConfigError, MAX_HF_CONFIG_BYTES};
 pub use metagraph::{
     FieldProblem, Hotkey, HotkeyError, LocalNeuron, Metagraph, MetagraphError, Neuron,
     LOCAL_NETUID, MAX_METAGRAPH_BYTES, RAO_PER_TAO,

@@ -52,6 +52,9 @@ pub enum ModelPreset {
     /// Llama-3.2-1B's shape (grouped-query attention) with the run's vocabulary.
     #[serde(rename = "llama-3.2-1b")]
     Llama32_1b,
+    /// Llama-3.2-3B's shape (grouped-query attention) with the run's vocabulary.
+    #[serde(rename = "llama-3.2-3b")]
+    Llama32_3b,
 }
 
 impl ModelPreset {
@@ -63,6 +66,7 @@ impl ModelPreset {
             ModelPreset::Base => "base",
             ModelPreset::Large => "large",
             ModelPreset::Llama32_1b => "llama-3.2-1b",
+            ModelPreset::Llama32_3b => "llama-3.2-3b",
         }
     }
 }

@@ -440,7 +440,7 @@ pub(crate) struct LocalSwarmArgs {
     /// Samples each head miner draws per epoch.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub(crate) samples_per_epoch: u64,
-    /// Model preset: tiny, small, base, large or llama-3.2-1b.
+    /// Model preset: tiny, small, base, large, llama-3.2-1b or llama-3.2-3b.
     #[arg(long, default_value = "tiny", value_parser = parse_preset)]
     pub(crate) preset: training::Preset,
     /// Directory for the nodes' data, their logs and the report: emptied first when it is the
@@ -463,6 +463,11 @@ pub(crate) struct LocalSwarmArgs {
     /// Run configuration fields (TOML) over the swarm's own: e.g. `outer_lr = 1.5`.
     #[arg(long = "run", value_name = "FILE")]
     pub(crate) run: Option<PathBuf>,
+    /// A Hugging Face Llama `config.json` whose shape the run trains (its `[model]` table)
+    /// instead of the preset's; the vocabulary stays the run's. Refused with a `--run` whose
+    /// `[model]` table differs.
+    #[arg(long, value_name = "CONFIG.JSON", conflicts_with = "preset", value_parser = parse_model_config)]
+    pub(crate) model_config: Option<bootstrap::ModelShape>,
     /// Train on a dataset made by `prepare-data` instead of the embedded corpus. Only the
     /// first validator is given it: every other node fetches what it needs from it.
     #[arg(long = "data", value_name = "DIR")]
@@ -472,9 +477,17 @@ pub(crate) struct LocalSwarmArgs {
 /// Options of `train-local`.
 #[derive(Debug, Args)]
 pub(crate) struct TrainLocalArgs {
-    /// Model preset: tiny, small, base, large or llama-3.2-1b.
+    /// Model preset: tiny, small, base, large, llama-3.2-1b or llama-3.2-3b.
     #[arg(long, default_value = "tiny", value_parser = parse_preset)]
     pub(crate) preset: training::Preset,
+    /// A Hugging Face Llama `config.json` whose shape is trained instead of the preset's;
+    /// the vocabulary stays the data's.
+    #[arg(long, value_name = "CONFIG.JSON", conflicts_with = "preset", value_parser = parse_model_config)]
+    pub(crate) model_config: Option<bootstrap::ModelShape>,
+    /// The model of a run configuration (TOML) instead of the preset's: its `[model]` table,
+    /// else its preset. Only the model is taken from it; the vocabulary stays the data's.
+    #[arg(long = "run", value_name = "FILE", conflicts_with_all = ["preset", "model_config"], value_parser = parse_run_model)]
+    pub(crate) run_model: Option<training::ModelConfig>,
     /// Optimizer steps (one sample of `--batch` windows each).
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub(crate) steps: u64,
@@ -530,6 +543,29 @@ pub(crate) struct TrainLocalArgs {
 fn parse_preset(s: &str) -> Result<training::Preset, String> {
     s.parse()
         .map_err(|e: training::preset::ParseNameError| e.to_string())
+}
+
+/// Reads a `--model-config` file: the shape of a Hugging Face Llama `config.json`.
+fn parse_model_config(path: &str) -> Result<bootstrap::ModelShape, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let mut text = String::new();
+    file.take(bootstrap::MAX_HF_CONFIG_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read {path}: {e}"))?;
+    bootstrap::model_shape_from_hf_config(&text).map_err(|e| format!("{path}: {e}"))
+}
+
+/// Reads a train-local `--run` file: the model of a run configuration.
+fn parse_run_model(path: &str) -> Result<training::ModelConfig, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let mut text = String::new();
+    file.take(bootstrap::MAX_RUN_CONFIG_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read {path}: {e}"))?;
+    let run = bootstrap::RunConfig::from_toml_str(&text).map_err(|e| format!("{path}: {e}"))?;
+    Ok(crate::run_spec::model(&run))
 }
 
 /// Parses a bottleneck kind.

@@ -149,6 +149,10 @@ fn generate(args: &cli::GenerateArgs) -> anyhow::Result<()> {
 fn train_local(args: &cli::TrainLocalArgs) -> anyhow::Result<()> {
     let cfg = training::LocalConfig {
         preset: args.preset,
+        model: match &args.model_config {
+            Some(shape) => Some(run_spec::model_shape(shape)),
+            None => args.run_model.clone(),
+        },
         steps: args.steps as usize,
         stages: args.stages as usize,
         bottleneck: training::Bottleneck::new(args.bottleneck_kind, args.bottleneck),

@@ -20,6 +20,7 @@ pub(crate) fn preset(preset: ModelPreset) -> Preset {
         ModelPreset::Base => Preset::Base,
         ModelPreset::Large => Preset::Large,
         ModelPreset::Llama32_1b => Preset::Llama32_1b,
+        ModelPreset::Llama32_3b => Preset::Llama32_3b,
     }
 }
 
@@ -160,6 +161,7 @@ mod tests {
             ModelPreset::Base,
             ModelPreset::Large,
             ModelPreset::Llama32_1b,
+            ModelPreset::Llama32_3b,
         ] {
             assert_eq!(preset(p).to_string(), p.name());
         }

@@ -283,3 +283,77 @@ fn node_flags_with_a_subcommand_are_refused_and_node_settings_do_not_break_it() 
     assert!(peer.trim().starts_with("12D3KooW"), "{peer}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_bad_model_config_is_refused_naming_the_flag_and_the_key_before_anything_is_touched() {
+    let dir = scratch_dir("bad-model-config");
+    let out = dir.join("out");
+    let missing = dir.join("missing-kv-heads.json");
+    std::fs::write(
+        &missing,
+        r#"{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "intermediate_size": 128, "rope_theta": 10000.0,
+            "max_position_embeddings": 256, "rms_norm_eps": 1e-5}"#,
+    )
+    .unwrap();
+    let tied = dir.join("tied.json");
+    std::fs::write(
+        &tied,
+        r#"{"model_type": "llama", "tie_word_embeddings": true}"#,
+    )
+    .unwrap();
+    for (file, key) in [
+        (&missing, "num_key_value_heads"),
+        (&tied, "tie_word_embeddings"),
+    ] {
+        let file = file.to_str().unwrap();
+        for command in [
+            vec![
+                "local-swarm",
+                "--model-config",
+                file,
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            vec!["train-local", "--model-config", file, "--steps", "1"],
+        ] {
+            let output = std::process::Command::new(binary())
+                .args(&command)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(!output.status.success(), "{command:?} ran");
+            assert!(
+                stderr.contains("--model-config") && stderr.contains(key),
+                "{command:?}: {stderr}"
+            );
+            assert!(!out.exists(), "{command:?} created its output first");
+        }
+    }
+    // train-local's --run: a run configuration whose [model] table no model has.
+    let run = dir.join("run.toml");
+    std::fs::write(
+        &run,
+        "[model]\nhidden_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 4\n\
+         num_key_value_heads = 3\nintermediate_size = 128\nrope_theta = 10000.0\n\
+         max_position_embeddings = 256\nrms_norm_eps = 1e-5\n",
+    )
+    .unwrap();
+    let output = std::process::Command::new(binary())
+        .args([
+            "train-local",
+            "--run",
+            run.to_str().unwrap(),
+            "--steps",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "train-local --run ran");
+    assert!(
+        stderr.contains("--run") && stderr.contains("model.num_key_value_heads"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

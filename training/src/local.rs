@@ -15,7 +15,7 @@ use tch::{Device, Tensor};
 use crate::data::{Corpus, CorpusError, SampleError};
 use crate::dataset::{Dataset, TrainingData};
 use crate::model::Bottleneck;
-use crate::preset::{DType, Preset, VOCAB};
+use crate::preset::{DType, ModelConfig, Preset, VOCAB};
 use crate::stage::{AdamW, BackwardError, BuildError, ForwardError, Stage, StageConfig, StepError};
 use crate::wire::{
     self, Codec, DecodeError, DecodeLimits, EncodeError, FrameKind, FrameMeta, WireDtype,
@@ -26,6 +26,9 @@ use crate::wire::{
 pub struct LocalConfig {
     /// Model size.
     pub preset: Preset,
+    /// A model shape replacing the preset's (its vocabulary is replaced by `vocab`, or the
+    /// dataset's); `None`: the preset's.
+    pub model: Option<ModelConfig>,
     /// Optimizer steps (one sample of `batch` windows per step).
     pub steps: usize,
     /// Stages the model is cut into (1 = no boundary).
@@ -80,6 +83,7 @@ impl Default for LocalConfig {
     fn default() -> Self {
         LocalConfig {
             preset: Preset::Tiny,
+            model: None,
             steps: 600,
             stages: 1,
             bottleneck: Bottleneck::default(),
@@ -105,6 +109,11 @@ impl Default for LocalConfig {
 }
 
 impl LocalConfig {
+    /// The shape trained, before the vocabulary is set: `model`, else the preset's.
+    pub fn shape(&self) -> ModelConfig {
+        self.model.clone().unwrap_or_else(|| self.preset.config())
+    }
+
     /// Learning rate at step `step` (0-based): warm-up, then cosine to a tenth of the peak.
     pub fn lr_at(&self, step: usize) -> f64 {
         if step < self.warmup {
@@ -396,7 +405,9 @@ pub fn run(
             weight_decay: cfg.weight_decay,
             ..AdamW::default()
         },
-        ..StageConfig::new(cfg.preset, cfg.stages, 0, cfg.bottleneck, cfg.seed).with_vocab(vocab)
+        ..StageConfig::new(cfg.preset, cfg.stages, 0, cfg.bottleneck, cfg.seed)
+            .with_shape(cfg.shape())
+            .with_vocab(vocab)
     };
     let codec = Codec {
         dtype: cfg.wire,
@@ -479,7 +490,7 @@ pub fn run(
         }
     };
     let wire_bytes_per_token = per_token(pipe.activation_bytes);
-    let d = cfg.preset.config().d_model as f64;
+    let d = cfg.shape().d_model as f64;
     Ok(LocalReport {
         val_loss_start,
         val_loss,

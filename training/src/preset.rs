@@ -220,16 +220,20 @@ pub enum Preset {
     /// vocabulary: about 1 B parameters with a byte vocabulary (its own 128 256 tokens add
     /// 0.5 B). Neither its tied embeddings nor its RoPE frequency scaling.
     Llama32_1b,
+    /// Llama-3.2-3B's shape, as [`Preset::Llama32_1b`] is the 1B's: about 2.8 B parameters
+    /// with a byte vocabulary (its own 128 256 tokens add 0.8 B).
+    Llama32_3b,
 }
 
 impl Preset {
     /// All presets, smallest first.
-    pub const ALL: [Preset; 5] = [
+    pub const ALL: [Preset; 6] = [
         Preset::Tiny,
         Preset::Small,
         Preset::Base,
         Preset::Large,
         Preset::Llama32_1b,
+        Preset::Llama32_3b,
     ];
 
     /// The model this preset names.
@@ -291,6 +295,18 @@ impl Preset {
                 rope_theta: 500_000.0,
                 norm_eps: 1e-5,
             },
+            // meta-llama/Llama-3.2-3B's config.json.
+            Preset::Llama32_3b => ModelConfig {
+                d_model: 3072,
+                n_layers: 28,
+                n_heads: 24,
+                n_kv_heads: 8,
+                ffn_hidden: 8192,
+                max_seq: 131_072,
+                vocab: VOCAB,
+                rope_theta: 500_000.0,
+                norm_eps: 1e-5,
+            },
         }
     }
 
@@ -302,6 +318,7 @@ impl Preset {
             Preset::Base => "base",
             Preset::Large => "large",
             Preset::Llama32_1b => "llama-3.2-1b",
+            Preset::Llama32_3b => "llama-3.2-3b",
         }
     }
 }
@@ -334,7 +351,7 @@ impl FromStr for Preset {
             .ok_or_else(|| ParseNameError {
                 what: "preset",
                 given: s.to_owned(),
-                expected: "tiny, small, base, large, llama-3.2-1b",
+                expected: "tiny, small, base, large, llama-3.2-1b, llama-3.2-3b",
             })
     }
 }
@@ -434,6 +451,20 @@ mod tests {
             assert_eq!(c.n_kv_heads, c.n_heads, "{p} is multi-head");
             assert_eq!((c.rope_theta, c.norm_eps), (ROPE_THETA, NORM_EPS));
         }
+    }
+
+    #[test]
+    fn the_llama_3_2_3b_shape_has_grouped_query_attention_and_its_parameter_count() {
+        let c = Preset::Llama32_3b.config();
+        assert_eq!((c.n_heads, c.n_kv_heads, c.head_dim()), (24, 8, 128));
+        assert_eq!(c.kv_dim(), 1024);
+        assert_eq!(c.validate(), Ok(()));
+        // Llama-3.2-3B has 3 212 749 824 parameters with its 128 256 tokens and tied
+        // embeddings; untied, the LM head adds another 128 256 × 3072.
+        let own = c.clone().with_vocab(128_256);
+        assert_eq!(own.num_params(), 3_212_749_824 + 128_256 * 3072);
+        let bytes = c.num_params();
+        assert!((2_700_000_000..2_900_000_000).contains(&bytes), "{bytes}");
     }
 
     #[test]

@@ -631,13 +631,20 @@ fn a_model_table_no_model_can_have_is_refused_naming_the_key() {
 }
 
 #[test]
-fn the_llama_3_2_1b_preset_is_named_in_toml() {
-    let run = RunConfig::from_toml_str("preset = \"llama-3.2-1b\"").unwrap();
-    assert_eq!(run.preset, ModelPreset::Llama32_1b);
-    assert_eq!(run.preset.name(), "llama-3.2-1b");
-    assert_ne!(run.hash(), RunConfig::default().hash());
-    assert_eq!(
-        RunConfig::from_toml_str(&run.to_toml_string().unwrap()).unwrap(),
-        run
-    );
+fn the_llama_3_2_presets_are_named_in_toml() {
+    let mut hashes = vec![RunConfig::default().hash()];
+    for (name, preset) in [
+        ("llama-3.2-1b", ModelPreset::Llama32_1b),
+        ("llama-3.2-3b", ModelPreset::Llama32_3b),
+    ] {
+        let run = RunConfig::from_toml_str(&format!("preset = \"{name}\"")).unwrap();
+        assert_eq!(run.preset, preset);
+        assert_eq!(run.preset.name(), name);
+        assert!(!hashes.contains(&run.hash()), "{name}");
+        hashes.push(run.hash());
+        assert_eq!(
+            RunConfig::from_toml_str(&run.to_toml_string().unwrap()).unwrap(),
+            run
+        );
+    }
 }

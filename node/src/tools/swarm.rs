@@ -13,7 +13,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
-use bootstrap::{LocalNeuron, Metagraph, ModelPreset, PeerIdStr, RunConfig, RAO_PER_TAO};
+use bootstrap::{
+    LocalNeuron, Metagraph, ModelPreset, ModelShape, PeerIdStr, RunConfig, RAO_PER_TAO,
+};
 use tokio::time::Instant;
 
 use crate::cli::LocalSwarmArgs;
@@ -46,7 +48,10 @@ pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
         args.validators,
         args.miners,
         args.stages,
-        args.preset,
+        match args.model_config {
+            Some(_) => "--model-config".to_string(),
+            None => args.preset.to_string(),
+        },
         args.epochs,
         out.display()
     );
@@ -296,6 +301,10 @@ fn write_run_files(
         }
         None => run,
     };
+    let run = match &args.model_config {
+        Some(shape) => with_model(run, shape)?,
+        None => run,
+    };
     let run = match &args.data {
         Some(dir) => with_dataset(run, dir)?,
         None => run,
@@ -308,6 +317,20 @@ fn write_run_files(
         run_path,
         run,
         data: args.data.clone(),
+    })
+}
+
+/// `run` training the model of `--model-config`: refused when `--run` gave another.
+fn with_model(run: RunConfig, shape: &ModelShape) -> anyhow::Result<RunConfig> {
+    if let Some(table) = &run.model {
+        anyhow::ensure!(
+            table == shape,
+            "--model-config and the [model] table of --run give different shapes; give one"
+        );
+    }
+    Ok(RunConfig {
+        model: Some(shape.clone()),
+        ..run
     })
 }
 
@@ -631,5 +654,33 @@ mod tests {
         std::fs::write(dir.join("notes.txt"), "mine").unwrap();
         assert_eq!(not_ours(&dir).unwrap(), Some("notes.txt".to_string()));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn model_config_sets_the_run_model_table_and_is_refused_against_another() {
+        let shape = ModelShape {
+            hidden_size: 64,
+            num_hidden_layers: 4,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            intermediate_size: 128,
+            rope_theta: 10_000.0,
+            max_position_embeddings: 256,
+            rms_norm_eps: 1e-5,
+        };
+        let run = with_model(RunConfig::default(), &shape).unwrap();
+        assert_eq!(run.model.as_ref(), Some(&shape));
+        assert_ne!(run.hash(), RunConfig::default().hash());
+        // The same table in --run is no conflict; another is.
+        assert_eq!(with_model(run.clone(), &shape).unwrap(), run);
+        let other = ModelShape {
+            num_key_value_heads: 4,
+            ..shape.clone()
+        };
+        let err = with_model(run, &other).unwrap_err().to_string();
+        assert!(
+            err.contains("--model-config") && err.contains("[model]"),
+            "{err}"
+        );
     }
 }
