@@ -54,6 +54,19 @@ fn supported() -> String {
     })
 }
 
+/// The keys a config must have.
+const REQUIRED: [&str; 9] = [
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "rope_theta",
+    "max_position_embeddings",
+    "rms_norm_eps",
+];
+
 #[test]
 fn the_published_llama_3_2_1b_config_is_refused_for_its_tied_embeddings_then_its_rope_scaling() {
     let err = model_shape_from_hf_config(LLAMA_3_2_1B).unwrap_err();
@@ -98,20 +111,7 @@ fn an_untied_unscaled_llama_config_gives_its_shape_and_a_run_accepts_it() {
     run.validate().unwrap();
     // Unknown keys are ignored; so are absent optional ones.
     let minimal = edited(|o| {
-        o.retain(|k, _| {
-            [
-                "model_type",
-                "hidden_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "intermediate_size",
-                "rope_theta",
-                "max_position_embeddings",
-                "rms_norm_eps",
-            ]
-            .contains(&k.as_str())
-        });
+        o.retain(|k, _| REQUIRED.contains(&k.as_str()));
         o.insert("something_new".into(), Value::from(7));
     });
     assert_eq!(
@@ -122,17 +122,7 @@ fn an_untied_unscaled_llama_config_gives_its_shape_and_a_run_accepts_it() {
 
 #[test]
 fn a_missing_or_ill_typed_key_is_refused_naming_it() {
-    for key in [
-        "model_type",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "intermediate_size",
-        "rope_theta",
-        "max_position_embeddings",
-        "rms_norm_eps",
-    ] {
+    for key in REQUIRED {
         let text = supported();
         let missing = edited(|o| {
             *o = serde_json::from_str::<Map<String, Value>>(&text).unwrap();
