@@ -545,25 +545,21 @@ fn parse_preset(s: &str) -> Result<training::Preset, String> {
         .map_err(|e: training::preset::ParseNameError| e.to_string())
 }
 
+/// The text of the file a flag names, at most `limit` bytes.
+fn read_flag_file(path: &str, limit: usize) -> Result<String, String> {
+    crate::fsio::read_limited(std::path::Path::new(path), limit as u64)
+        .map_err(|e| format!("cannot read {path}: {e}"))
+}
+
 /// Reads a `--model-config` file: the shape of a Hugging Face Llama `config.json`.
 fn parse_model_config(path: &str) -> Result<bootstrap::ModelShape, String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    let mut text = String::new();
-    file.take(bootstrap::MAX_HF_CONFIG_BYTES as u64 + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read {path}: {e}"))?;
+    let text = read_flag_file(path, bootstrap::MAX_HF_CONFIG_BYTES)?;
     bootstrap::model_shape_from_hf_config(&text).map_err(|e| format!("{path}: {e}"))
 }
 
 /// Reads a train-local `--run` file: the model of a run configuration.
 fn parse_run_model(path: &str) -> Result<training::ModelConfig, String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    let mut text = String::new();
-    file.take(bootstrap::MAX_RUN_CONFIG_BYTES as u64 + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read {path}: {e}"))?;
+    let text = read_flag_file(path, bootstrap::MAX_RUN_CONFIG_BYTES)?;
     let run = bootstrap::RunConfig::from_toml_str(&text).map_err(|e| format!("{path}: {e}"))?;
     Ok(crate::run_spec::model(&run))
 }

@@ -1,6 +1,7 @@
 //! Files written whole or not at all: the one helper every writer of state under a data dir
 //! uses (plans, weights, the node key), so a crash never leaves a half-written file under its
-//! final name.
+//! final name; and the one reader of the text files a user points a flag at (`--run`,
+//! `--metagraph`, `--model-config`), refused past a size bound before they are read.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,18 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8], private: bool) -> std:
     file.write_all(bytes)?;
     file.sync_all()?;
     std::fs::rename(&tmp, path)
+}
+
+/// Reads a text file, refusing one larger than `limit` bytes before reading it.
+pub(crate) fn read_limited(path: &Path, limit: u64) -> std::io::Result<String> {
+    let len = std::fs::metadata(path)?.len();
+    if len > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("file of {len} bytes is larger than the limit of {limit}"),
+        ));
+    }
+    std::fs::read_to_string(path)
 }
 
 /// The temporary name `path` is written under (its extension replaced by `tmp`).

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use bootstrap::identity::HotkeyPair;
 use bootstrap::{Metagraph, PeerIdStr, RunConfig};
 use p2p::{identity::Keypair, Multiaddr, PeerId, Role};
@@ -272,7 +272,7 @@ fn load_run_config(args: &NodeArgs) -> anyhow::Result<RunConfig> {
     let Some(path) = &args.run else {
         return Ok(RunConfig::default());
     };
-    let text = read_limited(path, bootstrap::MAX_RUN_CONFIG_BYTES as u64)
+    let text = crate::fsio::read_limited(path, bootstrap::MAX_RUN_CONFIG_BYTES as u64)
         .with_context(|| format!("--run {}", path.display()))?;
     RunConfig::from_toml_str(&text).with_context(|| format!("--run {}", path.display()))
 }
@@ -282,7 +282,7 @@ fn load_metagraph(args: &NodeArgs) -> anyhow::Result<Option<Metagraph>> {
     let Some(path) = &args.metagraph else {
         return Ok(None);
     };
-    let text = read_limited(path, bootstrap::metagraph::MAX_METAGRAPH_BYTES as u64)
+    let text = crate::fsio::read_limited(path, bootstrap::metagraph::MAX_METAGRAPH_BYTES as u64)
         .with_context(|| format!("--metagraph {}", path.display()))?;
     Ok(Some(Metagraph::from_json_str(&text).with_context(
         || format!("--metagraph {}", path.display()),
@@ -326,15 +326,6 @@ pub(crate) fn own_binding(
     let binding = p2p::HotkeyBinding::sign(hotkey, keypair, netuid, expires_at)
         .context("signing the hotkey binding")?;
     Ok((binding, expires))
-}
-
-/// Reads a text file, refusing one larger than `limit` before reading it.
-fn read_limited(path: &std::path::Path, limit: u64) -> anyhow::Result<String> {
-    let len = std::fs::metadata(path)?.len();
-    if len > limit {
-        bail!("file of {len} bytes is larger than the limit of {limit}");
-    }
-    Ok(std::fs::read_to_string(path)?)
 }
 
 #[cfg(test)]
