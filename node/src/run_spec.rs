@@ -1,7 +1,7 @@
 //! The one bridge from a run configuration (`bootstrap::RunConfig`) to the training crate's
-//! types: the model (a preset's shape, or the run's `[model]` table), the boundaries, the wire codecs, the stage and worker
-//! configuration every miner and validator builds a stage from, and the ids frames and
-//! samples carry.
+//! types: the model (a preset's shape, or the run's `[model]` table), the boundaries, the
+//! wire codecs, the stage and worker configuration every miner and validator builds a stage
+//! from, and the ids frames and samples carry.
 //!
 //! The conversions are exhaustive `match`es, so a variant added on either side fails to
 //! compile here instead of failing at run time. (They are functions rather than `From`
