@@ -5,8 +5,9 @@
 //! grouped-query when the model has fewer key-value heads than query heads: the keys and
 //! values are `n_kv_heads` heads wide and each serves `n_heads / n_kv_heads` consecutive query
 //! heads (Llama's `repeat_kv`); with as many as query heads it is multi-head attention.
-//! Stage `i` of `S` holds a contiguous range of layers (the first `L mod S` stages get one extra); the first stage also
-//! holds the token embedding, the last the final norm and the LM head.
+//! Stage `i` of `S` holds a contiguous range of layers (the first `L mod S` stages get one
+//! extra); the first stage also holds the token embedding, the last the final norm and the
+//! LM head.
 //!
 //! What crosses a boundary is chosen by a [`Bottleneck`]: a width `b` (0: the whole
 //! `d`-wide hidden state) and a [`BottleneckKind`]:
