@@ -64,7 +64,9 @@ def main() -> None:
                 q_ = f"iota.boundary.{ends[i]}."
                 y = h[..., :b] + rms(h, w[q_ + "down_norm.weight"], eps) @ w[q_ + "down.weight"].T
                 h = torch.nn.functional.pad(y, (0, d - b)) + rms(y, w[q_ + "up_norm.weight"], eps) @ w[q_ + "up.weight"].T
-        logits = rms(h, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
+        # A tied model's LM head is its embedding (tie_word_embeddings: no lm_head.weight).
+        head = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
+        logits = rms(h, w["model.norm.weight"], eps) @ head.T
     with open(out_path, "w") as f:
         json.dump(logits.tolist(), f)
 

@@ -3,10 +3,11 @@
 //! [`model_shape_from_hf_config`] takes the keys a [`ModelShape`] needs and ignores the many
 //! others such a file carries (token ids, dtype, library versions). It refuses what would
 //! quietly give the user another model than the file describes: a `model_type` other than
-//! `llama`, tied embeddings (`tie_word_embeddings: true`, not supported yet), RoPE frequency
-//! scaling (`rope_scaling`, not implemented), biases in attention or MLP, an activation other
-//! than SiLU, or a `head_dim` other than `hidden_size / num_attention_heads`. `vocab_size` is
-//! not read: the vocabulary is the run's, its tokenizer's (256 byte tokens without one).
+//! `llama`, RoPE frequency scaling (`rope_scaling`, not implemented), biases in attention or
+//! MLP, an activation other than SiLU, or a `head_dim` other than `hidden_size /
+//! num_attention_heads`. `tie_word_embeddings` is read (false when absent, as in
+//! `transformers`). `vocab_size` is not read: the vocabulary is the run's, its tokenizer's
+//! (256 byte tokens without one).
 //!
 //! The shape is not checked here beyond its types: the run it goes into validates it
 //! ([`RunConfig::validate`](crate::RunConfig::validate)) naming `model.<key>`.
@@ -83,13 +84,6 @@ pub fn model_shape_from_hf_config(text: &str) -> Result<ModelShape, HfConfigErro
             reason: format!("is {model_type:?}; only \"llama\" is supported"),
         });
     }
-    if optional_bool(obj, "tie_word_embeddings")? == Some(true) {
-        return unsupported(
-            "tie_word_embeddings",
-            "tied embeddings are not supported yet; set it to false to train the same shape \
-             with a separate LM head",
-        );
-    }
     if obj.get("rope_scaling").is_some_and(|v| !v.is_null()) {
         return unsupported(
             "rope_scaling",
@@ -116,6 +110,8 @@ pub fn model_shape_from_hf_config(text: &str) -> Result<ModelShape, HfConfigErro
         rope_theta: number(obj, "rope_theta")?,
         max_position_embeddings: whole(obj, "max_position_embeddings")?,
         rms_norm_eps: number(obj, "rms_norm_eps")?,
+        // transformers' LlamaConfig default.
+        tie_word_embeddings: optional_bool(obj, "tie_word_embeddings")?.unwrap_or(false),
     };
     if let Some(head_dim) = obj.get("head_dim").filter(|v| !v.is_null()) {
         let implied =

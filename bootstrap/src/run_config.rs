@@ -204,7 +204,7 @@ pub struct RunConfig {
 
 /// A model shape written out in a run's `[model]` table, under the names a Llama
 /// `config.json` gives them; the vocabulary is the run's (`vocab`, else 256 byte tokens).
-/// Every key is required.
+/// Every key but `tie_word_embeddings` is required.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelShape {
@@ -225,6 +225,12 @@ pub struct ModelShape {
     pub max_position_embeddings: u32,
     /// Epsilon of every RMSNorm (above 0, below 1).
     pub rms_norm_eps: f64,
+    /// Whether the LM head is the token embedding (one matrix); optional, false when left
+    /// out (and then not written, so a run without it hashes as before). A run of several
+    /// stages cannot have it yet: the head's and the tail's copies would have to be summed
+    /// across the network at every step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tie_word_embeddings: bool,
 }
 
 /// Widest residual stream a `[model]` table may give.
@@ -554,6 +560,27 @@ impl RunConfig {
             return invalid(
                 "bottleneck",
                 format!("must be at most model.hidden_size ({d})"),
+            );
+        }
+        if m.tie_word_embeddings && self.stages > 1 {
+            return invalid(
+                "model.tie_word_embeddings",
+                format!(
+                    "tied embeddings need a run of 1 stage, not {}: the head's and the tail's \
+                     copies cannot yet be kept equal across the network (set it to false to \
+                     train a separate LM head)",
+                    self.stages
+                ),
+            );
+        }
+        if m.tie_word_embeddings
+            && self.bottleneck > 0
+            && self.bottleneck_kind == BottleneckKind::Subspace
+        {
+            return invalid(
+                "model.tie_word_embeddings",
+                "a subspace model's embedding is narrower than its LM head: they cannot be tied"
+                    .into(),
             );
         }
         if self.seq_len > m.max_position_embeddings {

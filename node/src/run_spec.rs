@@ -46,6 +46,7 @@ pub(crate) fn model_shape(shape: &ModelShape) -> training::ModelConfig {
         rope_theta,
         max_position_embeddings,
         rms_norm_eps,
+        tie_word_embeddings,
     } = *shape;
     training::ModelConfig {
         d_model: hidden_size as usize,
@@ -57,6 +58,7 @@ pub(crate) fn model_shape(shape: &ModelShape) -> training::ModelConfig {
         vocab: training::VOCAB,
         rope_theta,
         norm_eps: rms_norm_eps,
+        tie_embeddings: tie_word_embeddings,
     }
 }
 
@@ -242,6 +244,7 @@ mod tests {
             rope_theta: 1.5,
             max_position_embeddings: bootstrap::MAX_POSITIONS,
             rms_norm_eps: 0.5,
+            tie_word_embeddings: false,
         };
         assert_eq!(model_shape(&widest).validate(), Ok(()));
     }

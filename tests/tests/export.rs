@@ -56,6 +56,7 @@ fn shape(run: &RunConfig) -> training::ModelConfig {
             vocab: training::VOCAB,
             rope_theta: m.rope_theta,
             norm_eps: m.rms_norm_eps,
+            tie_embeddings: m.tie_word_embeddings,
         },
     }
 }
@@ -418,6 +419,71 @@ fn a_grouped_query_export_loads_in_transformers_with_the_logits_of_the_stages() 
         "transformers' logits differ from the stages' by {diff}"
     );
     // The documented plain-PyTorch forward agrees too.
+    let plain = python_logits("iota_forward.py", &out, &tokens, &dir);
+    assert!(max_diff(&ours, &plain) <= 1e-4);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_tied_export_loads_in_transformers_with_the_logits_of_the_stage() {
+    tch::set_num_threads(1);
+    let dir = scratch_dir("export-tied");
+    // Llama 3.2's way: the LM head is the embedding. A tied run is one stage (a pipeline of
+    // several cannot keep the head's and the tail's copies equal across the network yet).
+    let table = r#"
+        [model]
+        hidden_size = 128
+        num_hidden_layers = 3
+        num_attention_heads = 8
+        num_key_value_heads = 2
+        intermediate_size = 352
+        rope_theta = 500000.0
+        max_position_embeddings = 256
+        rms_norm_eps = 1e-6
+        tie_word_embeddings = true
+    "#;
+    let run = RunConfig {
+        stages: 1,
+        ..run_config(0)
+    }
+    .with_toml_str(table)
+    .unwrap();
+    let model = shape(&run);
+    assert!(model.tie_embeddings);
+    let cfg = StageConfig::new(training::Preset::Tiny, 1, 0, 0, run.seed).with_shape(model.clone());
+    let mut stage = Stage::new(&cfg).unwrap();
+    let perturbed: Vec<f32> = stage
+        .flat_params()
+        .iter()
+        .enumerate()
+        .map(|(j, v)| v + 0.05 * (j as f32 * 0.7).sin())
+        .collect();
+    stage.set_flat_params(&perturbed).unwrap();
+    assert_eq!(stage.num_params(), model.num_params());
+    let swarm = dir.join("swarm");
+    std::fs::create_dir_all(&swarm).unwrap();
+    std::fs::write(swarm.join("run.toml"), run.to_toml_string().unwrap()).unwrap();
+    save(&swarm.join("miner-0"), &run, &stage, 0, stage.flat_params());
+    let out = dir.join("model");
+    let done = export(&swarm, &out, &[]);
+    assert!(
+        done.status.success(),
+        "export: {}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["tie_word_embeddings"], true);
+    assert_eq!(config["num_key_value_heads"], 2);
+    let tokens = tokens();
+    let ours = stage_logits(std::slice::from_ref(&stage), &tokens);
+    let theirs = python_logits("hf_logits.py", &out, &tokens, &dir);
+    let diff = max_diff(&ours, &theirs);
+    println!("tied export: max |logit difference| {diff:e}");
+    assert!(
+        diff <= 1e-4,
+        "transformers' logits differ from the stage's by {diff}"
+    );
     let plain = python_logits("iota_forward.py", &out, &tokens, &dir);
     assert!(max_diff(&ours, &plain) <= 1e-4);
     let _ = std::fs::remove_dir_all(&dir);

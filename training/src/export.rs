@@ -2,9 +2,10 @@
 //! one `model.safetensors` and a `config.json`, in the Hugging Face Llama layout.
 //!
 //! The model of [`crate::model`] is a Llama decoder (pre-norm RMSNorm, rotary embeddings
-//! with the halves rotated, SwiGLU, no biases, untied LM head), so with no bottleneck every
-//! tensor has a `LlamaForCausalLM` name and shape ([`hf_name`]) and `config.json` carries
-//! the keys `transformers` reads. With IOTA bottlenecks the extra projections are written
+//! with the halves rotated, SwiGLU, no biases, the LM head tied to the embedding or not), so
+//! with no bottleneck every tensor has a `LlamaForCausalLM` name and shape ([`hf_name`]) and
+//! `config.json` carries the keys `transformers` reads (a tied model is written with its
+//! embedding only and `tie_word_embeddings: true`; the tail's copy must equal the head's). With IOTA bottlenecks the extra projections are written
 //! under `iota.boundary.<k>.{down,down_norm,up,up_norm}.weight` (boundary `k` sits after
 //! stage `k`: `down` at the end of stage `k`, `up` at the start of stage `k + 1`), and the
 //! config's `model_type` is `iota_bottleneck_llama`, so that Llama loaders refuse it rather
@@ -67,6 +68,13 @@ pub enum ExportError {
         tokenizer: usize,
         /// The config's `vocab_size`.
         model: usize,
+    },
+    /// The head's and the tail's copies of a tied embedding differ: the stages were not
+    /// trained as one tied model.
+    #[error("the head's and the tail's copies of the tied embedding differ (largest difference {max_diff}); the stages do not hold one tied model")]
+    TiedCopiesDiffer {
+        /// The largest absolute difference of two values.
+        max_diff: f32,
     },
     /// Writing the files failed.
     #[error("writing {path}: {message}")]
@@ -146,7 +154,7 @@ pub fn assemble_with<'a>(
     let fixed = bottleneck
         .is_subspace()
         .then(|| model::subspace_tensors(model, bottleneck.width, seed, tch::Device::Cpu));
-    let mut out = Vec::new();
+    let mut out: Vec<NamedTensor<'a>> = Vec::new();
     for (index, flat) in stages.iter().enumerate() {
         let layout = StageLayout::new(model, stages.len(), index, bottleneck)?;
         let specs = model::param_specs(model, &layout);
@@ -171,10 +179,37 @@ pub fn assemble_with<'a>(
             if let Some((basis, table)) = &fixed {
                 materialise(&spec.name, &mut tensor, basis, table, model.d_model)?;
             }
+            if index > 0 && spec.name == "embed" {
+                // The tail's copy of a tied embedding: written once, if it is the head's.
+                tied_copy_matches(&out, &tensor)?;
+                continue;
+            }
             out.push(tensor);
         }
     }
     Ok(out)
+}
+
+/// Checks that `copy`, the tail's copy of a tied embedding, equals the head's in `assembled`.
+fn tied_copy_matches(
+    assembled: &[NamedTensor<'_>],
+    copy: &NamedTensor<'_>,
+) -> Result<(), ExportError> {
+    let head = assembled.iter().find(|t| t.name == copy.name);
+    let max_diff = match head {
+        Some(h) if h.shape == copy.shape => h
+            .values
+            .iter()
+            .zip(copy.values.iter())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max),
+        _ => f32::INFINITY,
+    };
+    if max_diff == 0.0 {
+        Ok(())
+    } else {
+        Err(ExportError::TiedCopiesDiffer { max_diff })
+    }
 }
 
 /// Multiplies a subspace model's fixed tensors into the tensors that live in the subspace:
@@ -256,7 +291,7 @@ fn iota_config(model: &ModelConfig, stages: usize, bottleneck: usize) -> serde_j
         "hidden_act": "silu",
         "attention_bias": false,
         "mlp_bias": false,
-        "tie_word_embeddings": false,
+        "tie_word_embeddings": model.tie_embeddings,
         "torch_dtype": "float32",
         "iota_stages": stages,
         "iota_bottleneck": bottleneck,

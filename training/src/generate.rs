@@ -74,6 +74,9 @@ struct Config {
     max_position_embeddings: usize,
     rms_norm_eps: f64,
     rope_theta: f64,
+    /// Whether the LM head is the embedding (`lm_head.weight` absent).
+    #[serde(default)]
+    tie_word_embeddings: bool,
     #[serde(default)]
     iota_bottleneck: usize,
     #[serde(default)]
@@ -195,7 +198,8 @@ impl Config {
         } else {
             0
         };
-        2 * v * d + l * layer + boundaries + d
+        let vocab_matrices = if self.tie_word_embeddings { 1 } else { 2 };
+        vocab_matrices * v * d + l * layer + boundaries + d
     }
 }
 
@@ -390,7 +394,11 @@ impl Model {
             }
         }
         let norm = take("model.norm.weight".into(), &[d])?;
-        let lm_head = take("lm_head.weight".into(), &[v, d])?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.shallow_clone()
+        } else {
+            take("lm_head.weight".into(), &[v, d])?
+        };
         let (cos, sin) = rope(&cfg);
         Ok(Model {
             cfg,
@@ -812,6 +820,62 @@ mod tests {
             }
             std::fs::remove_dir_all(&dir).unwrap();
         }
+    }
+
+    #[test]
+    fn a_tied_model_is_exported_with_one_embedding_and_samples_through_it() {
+        tch::set_num_threads(1);
+        let shape = crate::ModelConfig {
+            tie_embeddings: true,
+            ..Preset::Tiny.config()
+        };
+        for bottleneck in [0, 16] {
+            let (dir, stages) = exported_shape(
+                "tied",
+                shape.clone(),
+                bottleneck,
+                byte_level_json().as_bytes(),
+            );
+            let config: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+            assert_eq!(config["tie_word_embeddings"], true);
+            let file = std::fs::read(dir.join("model.safetensors")).unwrap();
+            let names = safetensors::SafeTensors::deserialize(&file)
+                .unwrap()
+                .names()
+                .into_iter()
+                .cloned()
+                .collect::<Vec<_>>();
+            assert!(names.iter().any(|n| n == "model.embed_tokens.weight"));
+            assert!(!names.iter().any(|n| n == "lm_head.weight"), "{names:?}");
+            let model = Model::load(&dir).unwrap();
+            let text = bytes(b"ROMEO: But soft, what light");
+            let full = model.logits(&text);
+            let ids: Vec<i64> = text.iter().map(|&b| i64::from(b)).collect();
+            let h = stages[0]
+                .eval_forward(&Tensor::from_slice(&ids).reshape([1, -1]))
+                .unwrap();
+            let theirs = stages[1].eval_logits(&h).unwrap().squeeze_dim(0);
+            assert!(max_diff(&full, &theirs) < 1e-4, "bottleneck {bottleneck}");
+            assert!(max_diff(&full, &model.logits_cached(&text)) < 1e-4);
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        // Copies that were not kept equal are not one tied model: export refuses them.
+        let model = shape.with_vocab(crate::VOCAB);
+        let stages: Vec<Stage> = (0..2)
+            .map(|i| {
+                Stage::new(&StageConfig::new(Preset::Tiny, 2, i, 0, 3).with_shape(model.clone()))
+            })
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let head = stages[0].flat_params();
+        let mut tail = stages[1].flat_params();
+        *tail.last_mut().unwrap() += 0.5;
+        let err = export::assemble(&model, 0, &[&head, &tail]).unwrap_err();
+        assert!(
+            matches!(err, export::ExportError::TiedCopiesDiffer { max_diff } if (max_diff - 0.5).abs() < 1e-6),
+            "{err}"
+        );
     }
 
     #[test]

@@ -348,11 +348,32 @@ impl Pipeline {
         Ok(SampleLoss { loss: out.loss })
     }
 
-    /// Sets the learning rate of every stage and steps every optimizer.
+    /// Sets the learning rate of every stage and steps every optimizer. With tied embeddings
+    /// split between the head and the tail, their copies' gradients are summed first and
+    /// every stage clips by the whole model's gradient norm (the tied matrix counted once),
+    /// so that the copies take the same step, the one the unsplit model takes.
     pub fn step(&mut self, lr: f64) -> Result<(), StepError> {
+        let last = self.stages.len() - 1;
+        let tied = last > 0 && self.stages[0].holds_tied_copy();
+        let joint = if tied {
+            let tied_err = |e: crate::stage::ParamsError| StepError::Tied(e.to_string());
+            let missing = || StepError::Tied("a stage holds no copy".into());
+            let head = self.stages[0].tied_grad().ok_or_else(missing)?;
+            let tail = self.stages[last].tied_grad().ok_or_else(missing)?;
+            self.stages[0].add_tied_grad(&tail).map_err(tied_err)?;
+            self.stages[last].add_tied_grad(&head).map_err(tied_err)?;
+            let squares: f64 = self.stages.iter().map(|s| s.grad_norms().0.powi(2)).sum();
+            let duplicate = self.stages[last].grad_norms().1.powi(2);
+            Some((squares - duplicate).max(0.0).sqrt())
+        } else {
+            None
+        };
         for s in &mut self.stages {
             s.set_lr(lr);
-            s.step()?;
+            match joint {
+                Some(norm) => s.step_clipped_by(norm)?,
+                None => s.step()?,
+            };
         }
         Ok(())
     }

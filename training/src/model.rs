@@ -7,7 +7,9 @@
 //! heads (Llama's `repeat_kv`); with as many as query heads it is multi-head attention.
 //! Stage `i` of `S` holds a contiguous range of layers (the first `L mod S` stages get one
 //! extra); the first stage also holds the token embedding, the last the final norm and the
-//! LM head.
+//! LM head. With tied embeddings the LM head is the embedding: one stage uses one tensor
+//! twice, and in a split the tail holds a copy under the same name (so with the same initial
+//! values), which training keeps equal to the head's by summing their gradients.
 //!
 //! What crosses a boundary is chosen by a [`Bottleneck`]: a width `b` (0: the whole
 //! `d`-wide hidden state) and a [`BottleneckKind`]:
@@ -72,6 +74,14 @@ pub enum LayoutError {
     #[error("bottleneck {b} is wider than d_model {d}")]
     BadBottleneck {
         /// Requested width.
+        b: usize,
+        /// Model width.
+        d: usize,
+    },
+    /// Tied embeddings in a subspace model, whose embedding is narrower than its LM head.
+    #[error("tied embeddings need the embedding and the LM head of one shape; a subspace model's embedding is {b} wide, its LM head {d}")]
+    TiedSubspace {
+        /// The subspace width.
         b: usize,
         /// Model width.
         d: usize,
@@ -238,6 +248,12 @@ impl StageLayout {
         }
         if bottleneck.width > cfg.d_model {
             return Err(LayoutError::BadBottleneck {
+                b: bottleneck.width,
+                d: cfg.d_model,
+            });
+        }
+        if cfg.tie_embeddings && bottleneck.is_subspace() {
+            return Err(LayoutError::TiedSubspace {
                 b: bottleneck.width,
                 d: cfg.d_model,
             });
@@ -410,7 +426,12 @@ pub(crate) fn param_specs(cfg: &ModelConfig, layout: &StageLayout) -> Vec<ParamS
     }
     if layout.is_tail() {
         push("final_norm".into(), vec![d], Init::Ones);
-        push("lm_head".into(), vec![vocab, d], Init::Normal(INIT_STD));
+        if !cfg.tie_embeddings {
+            push("lm_head".into(), vec![vocab, d], Init::Normal(INIT_STD));
+        } else if !layout.is_head() {
+            // The tail's copy of the tied embedding: the same name, so the same initial values.
+            push("embed".into(), vec![vocab, d], Init::Normal(INIT_STD));
+        }
     }
     specs
 }
@@ -703,7 +724,13 @@ impl Net {
             inline,
             down: layout.has_down().then(|| projection(layout.index, "down")),
             final_norm: layout.is_tail().then(|| get("final_norm".into())),
-            lm_head: layout.is_tail().then(|| get("lm_head".into())),
+            lm_head: layout.is_tail().then(|| {
+                get(if model.tie_embeddings {
+                    "embed".into()
+                } else {
+                    "lm_head".into()
+                })
+            }),
             identity: layout.bottleneck.kind != BottleneckKind::Plain,
             first_layer: layout.layers.start,
             n_heads: model.n_heads as i64,

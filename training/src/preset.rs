@@ -60,6 +60,11 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     /// Epsilon of every RMSNorm.
     pub norm_eps: f64,
+    /// Whether the LM head is the token embedding (`tie_word_embeddings`): one `[padded
+    /// vocab, d]` matrix that embeds the tokens and scores the next one. Split into stages,
+    /// the head and the tail each hold a copy, kept equal by summing their gradients before
+    /// every step ([`crate::Stage::tied_grad`]).
+    pub tie_embeddings: bool,
 }
 
 /// Why a [`ModelConfig`] is not a model's shape; each names the field at fault.
@@ -197,11 +202,13 @@ impl ModelConfig {
         ModelConfig { vocab, ..self }
     }
 
-    /// Parameters of the whole unsplit model (embedding, blocks, final norm, LM head).
+    /// Parameters of the whole unsplit model (embedding, blocks, final norm, LM head unless
+    /// it is the embedding).
     pub fn num_params(&self) -> usize {
         let d = self.d_model;
         let block = 2 * d + 2 * d * d + 2 * d * self.kv_dim() + 3 * d * self.ffn_hidden;
-        2 * self.padded_vocab() * d + self.n_layers * block + d
+        let vocab_matrices = if self.tie_embeddings { 1 } else { 2 };
+        vocab_matrices * self.padded_vocab() * d + self.n_layers * block + d
     }
 }
 
@@ -218,7 +225,8 @@ pub enum Preset {
     Large,
     /// Llama-3.2-1B's shape (grouped-query attention, RoPE base 500 000) with the run's
     /// vocabulary: about 1 B parameters with a byte vocabulary (its own 128 256 tokens add
-    /// 0.5 B). Neither its tied embeddings nor its RoPE frequency scaling.
+    /// 0.5 B). Neither its tied embeddings (a pipeline of several stages cannot train them
+    /// yet; a `[model]` table may ask for them) nor its RoPE frequency scaling.
     Llama32_1b,
     /// Llama-3.2-3B's shape, as [`Preset::Llama32_1b`] is the 1B's: about 2.8 B parameters
     /// with a byte vocabulary (its own 128 256 tokens add 0.8 B).
@@ -249,6 +257,7 @@ impl Preset {
                 vocab: VOCAB,
                 rope_theta: ROPE_THETA,
                 norm_eps: NORM_EPS,
+                tie_embeddings: false,
             },
             Preset::Small => ModelConfig {
                 d_model: 384,
@@ -260,6 +269,7 @@ impl Preset {
                 vocab: VOCAB,
                 rope_theta: ROPE_THETA,
                 norm_eps: NORM_EPS,
+                tie_embeddings: false,
             },
             Preset::Base => ModelConfig {
                 d_model: 768,
@@ -271,6 +281,7 @@ impl Preset {
                 vocab: VOCAB,
                 rope_theta: ROPE_THETA,
                 norm_eps: NORM_EPS,
+                tie_embeddings: false,
             },
             Preset::Large => ModelConfig {
                 d_model: 2048,
@@ -282,6 +293,7 @@ impl Preset {
                 vocab: VOCAB,
                 rope_theta: ROPE_THETA,
                 norm_eps: NORM_EPS,
+                tie_embeddings: false,
             },
             // meta-llama/Llama-3.2-1B's config.json.
             Preset::Llama32_1b => ModelConfig {
@@ -294,6 +306,7 @@ impl Preset {
                 vocab: VOCAB,
                 rope_theta: 500_000.0,
                 norm_eps: 1e-5,
+                tie_embeddings: false,
             },
             // meta-llama/Llama-3.2-3B's config.json.
             Preset::Llama32_3b => ModelConfig {
@@ -306,6 +319,7 @@ impl Preset {
                 vocab: VOCAB,
                 rope_theta: 500_000.0,
                 norm_eps: 1e-5,
+                tie_embeddings: false,
             },
         }
     }

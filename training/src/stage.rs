@@ -681,6 +681,32 @@ impl Stage {
     /// Averages the gradients accumulated since the last step, clips their global norm and
     /// applies AdamW; gradients are zeroed afterwards.
     pub fn step(&mut self) -> Result<StepReport, StepError> {
+        self.step_clipping(None)
+    }
+
+    /// [`Stage::step`], clipping by `grad_norm` (the norm of the averaged gradient of a
+    /// whole model that this stage is a part of) instead of this stage's own norm: the
+    /// stages of one process that step together take the steps of the unsplit model, and
+    /// the two copies of a tied embedding take the same one.
+    pub fn step_clipped_by(&mut self, grad_norm: f64) -> Result<StepReport, StepError> {
+        self.step_clipping(Some(grad_norm))
+    }
+
+    /// The global norm of the gradient accumulated since the last step, averaged over its
+    /// samples (what [`Stage::step`] clips), and that of its tied-embedding copy's part (0
+    /// when it holds none).
+    pub fn grad_norms(&self) -> (f64, f64) {
+        let samples = self.accumulated.max(1) as f64;
+        tch::no_grad(|| {
+            let grads: Vec<Tensor> = self.params.iter().map(|p| p.grad_f32() / samples).collect();
+            let tied = self
+                .tied_param()
+                .map_or(0.0, |i| optim::global_norm(&grads[i..=i]));
+            (optim::global_norm(&grads), tied)
+        })
+    }
+
+    fn step_clipping(&mut self, joint_norm: Option<f64>) -> Result<StepReport, StepError> {
         let samples = self.accumulated;
         if samples == 0 {
             return Err(StepError::NothingAccumulated);
@@ -693,6 +719,10 @@ impl Stage {
         });
         let grad_norm = tch::no_grad(|| optim::global_norm(&grads));
         self.zero_grad();
+        if !grad_norm.is_finite() {
+            return Err(StepError::NonFiniteGradient(grad_norm));
+        }
+        let grad_norm = joint_norm.unwrap_or(grad_norm);
         if !grad_norm.is_finite() {
             return Err(StepError::NonFiniteGradient(grad_norm));
         }
@@ -751,6 +781,56 @@ impl Stage {
             );
         }
         self.in_flight.clear();
+    }
+
+    /// Whether this stage holds one of the two copies of a tied embedding in a split: the
+    /// head's or the tail's. Before each step the two copies' gradients must be summed
+    /// ([`Stage::tied_grad`], [`Stage::add_tied_grad`]) so that they stay equal.
+    pub fn holds_tied_copy(&self) -> bool {
+        self.tied_param().is_some()
+    }
+
+    fn tied_param(&self) -> Option<usize> {
+        let split = self.layout.num_stages > 1;
+        let end = self.layout.is_head() || self.layout.is_tail();
+        if !(self.model.tie_embeddings && split && end) {
+            return None;
+        }
+        self.specs.iter().position(|s| s.name == "embed")
+    }
+
+    /// The f32 gradient accumulated on this stage's copy of the tied embedding since the last
+    /// step (summed over samples, as [`Stage::flat_grads`]); `None` when it holds no copy.
+    pub fn tied_grad(&self) -> Option<Tensor> {
+        let i = self.tied_param()?;
+        Some(tch::no_grad(|| self.params[i].grad_f32().detach_copy()))
+    }
+
+    /// Adds `grad`, the other copy's [`Stage::tied_grad`], to this copy's gradient, so that the
+    /// next step moves both copies alike (the embedding's gradient and the LM head's, as one
+    /// tensor used twice gets them in the unsplit model).
+    pub fn add_tied_grad(&mut self, grad: &Tensor) -> Result<(), ParamsError> {
+        let Some(i) = self.tied_param() else {
+            return Err(ParamsError::TiedShape {
+                expected: Vec::new(),
+                got: grad.size(),
+            });
+        };
+        let p = &mut self.params[i];
+        let expected = p.m.size();
+        if grad.size() != expected {
+            return Err(ParamsError::TiedShape {
+                expected,
+                got: grad.size(),
+            });
+        }
+        let g = tch::no_grad(|| {
+            grad.f_to_device(self.config.device)
+                .and_then(|g| g.f_to_kind(Kind::Float))
+        })
+        .map_err(|e| ParamsError::TiedMove(e.to_string()))?;
+        p.add_stashed(&g);
+        Ok(())
     }
 
     /// Discards accumulated gradients.

@@ -279,3 +279,125 @@ fn gradients_may_cross_the_wire_in_another_format_than_activations() {
         same.gradient_bytes
     );
 }
+
+/// The tiny shape with grouped-query attention and the LM head tied to the embedding.
+fn tied() -> ModelConfig {
+    ModelConfig {
+        tie_embeddings: true,
+        ..grouped_query()
+    }
+}
+
+/// Stage `stage`'s copy of the tied embedding, as f32 values.
+fn tied_copy(p: &Pipeline, stage: usize, rows: usize) -> Vec<f32> {
+    let flat = p.stages[stage].flat_params();
+    if stage == 0 {
+        flat[..rows].to_vec()
+    } else {
+        flat[flat.len() - rows..].to_vec()
+    }
+}
+
+#[test]
+fn a_tied_model_in_three_stages_trains_as_its_unsplit_model_does() {
+    tch::set_num_threads(1);
+    let f32_wire = || Codec::new(WireDtype::F32);
+    let config = |stages| {
+        let mut c = StageConfig::new(Preset::Tiny, stages, 0, 0, SEED).with_shape(tied());
+        // Clipping binds at these gradients: the split must clip as the whole model does.
+        c.optimizer.grad_clip = 0.5;
+        c
+    };
+    let mut whole = Pipeline::new(&config(1), 1, f32_wire(), 7).unwrap();
+    let mut split = Pipeline::new(&config(3), 3, f32_wire(), 7).unwrap();
+    let model = tied();
+    let rows = model.padded_vocab() * model.d_model;
+    // One matrix in the unsplit model, a copy at each end of the split.
+    let names = |p: &Pipeline, i: usize| -> Vec<String> {
+        p.stages[i]
+            .param_shapes()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect()
+    };
+    assert!(!names(&whole, 0).iter().any(|n| n == "lm_head"));
+    assert_eq!(whole.stages[0].num_params(), model.num_params());
+    assert_eq!(
+        model.num_params() + rows,
+        ModelConfig {
+            tie_embeddings: false,
+            ..model.clone()
+        }
+        .num_params()
+    );
+    assert_eq!(names(&split, 2).last().map(String::as_str), Some("embed"));
+    let holds: Vec<bool> = split.stages.iter().map(|s| s.holds_tied_copy()).collect();
+    assert_eq!(holds, [true, false, true]);
+    assert!(
+        !whole.stages[0].holds_tied_copy(),
+        "one stage uses one tensor twice"
+    );
+    assert!(tied_copy(&split, 0, rows) == tied_copy(&split, 2, rows));
+    let without_copy = |p: &Pipeline| -> Vec<f32> {
+        let mut flat: Vec<f32> = p.stages.iter().flat_map(|s| s.flat_params()).collect();
+        flat.truncate(flat.len() - rows);
+        flat
+    };
+    assert_eq!(without_copy(&split), whole.stages[0].flat_params());
+
+    // One sample: the unsplit embedding's gradient is the sum of the two copies'.
+    let (loss_whole, g_whole) = one_sample(&mut whole, 3);
+    let (loss_split, g_split) = one_sample(&mut split, 3);
+    assert!((loss_whole - loss_split).abs() <= 1e-5 * loss_whole);
+    let tail = &g_split[2];
+    let tail_copy = &tail[tail.len() - rows..];
+    assert!(
+        tail_copy.iter().any(|&g| g != 0.0),
+        "the LM head's gradient"
+    );
+    let mut summed: Vec<f32> = g_split.concat();
+    summed.truncate(summed.len() - rows);
+    for (s, t) in summed[..rows].iter_mut().zip(tail_copy) {
+        *s += t;
+    }
+    let err = rel_err(&summed, &g_whole[0]);
+    eprintln!("tied: gradient relative error {err:.2e}");
+    assert!(err <= 1e-5, "tied gradient relative error {err}");
+
+    // Training: the copies stay bit for bit equal, and the split follows the unsplit model.
+    let mut losses = Vec::new();
+    for step in 0..4u64 {
+        whole.step(3e-3).unwrap();
+        split.step(3e-3).unwrap();
+        let (head, tail) = (tied_copy(&split, 0, rows), tied_copy(&split, 2, rows));
+        let differ = head.iter().zip(&tail).filter(|(a, b)| a != b).count();
+        assert_eq!(
+            differ, 0,
+            "values of the two copies that differ after step {step}"
+        );
+        let err = rel_err(&without_copy(&split), &whole.stages[0].flat_params());
+        assert!(
+            err <= 1e-5,
+            "weights after step {step}: relative error {err}"
+        );
+        let (a, _) = one_sample(&mut whole, 10 + step);
+        let (b, _) = one_sample(&mut split, 10 + step);
+        assert!((a - b).abs() <= 1e-4 * a, "step {step}: {a} vs {b}");
+        losses.push(b);
+    }
+    assert!(
+        losses[3] < loss_split,
+        "it learns: {loss_split} then {losses:?}"
+    );
+    // A subspace model's embedding is narrower than its LM head: it cannot be tied.
+    let subspace = StageConfig::new(
+        Preset::Tiny,
+        3,
+        0,
+        Bottleneck::new(BottleneckKind::Subspace, 16),
+        SEED,
+    )
+    .with_shape(tied());
+    let err = Stage::new(&subspace).err().unwrap();
+    assert!(err.to_string().contains("tied embeddings"), "{err}");
+}

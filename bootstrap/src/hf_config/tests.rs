@@ -68,24 +68,35 @@ const REQUIRED: [&str; 9] = [
 ];
 
 #[test]
-fn the_published_llama_3_2_1b_config_is_refused_for_its_tied_embeddings_then_its_rope_scaling() {
-    let err = model_shape_from_hf_config(LLAMA_3_2_1B).unwrap_err();
-    let text = err.to_string();
-    assert!(
-        text.contains("tie_word_embeddings") && text.contains("not supported yet"),
-        "{text}"
-    );
-    let untied = edited(|o| {
-        o.insert("tie_word_embeddings".into(), false.into());
-    });
-    let text = model_shape_from_hf_config(&untied).unwrap_err().to_string();
+fn the_published_llama_3_2_1b_config_is_refused_for_its_rope_scaling_and_its_tying_is_read() {
+    let text = model_shape_from_hf_config(LLAMA_3_2_1B)
+        .unwrap_err()
+        .to_string();
     assert!(text.contains("rope_scaling"), "{text}");
     // A null `rope_scaling` is what transformers writes for none.
     let null_scaling = edited(|o| {
-        o.insert("tie_word_embeddings".into(), false.into());
         o.insert("rope_scaling".into(), Value::Null);
     });
-    assert!(model_shape_from_hf_config(&null_scaling).is_ok());
+    let shape = model_shape_from_hf_config(&null_scaling).unwrap();
+    assert!(shape.tie_word_embeddings);
+    // A run of one stage trains it tied; a pipeline cannot yet, and says which key to change.
+    let one_stage = RunConfig {
+        stages: 1,
+        model: Some(shape.clone()),
+        ..RunConfig::default()
+    };
+    one_stage.validate().unwrap();
+    let err = RunConfig {
+        stages: 3,
+        ..one_stage
+    }
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("model.tie_word_embeddings") && err.contains("1 stage"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -102,6 +113,7 @@ fn an_untied_unscaled_llama_config_gives_its_shape_and_a_run_accepts_it() {
             rope_theta: 500_000.0,
             max_position_embeddings: 131_072,
             rms_norm_eps: 1e-5,
+            tie_word_embeddings: false,
         }
     );
     let run = RunConfig {

@@ -88,6 +88,7 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
             rope_theta,
             max_position_embeddings,
             rms_norm_eps,
+            tie_word_embeddings,
         } = m;
         out.uint("model.hidden_size", (*hidden_size).into());
         out.uint("model.num_hidden_layers", (*num_hidden_layers).into());
@@ -100,6 +101,10 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
             (*max_position_embeddings).into(),
         );
         out.float("model.rms_norm_eps", *rms_norm_eps);
+        // Only when tied: an untied table keeps the hash it had before the key existed.
+        if *tie_word_embeddings {
+            out.uint("model.tie_word_embeddings", 1);
+        }
     }
     out.0
 }

@@ -473,6 +473,7 @@ fn model_table() -> ModelShape {
         rope_theta: 500_000.0,
         max_position_embeddings: 1024,
         rms_norm_eps: 1e-6,
+        tie_word_embeddings: false,
     }
 }
 
@@ -521,9 +522,33 @@ fn a_model_table_is_read_round_trips_and_changes_the_hash_with_each_key() {
         changed.validate().unwrap();
         assert!(hashes.insert(changed.hash()), "change #{i}");
     }
+    // Tying the embeddings is another model (in a run of one stage: a pipeline is refused).
+    let mut tied = RunConfig {
+        stages: 1,
+        ..run.clone()
+    };
+    let untied_hash = tied.hash();
+    tied.model.as_mut().unwrap().tie_word_embeddings = true;
+    tied.validate().unwrap();
+    assert_ne!(tied.hash(), untied_hash);
+    let text = tied.to_toml_string().unwrap();
+    assert!(text.contains("tie_word_embeddings = true"), "{text}");
+    assert_eq!(RunConfig::from_toml_str(&text).unwrap(), tied);
+    assert!(
+        !run.to_toml_string().unwrap().contains("tie_word"),
+        "left out when false"
+    );
+    let piped = RunConfig { stages: 3, ..tied };
+    assert!(matches!(
+        piped.validate(),
+        Err(RunConfigError::Invalid {
+            field: "model.tie_word_embeddings",
+            ..
+        })
+    ));
     // A key the table does not have, or one left out, is refused naming the table.
     for text in [
-        format!("{MODEL_TABLE}tie_word_embeddings = true\n"),
+        format!("{MODEL_TABLE}num_local_experts = 8\n"),
         MODEL_TABLE.replace("rope_theta = 500000.0\n", ""),
     ] {
         match RunConfig::from_toml_str(&text) {

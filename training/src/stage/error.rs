@@ -112,6 +112,9 @@ pub enum StepError {
     /// gradients were discarded and the weights are unchanged.
     #[error("copying the weights for the samples in flight: {0}")]
     Stash(String),
+    /// The two copies of a tied embedding could not exchange their gradients.
+    #[error("summing the tied embedding's gradients: {0}")]
+    Tied(String),
 }
 
 /// Why weights or optimizer state could not be loaded.
@@ -128,4 +131,16 @@ pub enum ParamsError {
     /// A value is NaN or infinite.
     #[error("non-finite value")]
     NonFinite,
+    /// A tied-embedding gradient given to a stage that holds no copy of the tied embedding,
+    /// or of another shape than its copy.
+    #[error("tied-embedding gradient of shape {got:?} for a copy of shape {expected:?}")]
+    TiedShape {
+        /// The copy's shape (empty when the stage holds none).
+        expected: Vec<i64>,
+        /// The gradient's.
+        got: Vec<i64>,
+    },
+    /// The tied-embedding gradient could not be moved to the stage's device and dtype.
+    #[error("moving the tied-embedding gradient: {0}")]
+    TiedMove(String),
 }

@@ -105,6 +105,17 @@ impl Param {
         let _ = g.detach_().zero_();
     }
 
+    /// Adds `g` (f32, the parameter's shape) to the gradient accumulated since the last step.
+    pub(crate) fn add_stashed(&mut self, g: &Tensor) {
+        let _guard = tch::no_grad_guard();
+        match &self.stashed {
+            Some(stashed) => {
+                let _ = stashed.shallow_clone().g_add_(g);
+            }
+            None => self.stashed = Some(g.detach_copy()),
+        }
+    }
+
     pub(crate) fn zero_grad(&mut self) {
         let mut g = self.tensor.grad();
         if g.defined() {
