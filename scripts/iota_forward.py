@@ -4,11 +4,12 @@ Usage: iota_forward.py <model dir> <tokens.json> <out.json>
 
 Reads `config.json` and `model.safetensors` as `iota-p2p export` writes them, with or without
 IOTA bottlenecks, and runs the decoder by hand: byte embedding; per layer, pre-norm attention
-(RMSNorm, q/k/v projections, rotary embeddings rotating the two halves of each head, causal
+(RMSNorm, q/k/v projections, rotary embeddings rotating the two halves of each head, with
+Llama 3's frequency scaling when `rope_scaling` is set, causal
 softmax attention in which each of the `num_key_value_heads` key-value heads serves that many
 consecutive query heads, output projection) and a pre-norm SwiGLU MLP; at the end of every stage but
 the last (`iota_stage_layers`) the boundary `y = h[..., :b] + down(rmsnorm(h))`,
-`h = pad(y, d) + up(rmsnorm(y))`; final RMSNorm and LM head. Writes the logits, nested as
+`h = pad(y, d) + up(rmsnorm(y))`; final RMSNorm and LM head (the embedding when tied). Writes the logits, nested as
 [batch][position][256], to `out.json`. The export test compares them with the Rust stages'.
 """
 
@@ -38,6 +39,16 @@ def main() -> None:
         tokens = torch.tensor(json.load(f), dtype=torch.long)
     batch, t = tokens.shape
     inv = cfg["rope_theta"] ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    scaling = cfg.get("rope_scaling")
+    if scaling:
+        # Llama 3's: wavelengths past old/low divided by factor, below old/high kept, blended
+        # linearly in old/wavelength between.
+        old, factor = scaling["original_max_position_embeddings"], scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - low) / (high - low)
+        blended = (1 - smooth) * inv / factor + smooth * inv
+        inv = torch.where(wavelen < old / high, inv, torch.where(wavelen > old / low, inv / factor, blended))
     angles = torch.arange(t, dtype=torch.float64)[:, None] * inv[None, :]
     cos, sin = angles.cos().float(), angles.sin().float()
 

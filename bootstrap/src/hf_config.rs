@@ -3,8 +3,8 @@
 //! [`model_shape_from_hf_config`] takes the keys a [`ModelShape`] needs and ignores the many
 //! others such a file carries (token ids, dtype, library versions). It refuses what would
 //! quietly give the user another model than the file describes: a `model_type` other than
-//! `llama`, RoPE frequency scaling (`rope_scaling`, not implemented), biases in attention or
-//! MLP, an activation other than SiLU, or a `head_dim` other than `hidden_size /
+//! `llama`, RoPE frequency scaling other than Llama 3's (`rope_scaling` with another
+//! `rope_type`), biases in attention or MLP, an activation other than SiLU, or a `head_dim` other than `hidden_size /
 //! num_attention_heads`. `tie_word_embeddings` is read (false when absent, as in
 //! `transformers`). `vocab_size` is not read: the vocabulary is the run's, its tokenizer's
 //! (256 byte tokens without one).
@@ -14,7 +14,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::ModelShape;
+use crate::{ModelShape, RopeScalingShape, RopeType};
 
 /// Largest `config.json` read, in bytes (a Llama one is about 1 kB).
 pub const MAX_HF_CONFIG_BYTES: usize = 64 << 10;
@@ -84,13 +84,6 @@ pub fn model_shape_from_hf_config(text: &str) -> Result<ModelShape, HfConfigErro
             reason: format!("is {model_type:?}; only \"llama\" is supported"),
         });
     }
-    if obj.get("rope_scaling").is_some_and(|v| !v.is_null()) {
-        return unsupported(
-            "rope_scaling",
-            "RoPE frequency scaling is not supported; remove it (or set it to null) to train \
-             plain RoPE with rope_theta",
-        );
-    }
     for key in ["attention_bias", "mlp_bias"] {
         if optional_bool(obj, key)? == Some(true) {
             return unsupported(key, "biases are not supported");
@@ -110,6 +103,7 @@ pub fn model_shape_from_hf_config(text: &str) -> Result<ModelShape, HfConfigErro
         rope_theta: number(obj, "rope_theta")?,
         max_position_embeddings: whole(obj, "max_position_embeddings")?,
         rms_norm_eps: number(obj, "rms_norm_eps")?,
+        rope_scaling: rope_scaling(obj)?,
         // transformers' LlamaConfig default.
         tie_word_embeddings: optional_bool(obj, "tie_word_embeddings")?.unwrap_or(false),
     };
@@ -124,6 +118,61 @@ pub fn model_shape_from_hf_config(text: &str) -> Result<ModelShape, HfConfigErro
         }
     }
     Ok(shape)
+}
+
+/// `rope_scaling`: absent or `null` for none, else Llama 3's (`rope_type`, or the older
+/// `type`, `"llama3"`) with its four numbers.
+fn rope_scaling(obj: &Map<String, Value>) -> Result<Option<RopeScalingShape>, HfConfigError> {
+    const KEY: &str = "rope_scaling";
+    let Some(value) = obj.get(KEY).filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let table = value.as_object().ok_or(HfConfigError::Type {
+        key: KEY,
+        expected: "an object or null",
+    })?;
+    let kind = table
+        .get("rope_type")
+        .or_else(|| table.get("type"))
+        .and_then(Value::as_str);
+    if kind != Some("llama3") {
+        return Err(HfConfigError::Unsupported {
+            key: KEY,
+            reason: format!(
+                "rope_type {kind:?}: only \"llama3\" scaling is supported (remove it, or set it \
+                 to null, to train plain RoPE with rope_theta)"
+            ),
+        });
+    }
+    // Looked up by its own name, reported under `rope_scaling.<name>`.
+    let field = |name: &str, reported: &'static str| {
+        table
+            .get(name)
+            .ok_or(HfConfigError::Missing { key: reported })
+    };
+    let num = |name: &str, reported: &'static str| {
+        field(name, reported)?.as_f64().ok_or(HfConfigError::Type {
+            key: reported,
+            expected: "a number",
+        })
+    };
+    let original = field(
+        "original_max_position_embeddings",
+        "rope_scaling.original_max_position_embeddings",
+    )?
+    .as_u64()
+    .and_then(|v| u32::try_from(v).ok())
+    .ok_or(HfConfigError::Type {
+        key: "rope_scaling.original_max_position_embeddings",
+        expected: "a whole number from 0 to 4294967295",
+    })?;
+    Ok(Some(RopeScalingShape {
+        rope_type: RopeType::Llama3,
+        factor: num("factor", "rope_scaling.factor")?,
+        low_freq_factor: num("low_freq_factor", "rope_scaling.low_freq_factor")?,
+        high_freq_factor: num("high_freq_factor", "rope_scaling.high_freq_factor")?,
+        original_max_position_embeddings: original,
+    }))
 }
 
 fn get<'a>(obj: &'a Map<String, Value>, key: &'static str) -> Result<&'a Value, HfConfigError> {

@@ -52,7 +52,8 @@ pub use plan::{
     MAX_PLAN_BYTES, MAX_PLAN_MINERS,
 };
 pub use run_config::{
-    BottleneckKind, ModelPreset, ModelShape, RunConfig, RunConfigError, RunHash, RunHashError,
-    WireFormat, MAX_HIDDEN_SIZE, MAX_INTERMEDIATE_SIZE, MAX_LAYERS, MAX_OPEN_REGISTRATION,
-    MAX_POSITIONS, MAX_RUN_CONFIG_BYTES, MAX_RUN_NAME_LEN, MAX_STAGES, MAX_VOCAB,
+    BottleneckKind, ModelPreset, ModelShape, RopeScalingShape, RopeType, RunConfig, RunConfigError,
+    RunHash, RunHashError, WireFormat, MAX_HIDDEN_SIZE, MAX_INTERMEDIATE_SIZE, MAX_LAYERS,
+    MAX_OPEN_REGISTRATION, MAX_POSITIONS, MAX_RUN_CONFIG_BYTES, MAX_RUN_NAME_LEN, MAX_STAGES,
+    MAX_VOCAB,
 };

@@ -225,12 +225,41 @@ pub struct ModelShape {
     pub max_position_embeddings: u32,
     /// Epsilon of every RMSNorm (above 0, below 1).
     pub rms_norm_eps: f64,
+    /// Llama 3's RoPE frequency scaling, a `[model.rope_scaling]` table as in a Llama
+    /// `config.json`; optional, plain RoPE when left out (and then not written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScalingShape>,
     /// Whether the LM head is the token embedding (one matrix); optional, false when left
     /// out (and then not written, so a run without it hashes as before). A run of several
     /// stages cannot have it yet: the head's and the tail's copies would have to be summed
     /// across the network at every step.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tie_word_embeddings: bool,
+}
+
+/// A `[model.rope_scaling]` table: Llama 3's RoPE frequency scaling, under the names of a
+/// Llama `config.json`'s `rope_scaling` (every key required).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RopeScalingShape {
+    /// The kind of scaling: `"llama3"`, the only one supported.
+    pub rope_type: RopeType,
+    /// Divisor of the low frequencies (at least 1).
+    pub factor: f64,
+    /// Wavelengths past the original context over this are scaled (above 0).
+    pub low_freq_factor: f64,
+    /// Wavelengths below the original context over this are kept (above `low_freq_factor`).
+    pub high_freq_factor: f64,
+    /// The context the frequencies were first trained for (at least 1).
+    pub original_max_position_embeddings: u32,
+}
+
+/// A kind of RoPE frequency scaling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RopeType {
+    /// Llama 3's: low frequencies divided, high ones kept, a smooth blend between.
+    #[serde(rename = "llama3")]
+    Llama3,
 }
 
 /// Widest residual stream a `[model]` table may give.
@@ -561,6 +590,32 @@ impl RunConfig {
                 "bottleneck",
                 format!("must be at most model.hidden_size ({d})"),
             );
+        }
+        if let Some(r) = &m.rope_scaling {
+            if !(r.factor.is_finite() && r.factor >= 1.0) {
+                return invalid(
+                    "model.rope_scaling.factor",
+                    "must be a finite number of at least 1".into(),
+                );
+            }
+            if !(r.low_freq_factor.is_finite() && r.low_freq_factor > 0.0) {
+                return invalid(
+                    "model.rope_scaling.low_freq_factor",
+                    "must be a finite number above 0".into(),
+                );
+            }
+            if !(r.high_freq_factor.is_finite() && r.high_freq_factor > r.low_freq_factor) {
+                return invalid(
+                    "model.rope_scaling.high_freq_factor",
+                    "must be a finite number above low_freq_factor".into(),
+                );
+            }
+            if r.original_max_position_embeddings == 0 {
+                return invalid(
+                    "model.rope_scaling.original_max_position_embeddings",
+                    "must be at least 1".into(),
+                );
+            }
         }
         if m.tie_word_embeddings && self.stages > 1 {
             return invalid(

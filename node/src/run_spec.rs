@@ -46,6 +46,7 @@ pub(crate) fn model_shape(shape: &ModelShape) -> training::ModelConfig {
         rope_theta,
         max_position_embeddings,
         rms_norm_eps,
+        rope_scaling,
         tie_word_embeddings,
     } = *shape;
     training::ModelConfig {
@@ -58,6 +59,12 @@ pub(crate) fn model_shape(shape: &ModelShape) -> training::ModelConfig {
         vocab: training::VOCAB,
         rope_theta,
         norm_eps: rms_norm_eps,
+        rope_scaling: rope_scaling.map(|r| training::RopeScaling {
+            factor: r.factor,
+            low_freq_factor: r.low_freq_factor,
+            high_freq_factor: r.high_freq_factor,
+            original_max_position_embeddings: r.original_max_position_embeddings as usize,
+        }),
         tie_embeddings: tie_word_embeddings,
     }
 }
@@ -244,6 +251,7 @@ mod tests {
             rope_theta: 1.5,
             max_position_embeddings: bootstrap::MAX_POSITIONS,
             rms_norm_eps: 0.5,
+            rope_scaling: None,
             tie_word_embeddings: false,
         };
         assert_eq!(model_shape(&widest).validate(), Ok(()));

@@ -56,6 +56,12 @@ fn shape(run: &RunConfig) -> training::ModelConfig {
             vocab: training::VOCAB,
             rope_theta: m.rope_theta,
             norm_eps: m.rms_norm_eps,
+            rope_scaling: m.rope_scaling.map(|r| training::RopeScaling {
+                factor: r.factor,
+                low_freq_factor: r.low_freq_factor,
+                high_freq_factor: r.high_freq_factor,
+                original_max_position_embeddings: r.original_max_position_embeddings as usize,
+            }),
             tie_embeddings: m.tie_word_embeddings,
         },
     }
@@ -425,11 +431,13 @@ fn a_grouped_query_export_loads_in_transformers_with_the_logits_of_the_stages() 
 }
 
 #[test]
-fn a_tied_export_loads_in_transformers_with_the_logits_of_the_stage() {
+fn a_tied_rope_scaled_export_loads_in_transformers_with_the_logits_of_the_stage() {
     tch::set_num_threads(1);
     let dir = scratch_dir("export-tied");
-    // Llama 3.2's way: the LM head is the embedding. A tied run is one stage (a pipeline of
-    // several cannot keep the head's and the tail's copies equal across the network yet).
+    // Llama 3.2's way: the LM head is the embedding, and RoPE's low frequencies are scaled
+    // (past a context of 16, so that it shows within these tokens). A tied run is one stage
+    // (a pipeline of several cannot keep the head's and the tail's copies equal across the
+    // network yet).
     let table = r#"
         [model]
         hidden_size = 128
@@ -441,6 +449,13 @@ fn a_tied_export_loads_in_transformers_with_the_logits_of_the_stage() {
         max_position_embeddings = 256
         rms_norm_eps = 1e-6
         tie_word_embeddings = true
+
+        [model.rope_scaling]
+        rope_type = "llama3"
+        factor = 8.0
+        low_freq_factor = 1.0
+        high_freq_factor = 4.0
+        original_max_position_embeddings = 16
     "#;
     let run = RunConfig {
         stages: 1,
@@ -474,6 +489,7 @@ fn a_tied_export_loads_in_transformers_with_the_logits_of_the_stage() {
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["tie_word_embeddings"], true);
+    assert_eq!(config["rope_scaling"]["factor"], 8.0);
     assert_eq!(config["num_key_value_heads"], 2);
     let tokens = tokens();
     let ours = stage_logits(std::slice::from_ref(&stage), &tokens);

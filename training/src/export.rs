@@ -288,6 +288,13 @@ fn iota_config(model: &ModelConfig, stages: usize, bottleneck: usize) -> serde_j
         "max_position_embeddings": model.max_seq,
         "rms_norm_eps": model.norm_eps,
         "rope_theta": model.rope_theta,
+        "rope_scaling": model.rope_scaling.map(|s| serde_json::json!({
+            "rope_type": "llama3",
+            "factor": s.factor,
+            "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_position_embeddings,
+        })),
         "hidden_act": "silu",
         "attention_bias": false,
         "mlp_bias": false,

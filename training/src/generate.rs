@@ -77,10 +77,49 @@ struct Config {
     /// Whether the LM head is the embedding (`lm_head.weight` absent).
     #[serde(default)]
     tie_word_embeddings: bool,
+    /// RoPE frequency scaling: `null`, absent, or Llama 3's.
+    #[serde(default)]
+    rope_scaling: Option<HfRopeScaling>,
     #[serde(default)]
     iota_bottleneck: usize,
     #[serde(default)]
     iota_stage_layers: Vec<[usize; 2]>,
+}
+
+/// `rope_scaling` of a `config.json`: only Llama 3's kind is read.
+#[derive(Debug, Clone, serde::Deserialize)]
+struct HfRopeScaling {
+    rope_type: String,
+    factor: f64,
+    low_freq_factor: f64,
+    high_freq_factor: f64,
+    original_max_position_embeddings: usize,
+}
+
+impl HfRopeScaling {
+    /// The scaling, if it is Llama 3's and its numbers are in range.
+    fn scaling(&self) -> Result<crate::RopeScaling, GenerateError> {
+        if self.rope_type != "llama3" {
+            return Err(GenerateError::Config(format!(
+                "rope_scaling of type {:?}; only \"llama3\" is supported",
+                self.rope_type
+            )));
+        }
+        let scaling = crate::RopeScaling {
+            factor: self.factor,
+            low_freq_factor: self.low_freq_factor,
+            high_freq_factor: self.high_freq_factor,
+            original_max_position_embeddings: self.original_max_position_embeddings,
+        };
+        let shape = crate::ModelConfig {
+            rope_scaling: Some(scaling),
+            ..crate::Preset::Tiny.config()
+        };
+        shape
+            .validate()
+            .map_err(|e| GenerateError::Config(e.to_string()))?;
+        Ok(scaling)
+    }
 }
 
 impl Config {
@@ -399,7 +438,12 @@ impl Model {
         } else {
             take("lm_head.weight".into(), &[v, d])?
         };
-        let (cos, sin) = rope(&cfg);
+        let scaling = cfg
+            .rope_scaling
+            .as_ref()
+            .map(HfRopeScaling::scaling)
+            .transpose()?;
+        let (cos, sin) = rope(&cfg, scaling.as_ref());
         Ok(Model {
             cfg,
             tokenizer,
@@ -656,11 +700,12 @@ fn sample(
 }
 
 /// Rotary tables for every position of `cfg`: `[positions, head_dim / 2]`.
-fn rope(cfg: &Config) -> (Tensor, Tensor) {
+fn rope(cfg: &Config, scaling: Option<&crate::RopeScaling>) -> (Tensor, Tensor) {
     crate::model::rope_tables_for(
         cfg.hidden_size / cfg.num_attention_heads,
         cfg.max_position_embeddings,
         cfg.rope_theta,
+        scaling,
         tch::Device::Cpu,
     )
 }
@@ -825,8 +870,16 @@ mod tests {
     #[test]
     fn a_tied_model_is_exported_with_one_embedding_and_samples_through_it() {
         tch::set_num_threads(1);
+        // Llama 3.2's way: tied, with its RoPE scaling (at a context short enough that the
+        // scaled frequencies matter within the text below).
         let shape = crate::ModelConfig {
             tie_embeddings: true,
+            rope_scaling: Some(crate::RopeScaling {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8,
+            }),
             ..Preset::Tiny.config()
         };
         for bottleneck in [0, 16] {
@@ -839,6 +892,11 @@ mod tests {
             let config: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
             assert_eq!(config["tie_word_embeddings"], true);
+            assert_eq!(config["rope_scaling"]["rope_type"], "llama3");
+            assert_eq!(
+                config["rope_scaling"]["original_max_position_embeddings"],
+                8
+            );
             let file = std::fs::read(dir.join("model.safetensors")).unwrap();
             let names = safetensors::SafeTensors::deserialize(&file)
                 .unwrap()
@@ -858,6 +916,21 @@ mod tests {
             let theirs = stages[1].eval_logits(&h).unwrap().squeeze_dim(0);
             assert!(max_diff(&full, &theirs) < 1e-4, "bottleneck {bottleneck}");
             assert!(max_diff(&full, &model.logits_cached(&text)) < 1e-4);
+            // The scaling is read: without it the same weights give other logits.
+            let unscaled = dir.join("config-unscaled");
+            std::fs::create_dir_all(&unscaled).unwrap();
+            let mut plain = config.clone();
+            plain["rope_scaling"] = serde_json::Value::Null;
+            for f in [
+                "model.safetensors",
+                "tokenizer.json",
+                "tokenizer_config.json",
+            ] {
+                std::fs::copy(dir.join(f), unscaled.join(f)).unwrap();
+            }
+            std::fs::write(unscaled.join("config.json"), plain.to_string()).unwrap();
+            let other = Model::load(&unscaled).unwrap().logits(&text);
+            assert!(max_diff(&full, &other) > 1e-3, "bottleneck {bottleneck}");
             std::fs::remove_dir_all(&dir).unwrap();
         }
         // Copies that were not kept equal are not one tied model: export refuses them.

@@ -625,22 +625,35 @@ pub(crate) struct Net {
 
 /// f32 rotary tables for `cfg` on `device`.
 pub(crate) fn rope_tables(cfg: &ModelConfig, device: tch::Device) -> (Tensor, Tensor) {
-    rope_tables_for(cfg.head_dim(), cfg.max_seq, cfg.rope_theta, device)
+    rope_tables_for(
+        cfg.head_dim(),
+        cfg.max_seq,
+        cfg.rope_theta,
+        cfg.rope_scaling.as_ref(),
+        device,
+    )
 }
 
-/// f32 rotary tables `[positions, head_dim / 2]` (cos, sin) for base `theta` on `device`.
+/// f32 rotary tables `[positions, head_dim / 2]` (cos, sin) for base `theta`, with Llama 3's
+/// frequency `scaling` if any, on `device`.
 pub(crate) fn rope_tables_for(
     head_dim: usize,
     positions: usize,
     theta: f64,
+    scaling: Option<&crate::preset::RopeScaling>,
     device: tch::Device,
 ) -> (Tensor, Tensor) {
     let half = head_dim / 2;
+    let freqs: Vec<f64> = (0..half)
+        .map(|i| {
+            let freq = theta.powf(-(2.0 * i as f64) / head_dim as f64);
+            scaling.map_or(freq, |s| s.scale(freq))
+        })
+        .collect();
     let mut cos = Vec::with_capacity(positions * half);
     let mut sin = Vec::with_capacity(positions * half);
     for pos in 0..positions {
-        for i in 0..half {
-            let freq = theta.powf(-(2.0 * i as f64) / head_dim as f64);
+        for &freq in &freqs {
             let angle = pos as f64 * freq;
             cos.push(angle.cos() as f32);
             sin.push(angle.sin() as f32);

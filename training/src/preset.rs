@@ -60,11 +60,78 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     /// Epsilon of every RMSNorm.
     pub norm_eps: f64,
+    /// Llama 3's RoPE frequency scaling (`rope_scaling` with `rope_type: "llama3"`), or
+    /// `None` for plain RoPE.
+    pub rope_scaling: Option<RopeScaling>,
     /// Whether the LM head is the token embedding (`tie_word_embeddings`): one `[padded
     /// vocab, d]` matrix that embeds the tokens and scores the next one. Split into stages,
     /// the head and the tail each hold a copy, kept equal by summing their gradients before
     /// every step ([`crate::Stage::tied_grad`]).
     pub tie_embeddings: bool,
+}
+
+/// Llama 3's RoPE frequency scaling: frequencies whose wavelength exceeds
+/// `original_max_position_embeddings / low_freq_factor` are divided by `factor`, those below
+/// `original_max_position_embeddings / high_freq_factor` are kept, and those between are
+/// blended smoothly (`transformers`' `rope_type: "llama3"`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeScaling {
+    /// Divisor of the low frequencies (at least 1).
+    pub factor: f64,
+    /// Wavelengths past the original context over this are scaled (above 0).
+    pub low_freq_factor: f64,
+    /// Wavelengths below the original context over this are kept (above `low_freq_factor`).
+    pub high_freq_factor: f64,
+    /// The context the frequencies were first trained for (at least 1).
+    pub original_max_position_embeddings: usize,
+}
+
+impl RopeScaling {
+    /// The scaled inverse frequency of one with wavelength `2π / inv_freq`.
+    pub fn scale(&self, inv_freq: f64) -> f64 {
+        let old = self.original_max_position_embeddings as f64;
+        let wavelen = std::f64::consts::TAU / inv_freq;
+        if wavelen < old / self.high_freq_factor {
+            inv_freq
+        } else if wavelen > old / self.low_freq_factor {
+            inv_freq / self.factor
+        } else {
+            let smooth = (old / wavelen - self.low_freq_factor)
+                / (self.high_freq_factor - self.low_freq_factor);
+            (1.0 - smooth) * inv_freq / self.factor + smooth * inv_freq
+        }
+    }
+
+    fn validate(&self) -> Result<(), ShapeError> {
+        let finite = |v: f64| v.is_finite();
+        if !(finite(self.factor) && self.factor >= 1.0) {
+            return Err(ShapeError::OutOfRange {
+                field: "rope_scaling.factor",
+                value: self.factor,
+                range: "a finite number of at least 1",
+            });
+        }
+        if !(finite(self.low_freq_factor) && self.low_freq_factor > 0.0) {
+            return Err(ShapeError::OutOfRange {
+                field: "rope_scaling.low_freq_factor",
+                value: self.low_freq_factor,
+                range: "a finite number above 0",
+            });
+        }
+        if !(finite(self.high_freq_factor) && self.high_freq_factor > self.low_freq_factor) {
+            return Err(ShapeError::OutOfRange {
+                field: "rope_scaling.high_freq_factor",
+                value: self.high_freq_factor,
+                range: "a finite number above low_freq_factor",
+            });
+        }
+        if self.original_max_position_embeddings == 0 {
+            return Err(ShapeError::Zero {
+                field: "rope_scaling.original_max_position_embeddings",
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Why a [`ModelConfig`] is not a model's shape; each names the field at fault.
@@ -187,6 +254,9 @@ impl ModelConfig {
                 range: "above 0 and below 1",
             });
         }
+        if let Some(scaling) = &self.rope_scaling {
+            scaling.validate()?;
+        }
         Ok(())
     }
 
@@ -257,6 +327,7 @@ impl Preset {
                 vocab: VOCAB,
                 rope_theta: ROPE_THETA,
                 norm_eps: NORM_EPS,
+                rope_scaling: None,
                 tie_embeddings: false,
             },
             Preset::Small => ModelConfig {
@@ -269,6 +340,7 @@ impl Preset {
                 vocab: VOCAB,
                 rope_theta: ROPE_THETA,
                 norm_eps: NORM_EPS,
+                rope_scaling: None,
                 tie_embeddings: false,
             },
             Preset::Base => ModelConfig {
@@ -281,6 +353,7 @@ impl Preset {
                 vocab: VOCAB,
                 rope_theta: ROPE_THETA,
                 norm_eps: NORM_EPS,
+                rope_scaling: None,
                 tie_embeddings: false,
             },
             Preset::Large => ModelConfig {
@@ -293,6 +366,7 @@ impl Preset {
                 vocab: VOCAB,
                 rope_theta: ROPE_THETA,
                 norm_eps: NORM_EPS,
+                rope_scaling: None,
                 tie_embeddings: false,
             },
             // meta-llama/Llama-3.2-1B's config.json.
@@ -306,6 +380,7 @@ impl Preset {
                 vocab: VOCAB,
                 rope_theta: 500_000.0,
                 norm_eps: 1e-5,
+                rope_scaling: None,
                 tie_embeddings: false,
             },
             // meta-llama/Llama-3.2-3B's config.json.
@@ -319,6 +394,7 @@ impl Preset {
                 vocab: VOCAB,
                 rope_theta: 500_000.0,
                 norm_eps: 1e-5,
+                rope_scaling: None,
                 tie_embeddings: false,
             },
         }
@@ -428,6 +504,48 @@ pub fn parse_device(s: &str) -> Result<tch::Device, ParseNameError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn llama3_rope_scaling_divides_low_frequencies_keeps_high_ones_and_blends_between() {
+        let s = RopeScaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64,
+        };
+        let freq = |wavelen: f64| std::f64::consts::TAU / wavelen;
+        // Wavelengths below 64 / 4 = 16 positions are kept, above 64 / 1 divided by 8.
+        for w in [2.0, 8.0, 15.9] {
+            assert_eq!(s.scale(freq(w)), freq(w), "wavelength {w}");
+        }
+        for w in [64.1, 1e3, 1e6] {
+            assert_eq!(s.scale(freq(w)), freq(w) / 8.0, "wavelength {w}");
+        }
+        // Between, the blend moves monotonically from the kept to the divided frequency,
+        // meeting both ends.
+        let blended: Vec<f64> = [16.0, 24.0, 32.0, 48.0, 64.0]
+            .iter()
+            .map(|&w| s.scale(freq(w)) / freq(w))
+            .collect();
+        assert!((blended[0] - 1.0).abs() < 1e-12, "{blended:?}");
+        assert!((blended[4] - 1.0 / 8.0).abs() < 1e-12, "{blended:?}");
+        assert!(blended.windows(2).all(|p| p[1] < p[0]), "{blended:?}");
+        // Bad numbers are refused naming the key.
+        let bad = ModelConfig {
+            rope_scaling: Some(RopeScaling {
+                high_freq_factor: 1.0,
+                ..s
+            }),
+            ..Preset::Tiny.config()
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(ShapeError::OutOfRange {
+                field: "rope_scaling.high_freq_factor",
+                ..
+            })
+        ));
+    }
 
     #[test]
     fn preset_sizes_match_their_names() {

@@ -68,17 +68,57 @@ const REQUIRED: [&str; 9] = [
 ];
 
 #[test]
-fn the_published_llama_3_2_1b_config_is_refused_for_its_rope_scaling_and_its_tying_is_read() {
-    let text = model_shape_from_hf_config(LLAMA_3_2_1B)
-        .unwrap_err()
-        .to_string();
-    assert!(text.contains("rope_scaling"), "{text}");
+fn the_published_llama_3_2_1b_config_gives_its_scaled_tied_shape() {
+    let shape = model_shape_from_hf_config(LLAMA_3_2_1B).unwrap();
+    assert!(shape.tie_word_embeddings);
+    assert_eq!(
+        shape.rope_scaling,
+        Some(RopeScalingShape {
+            rope_type: RopeType::Llama3,
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        })
+    );
     // A null `rope_scaling` is what transformers writes for none.
     let null_scaling = edited(|o| {
         o.insert("rope_scaling".into(), Value::Null);
     });
-    let shape = model_shape_from_hf_config(&null_scaling).unwrap();
-    assert!(shape.tie_word_embeddings);
+    assert_eq!(
+        model_shape_from_hf_config(&null_scaling)
+            .unwrap()
+            .rope_scaling,
+        None
+    );
+    // Another kind of scaling is refused; so is a Llama 3 one missing a number.
+    let linear = edited(|o| {
+        o.insert(
+            "rope_scaling".into(),
+            serde_json::json!({"rope_type": "linear", "factor": 2.0}),
+        );
+    });
+    let err = model_shape_from_hf_config(&linear).unwrap_err().to_string();
+    assert!(
+        err.contains("rope_scaling") && err.contains("linear"),
+        "{err}"
+    );
+    let partial = edited(|o| {
+        o["rope_scaling"]
+            .as_object_mut()
+            .unwrap()
+            .remove("high_freq_factor");
+    });
+    let err = model_shape_from_hf_config(&partial).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            HfConfigError::Missing {
+                key: "rope_scaling.high_freq_factor"
+            }
+        ),
+        "{err}"
+    );
     // A run of one stage trains it tied; a pipeline cannot yet, and says which key to change.
     let one_stage = RunConfig {
         stages: 1,
@@ -113,6 +153,7 @@ fn an_untied_unscaled_llama_config_gives_its_shape_and_a_run_accepts_it() {
             rope_theta: 500_000.0,
             max_position_embeddings: 131_072,
             rms_norm_eps: 1e-5,
+            rope_scaling: None,
             tie_word_embeddings: false,
         }
     );

@@ -88,6 +88,7 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
             rope_theta,
             max_position_embeddings,
             rms_norm_eps,
+            rope_scaling,
             tie_word_embeddings,
         } = m;
         out.uint("model.hidden_size", (*hidden_size).into());
@@ -101,7 +102,24 @@ pub(super) fn encode(config: &RunConfig) -> Vec<u8> {
             (*max_position_embeddings).into(),
         );
         out.float("model.rms_norm_eps", *rms_norm_eps);
-        // Only when tied: an untied table keeps the hash it had before the key existed.
+        // Only when set: a table without them keeps the hash it had before these keys.
+        if let Some(r) = rope_scaling {
+            let super::RopeScalingShape {
+                rope_type: super::RopeType::Llama3,
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } = r;
+            out.str("model.rope_scaling.rope_type", "llama3");
+            out.float("model.rope_scaling.factor", *factor);
+            out.float("model.rope_scaling.low_freq_factor", *low_freq_factor);
+            out.float("model.rope_scaling.high_freq_factor", *high_freq_factor);
+            out.uint(
+                "model.rope_scaling.original_max_position_embeddings",
+                (*original_max_position_embeddings).into(),
+            );
+        }
         if *tie_word_embeddings {
             out.uint("model.tie_word_embeddings", 1);
         }

@@ -473,6 +473,7 @@ fn model_table() -> ModelShape {
         rope_theta: 500_000.0,
         max_position_embeddings: 1024,
         rms_norm_eps: 1e-6,
+        rope_scaling: None,
         tie_word_embeddings: false,
     }
 }
@@ -672,4 +673,81 @@ fn the_llama_3_2_presets_are_named_in_toml() {
             run
         );
     }
+}
+
+#[test]
+fn a_rope_scaling_table_is_read_hashed_and_checked_naming_its_key() {
+    let scaling = "\n[model.rope_scaling]\nrope_type = \"llama3\"\nfactor = 32.0\n\
+                   low_freq_factor = 1.0\nhigh_freq_factor = 4.0\n\
+                   original_max_position_embeddings = 8192\n";
+    let plain = RunConfig::from_toml_str(&format!("stages = 2\n{MODEL_TABLE}")).unwrap();
+    let run = RunConfig::from_toml_str(&format!("stages = 2\n{MODEL_TABLE}{scaling}")).unwrap();
+    let expected = RopeScalingShape {
+        rope_type: RopeType::Llama3,
+        factor: 32.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 8192,
+    };
+    assert_eq!(run.model.as_ref().unwrap().rope_scaling, Some(expected));
+    assert_ne!(run.hash(), plain.hash());
+    let text = run.to_toml_string().unwrap();
+    assert_eq!(RunConfig::from_toml_str(&text).unwrap(), run);
+    assert!(!plain.to_toml_string().unwrap().contains("rope_scaling"));
+    let changes: [fn(&mut RopeScalingShape); 4] = [
+        |r| r.factor = 8.0,
+        |r| r.low_freq_factor = 2.0,
+        |r| r.high_freq_factor = 8.0,
+        |r| r.original_max_position_embeddings = 4096,
+    ];
+    let mut hashes = BTreeSet::from([run.hash(), plain.hash()]);
+    for (i, change) in changes.iter().enumerate() {
+        let mut changed = run.clone();
+        change(
+            changed
+                .model
+                .as_mut()
+                .unwrap()
+                .rope_scaling
+                .as_mut()
+                .unwrap(),
+        );
+        changed.validate().unwrap();
+        assert!(hashes.insert(changed.hash()), "change #{i}");
+    }
+    // Numbers out of range are refused naming the key; another kind does not parse.
+    type Edit = fn(&mut RopeScalingShape);
+    let bad: [(Edit, &str); 4] = [
+        (|r| r.factor = 0.5, "model.rope_scaling.factor"),
+        (
+            |r| r.low_freq_factor = 0.0,
+            "model.rope_scaling.low_freq_factor",
+        ),
+        (
+            |r| r.high_freq_factor = 1.0,
+            "model.rope_scaling.high_freq_factor",
+        ),
+        (
+            |r| r.original_max_position_embeddings = 0,
+            "model.rope_scaling.original_max_position_embeddings",
+        ),
+    ];
+    for (change, key) in bad {
+        let mut changed = run.clone();
+        change(
+            changed
+                .model
+                .as_mut()
+                .unwrap()
+                .rope_scaling
+                .as_mut()
+                .unwrap(),
+        );
+        match changed.validate() {
+            Err(RunConfigError::Invalid { field, .. }) => assert_eq!(field, key),
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+    let linear = format!("{MODEL_TABLE}{}", scaling.replace("llama3", "linear"));
+    assert!(RunConfig::from_toml_str(&linear).is_err());
 }

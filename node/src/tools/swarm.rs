@@ -667,6 +667,7 @@ mod tests {
             rope_theta: 10_000.0,
             max_position_embeddings: 256,
             rms_norm_eps: 1e-5,
+            rope_scaling: None,
             tie_word_embeddings: false,
         };
         let run = with_model(RunConfig::default(), &shape).unwrap();
