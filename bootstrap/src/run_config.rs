@@ -230,9 +230,9 @@ pub struct ModelShape {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<RopeScalingShape>,
     /// Whether the LM head is the token embedding (one matrix); optional, false when left
-    /// out (and then not written, so a run without it hashes as before). A run of several
-    /// stages cannot have it yet: the head's and the tail's copies would have to be summed
-    /// across the network at every step.
+    /// out (and then not written, so a run without it hashes as before). `train-local`
+    /// trains it; the network cannot yet (the head's and the tail's copies would have to be
+    /// summed across it at every step).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tie_word_embeddings: bool,
 }
@@ -616,17 +616,6 @@ impl RunConfig {
                     "must be at least 1".into(),
                 );
             }
-        }
-        if m.tie_word_embeddings && self.stages > 1 {
-            return invalid(
-                "model.tie_word_embeddings",
-                format!(
-                    "tied embeddings need a run of 1 stage, not {}: the head's and the tail's \
-                     copies cannot yet be kept equal across the network (set it to false to \
-                     train a separate LM head)",
-                    self.stages
-                ),
-            );
         }
         if m.tie_word_embeddings
             && self.bottleneck > 0

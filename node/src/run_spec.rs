@@ -24,6 +24,40 @@ pub(crate) fn preset(preset: ModelPreset) -> Preset {
     }
 }
 
+/// Why the network cannot train a run that its configuration describes well enough for
+/// `train-local`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NotTrainable {
+    /// One stage: its miner would be the head and the tail at once.
+    #[error(
+        "run config field `stages`: a run of 1 stage is not trained by the network yet (its \
+         miner would be the head and the tail at once); give it 2 or more, or train the model \
+         with `train-local --run`"
+    )]
+    OneStage,
+    /// Tied embeddings: the head's and the tail's copies would have to be summed across the
+    /// network at every step.
+    #[error(
+        "run config field `model.tie_word_embeddings`: tied embeddings are not trained by the \
+         network yet (the head's and the tail's copies of the matrix would have to be summed \
+         across it at every step); set it to false to train a separate LM head, or train the \
+         model with `train-local --run`"
+    )]
+    TiedEmbeddings,
+}
+
+/// Checks that the network can train `run` (a node and `local-swarm` refuse one it cannot,
+/// before starting anything).
+pub(crate) fn check_trainable(run: &RunConfig) -> Result<(), NotTrainable> {
+    if run.stages < 2 {
+        return Err(NotTrainable::OneStage);
+    }
+    if run.model.as_ref().is_some_and(|m| m.tie_word_embeddings) {
+        return Err(NotTrainable::TiedEmbeddings);
+    }
+    Ok(())
+}
+
 /// The model `run` trains: its `[model]` table's shape, else its preset's, with the run's
 /// vocabulary.
 pub(crate) fn model(run: &RunConfig) -> training::ModelConfig {
@@ -161,6 +195,30 @@ pub(crate) fn sample_id(seed: u64, index: u64, counter: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_network_refuses_a_run_of_one_stage_or_with_tied_embeddings_naming_the_key() {
+        let run = RunConfig::default();
+        assert_eq!(check_trainable(&run), Ok(()));
+        let one = RunConfig {
+            stages: 1,
+            ..run.clone()
+        };
+        assert_eq!(check_trainable(&one), Err(NotTrainable::OneStage));
+        assert!(NotTrainable::OneStage.to_string().contains("`stages`"));
+        let tied = RunConfig::default()
+            .with_toml_str(
+                "[model]\nhidden_size = 128\nnum_hidden_layers = 4\nnum_attention_heads = 4\n\
+                 num_key_value_heads = 4\nintermediate_size = 352\nrope_theta = 10000.0\n\
+                 max_position_embeddings = 512\nrms_norm_eps = 1e-5\n\
+                 tie_word_embeddings = true\n",
+            )
+            .unwrap();
+        assert_eq!(check_trainable(&tied), Err(NotTrainable::TiedEmbeddings));
+        assert!(NotTrainable::TiedEmbeddings
+            .to_string()
+            .contains("model.tie_word_embeddings"));
+    }
 
     #[test]
     fn every_run_setting_maps_to_the_training_type_of_the_same_name() {

@@ -274,7 +274,10 @@ fn load_run_config(args: &NodeArgs) -> anyhow::Result<RunConfig> {
     };
     let text = crate::fsio::read_limited(path, bootstrap::MAX_RUN_CONFIG_BYTES as u64)
         .with_context(|| format!("--run {}", path.display()))?;
-    RunConfig::from_toml_str(&text).with_context(|| format!("--run {}", path.display()))
+    let run =
+        RunConfig::from_toml_str(&text).with_context(|| format!("--run {}", path.display()))?;
+    crate::run_spec::check_trainable(&run).with_context(|| format!("--run {}", path.display()))?;
+    Ok(run)
 }
 
 /// Loads `--metagraph`, if given.

@@ -310,6 +310,7 @@ fn write_run_files(
         None => run,
     };
     run.validate()?;
+    crate::run_spec::check_trainable(&run)?;
     let run_path = out.join("run.toml");
     std::fs::write(&run_path, run.to_toml_string()?)?;
     Ok(RunFiles {
