@@ -32,6 +32,9 @@ pub(crate) struct MinerConfig {
     pub(crate) device: training::Device,
     /// Samples each head keeps in flight.
     pub(crate) head_window: usize,
+    /// Whether the stage checkpoints its activations (recomputes its blocks in the
+    /// backward pass).
+    pub(crate) checkpoint_activations: bool,
     /// Misbehaviour on purpose (tests of the other nodes' defences); all off normally.
     pub(crate) faults: MinerFaults,
     /// The node's identity key: it signs this miner's hop receipts.
