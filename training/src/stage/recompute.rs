@@ -37,12 +37,16 @@ pub(super) struct Saved {
 }
 
 impl Saved {
-    /// Bytes of the tensors kept (the input, the tokens and the states).
+    /// Bytes of the tensors kept (the input, the tokens and the states), each storage
+    /// once (a stage that neither embeds nor projects its input keeps it as its first
+    /// block's input too).
     pub(super) fn bytes(&self) -> usize {
+        let mut seen = std::collections::HashSet::new();
         std::iter::once(&self.input)
             .chain(&self.tokens)
             .chain(&self.blocks)
             .chain(std::iter::once(&self.last))
+            .filter(|t| seen.insert(t.data_ptr() as usize))
             .map(tensor_bytes)
             .sum()
     }

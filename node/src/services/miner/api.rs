@@ -122,6 +122,9 @@ pub(crate) struct MinerStatus {
     pub(crate) train_loss: Option<f32>,
     pub(crate) weights_hash: Option<String>,
     pub(crate) merged_epoch: Option<u64>,
+    /// The memory the stage in force is estimated to need with the most samples this
+    /// miner holds at once (`training::memory::estimate`), in bytes.
+    pub(crate) stage_memory_estimate_bytes: Option<u64>,
 }
 
 /// The miner service's inbox.

@@ -73,6 +73,9 @@ pub(crate) struct Status {
     pub(crate) connected_peers: usize,
     pub(crate) routing_table_peers: usize,
     pub(crate) routing_table: Vec<String>,
+    /// The process's peak resident memory so far, in bytes (Linux `VmHWM`; `null` where
+    /// unknown). Host memory only: on CUDA the device's is not counted.
+    pub(crate) peak_memory_bytes: Option<u64>,
     #[serde(flatten)]
     pub(crate) view: NodeView,
 }
@@ -121,6 +124,7 @@ impl StatusSource {
             connected_peers: connected.len(),
             routing_table_peers: routing.len(),
             routing_table: routing,
+            peak_memory_bytes: training::memory::peak_rss_bytes(),
             view,
         })
     }
