@@ -185,6 +185,13 @@ pub(crate) struct NodeArgs {
     /// stale gradient), so the effective batch grows with it. See docs/BENCHMARKS.md.
     #[arg(long, env = "IOTA_HEAD_WINDOW", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=8))]
     pub(crate) head_window: u64,
+
+    /// Activation checkpointing: a miner's stage keeps only each block's input for the
+    /// samples in flight and recomputes the blocks in their backward pass: less memory per
+    /// sample for one more forward pass, the same gradients. This node's own choice, not
+    /// the run's. See docs/BENCHMARKS.md, "Memory per stage".
+    #[arg(long, env = "IOTA_CHECKPOINT_ACTIVATIONS")]
+    pub(crate) checkpoint_activations: bool,
 }
 
 /// Where a node reads stake from the chain, and how often it talks to it.
@@ -472,6 +479,10 @@ pub(crate) struct LocalSwarmArgs {
     /// first validator is given it: every other node fetches what it needs from it.
     #[arg(long = "data", value_name = "DIR")]
     pub(crate) data: Option<PathBuf>,
+    /// Start every miner with `--checkpoint-activations` (recompute each block in the
+    /// backward pass instead of keeping its activations).
+    #[arg(long)]
+    pub(crate) checkpoint_activations: bool,
 }
 
 /// Options of `train-local`.
@@ -537,6 +548,10 @@ pub(crate) struct TrainLocalArgs {
     /// Device: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub(crate) device: training::Device,
+    /// Recompute each block in the backward pass instead of keeping its activations (less
+    /// memory, one more forward pass, the same gradients).
+    #[arg(long)]
+    pub(crate) checkpoint_activations: bool,
 }
 
 /// Parses a model preset.

@@ -166,6 +166,7 @@ fn train_local(args: &cli::TrainLocalArgs) -> anyhow::Result<()> {
         eval_interval: args.eval_interval,
         stale: args.stale as usize,
         device: args.device,
+        checkpoint_activations: args.checkpoint_activations,
         data: args.data.clone(),
         ..training::LocalConfig::default()
     };

@@ -154,6 +154,22 @@ pub(crate) fn stage_config(run: &RunConfig, stage: u32, device: training::Device
     config.with_shape(model(run))
 }
 
+/// The memory `stage` (as built) is estimated to need on `run`'s samples with `in_flight`
+/// of them held at once; `None` for a layout the model does not allow.
+pub(crate) fn memory_estimate(
+    run: &RunConfig,
+    stage: &StageConfig,
+    in_flight: usize,
+) -> Option<training::memory::Estimate> {
+    let workload = training::memory::Workload::of(
+        stage,
+        run.batch_size as usize,
+        run.seq_len as usize,
+        in_flight,
+    );
+    training::memory::estimate(&workload).ok()
+}
+
 /// The compute thread's configuration for `stage` of `run`: its codecs, the run's id, and
 /// `limits` (nothing larger than the run's own frames is ever decompressed).
 pub(crate) fn worker_config(
@@ -218,6 +234,27 @@ mod tests {
         assert!(NotTrainable::TiedEmbeddings
             .to_string()
             .contains("model.tie_word_embeddings"));
+    }
+
+    #[test]
+    fn a_stage_memory_estimate_uses_the_runs_samples_and_the_stages_own_choices() {
+        let run = RunConfig {
+            stages: 2,
+            ..RunConfig::default()
+        };
+        let mut cfg = stage_config(&run, 0, training::Device::Cpu);
+        let full = memory_estimate(&run, &cfg, 16).unwrap();
+        cfg.checkpoint_activations = true;
+        let ckpt = memory_estimate(&run, &cfg, 16).unwrap();
+        assert!(ckpt.in_flight < full.in_flight / 4, "{ckpt:?} {full:?}");
+        let longer = RunConfig {
+            seq_len: 2 * run.seq_len,
+            ..run.clone()
+        };
+        let twice = memory_estimate(&longer, &cfg, 16).unwrap();
+        assert_eq!(twice.in_flight, 2 * ckpt.in_flight);
+        let layout = training::StageLayout::new(&cfg.shape, 2, 0, cfg.bottleneck).unwrap();
+        assert_eq!(full.params as usize, layout.num_params(&cfg.shape));
     }
 
     #[test]

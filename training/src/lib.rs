@@ -8,6 +8,8 @@
 //! - [`stage`]: one stage with its optimizer: forward, backward, step, flat weights.
 //! - [`wire`]: the codec for activations and gradients between stages.
 //! - [`local`]: the single-process reference trainer.
+//! - [`memory`]: what a stage costs in memory, estimated from its shape and workload, and
+//!   the process's measured peak.
 //! - [`worker`]: a stage on its own compute thread behind an async handle.
 //! - [`checkpoint`]: weights and optimizer state on disk, newest verified first.
 //! - [`butterfly`]: partition plan, averaging and verification of stage replicas.
@@ -23,6 +25,7 @@ pub mod dataset;
 pub mod export;
 pub mod generate;
 pub mod local;
+pub mod memory;
 pub mod model;
 pub mod outer;
 pub mod preset;

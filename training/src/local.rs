@@ -69,6 +69,9 @@ pub struct LocalConfig {
     pub device: Device,
     /// Compute dtype.
     pub dtype: DType,
+    /// Recompute each block in the backward pass instead of keeping its activations
+    /// ([`StageConfig::checkpoint_activations`]).
+    pub checkpoint_activations: bool,
     /// Tokens of the tokenizer ([`crate::ModelConfig::vocab`]); [`VOCAB`] (byte-level, what
     /// the embedded corpus gives) by default.
     pub vocab: usize,
@@ -102,6 +105,7 @@ impl Default for LocalConfig {
             stale: 0,
             device: Device::Cpu,
             dtype: DType::F32,
+            checkpoint_activations: false,
             vocab: VOCAB,
             data: None,
         }
@@ -421,6 +425,7 @@ pub fn run(
     let base = StageConfig {
         device: cfg.device,
         dtype: cfg.dtype,
+        checkpoint_activations: cfg.checkpoint_activations,
         optimizer: AdamW {
             lr: cfg.lr,
             weight_decay: cfg.weight_decay,

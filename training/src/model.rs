@@ -765,14 +765,14 @@ impl Net {
         Tensor::cat(&[&x1 * &cos - &x2 * &sin, &x1 * &sin + &x2 * &cos], -1).to_kind(kind)
     }
 
-    /// One block on the stream state `h`; `read` maps the state to the `d`-wide stream the
+    /// One block on the stream state `h`; `ctx` maps the state to the `d`-wide stream the
     /// block reads (the identity, or `T[token] + U·z` in a subspace model), and the block
     /// adds its writes to the state.
-    fn block(&self, h: &Tensor, blk: &Block, read: &dyn Fn(&Tensor) -> Tensor) -> Tensor {
+    fn block(&self, h: &Tensor, blk: &Block, ctx: &Context) -> Tensor {
         let (b, t, _) = h.size3().expect("hidden states are [batch, seq, width]");
         let d = self.d_model;
         let hd = d / self.n_heads;
-        let x = rms(&read(h), &blk.attn_norm, self.norm_eps);
+        let x = rms(&ctx.read(h), &blk.attn_norm, self.norm_eps);
         let split =
             |w: &Tensor, heads: i64| linear(&x, w).reshape([b, t, heads, hd]).transpose(1, 2);
         let q = self.rope(&split(&blk.wq, self.n_heads), t);
@@ -784,7 +784,7 @@ impl Net {
         );
         let a = a.transpose(1, 2).reshape([b, t, d]);
         let h = h + linear(&a, &blk.wo);
-        let x = rms(&read(&h), &blk.mlp_norm, self.norm_eps);
+        let x = rms(&ctx.read(&h), &blk.mlp_norm, self.norm_eps);
         let gate = linear(&x, &blk.w1).silu() * linear(&x, &blk.w3);
         h + linear(&gate, &blk.w2)
     }
@@ -813,40 +813,93 @@ impl Net {
     /// `[B, T, out_width]` or, for the tail, logits `[B, T, padded vocab]` out. A subspace model's
     /// stages after the head take the sample's `tokens` too (`[B, T]`; the caller checks that
     /// they are given where [`StageLayout::needs_tokens`]).
+    ///
+    /// It is [`Net::enter`], each [`Net::layer`] in turn and [`Net::exit`], all in the
+    /// [`Net::context`] of the sample: the segments activation checkpointing recomputes one
+    /// at a time.
     pub(crate) fn forward(&self, input: &Tensor, tokens: Option<&Tensor>) -> Tensor {
-        let mut h = match &self.embed {
-            Some(e) => Tensor::embedding(e, input, -1, false, false),
-            None => input.shallow_clone(),
-        };
+        let ctx = self.context(input, tokens);
+        let mut h = self.enter(input);
+        for i in 0..self.blocks.len() {
+            h = self.layer(i, &h, &ctx);
+        }
+        self.exit(&h, &ctx)
+    }
+
+    /// What the sample's blocks read beside their state: in a subspace model the basis and
+    /// the fixed rows `T[token]` of its tokens (the input itself for the head, else
+    /// `tokens`); nothing otherwise. No parameter enters it.
+    pub(crate) fn context(&self, input: &Tensor, tokens: Option<&Tensor>) -> Context {
         let subspace = self.fixed.subspace.as_ref().map(|(u, table)| {
             let ids = if self.embed.is_some() {
                 input
             } else {
                 tokens.expect("a subspace stage after the head is given its tokens")
             };
-            (u, Tensor::embedding(table, ids, -1, false, false))
+            (
+                u.shallow_clone(),
+                Tensor::embedding(table, ids, -1, false, false),
+            )
         });
-        let read = |z: &Tensor| match &subspace {
-            Some((u, base)) => base + linear(z, u),
-            None => z.shallow_clone(),
+        Context { subspace }
+    }
+
+    /// The stage's entry: the embedding of the tokens (head), the up projection of the
+    /// hidden input (a bottlenecked stage after the head), or the input itself.
+    pub(crate) fn enter(&self, input: &Tensor) -> Tensor {
+        let h = match &self.embed {
+            Some(e) => Tensor::embedding(e, input, -1, false, false),
+            None => input.shallow_clone(),
         };
-        if let Some(up) = &self.up {
-            h = self.up(up, &h);
+        match &self.up {
+            Some(up) => self.up(up, &h),
+            None => h,
         }
-        for (i, blk) in self.blocks.iter().enumerate() {
-            let layer = self.first_layer + i;
-            for ib in self.inline.iter().filter(|ib| ib.before_layer == layer) {
-                h = self.up(&ib.up, &self.down(&ib.down, &h));
-            }
-            h = self.block(&h, blk, &read);
+    }
+
+    /// Blocks this stage holds.
+    pub(crate) fn num_layers(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// The stage's `i`-th block (with the inline boundaries that run before it) on `h`.
+    pub(crate) fn layer(&self, i: usize, h: &Tensor, ctx: &Context) -> Tensor {
+        let layer = self.first_layer + i;
+        let mut h = h.shallow_clone();
+        for ib in self.inline.iter().filter(|ib| ib.before_layer == layer) {
+            h = self.up(&ib.up, &self.down(&ib.down, &h));
         }
+        self.block(&h, &self.blocks[i], ctx)
+    }
+
+    /// The stage's exit: the down projection (a bottlenecked stage before the tail), the
+    /// final norm and the LM head (the tail: logits), or the state itself.
+    pub(crate) fn exit(&self, h: &Tensor, ctx: &Context) -> Tensor {
+        let mut h = h.shallow_clone();
         if let Some(down) = &self.down {
             h = self.down(down, &h);
         }
         if let (Some(norm), Some(head)) = (&self.final_norm, &self.lm_head) {
-            h = linear(&rms(&read(&h), norm, self.norm_eps), head);
+            h = linear(&rms(&ctx.read(&h), norm, self.norm_eps), head);
         }
         h
+    }
+}
+
+/// What a sample's blocks read beside their state (see [`Net::context`]).
+pub(crate) struct Context {
+    /// The basis `U` and the rows `T[token]`, in a subspace model.
+    subspace: Option<(Tensor, Tensor)>,
+}
+
+impl Context {
+    /// The `d`-wide stream read from the state `z`: `T[token] + U·z` in a subspace model,
+    /// `z` itself otherwise.
+    fn read(&self, z: &Tensor) -> Tensor {
+        match &self.subspace {
+            Some((u, base)) => base + linear(z, u),
+            None => z.shallow_clone(),
+        }
     }
 }
 

@@ -10,7 +10,10 @@
 //!   input ([`Stage::needs_tokens`], the `*_with_tokens` methods).
 //! - [`Stage::forward`] keeps the autograd graph of a sample, keyed by its id, until
 //!   [`Stage::backward`] consumes it or [`Stage::drop_sample`] frees it; at most
-//!   [`StageConfig::max_in_flight`] samples are kept.
+//!   [`StageConfig::max_in_flight`] samples are kept. With
+//!   [`StageConfig::checkpoint_activations`] it keeps only each block's input instead, and
+//!   the backward pass recomputes the blocks from them (see `stage/recompute.rs`): the same
+//!   outputs, losses and gradients for less memory and one more forward pass.
 //! - Parameter gradients accumulate over samples; [`Stage::step`] averages them over the samples
 //!   seen since the last step, clips the global norm and applies AdamW.
 //! - A step does not wait for the samples in flight (weight stashing, as in PipeDream): when
@@ -33,6 +36,7 @@
 
 mod error;
 mod optim;
+mod recompute;
 
 use std::collections::HashMap;
 
@@ -70,6 +74,10 @@ pub struct StageConfig {
     pub optimizer: AdamW,
     /// Most samples whose graphs may wait for their backward pass.
     pub max_in_flight: usize,
+    /// Keep only each block's input of a sample in flight and recompute the blocks in its
+    /// backward pass (activation checkpointing): less memory per sample for one more
+    /// forward pass. The gradients are the same.
+    pub checkpoint_activations: bool,
 }
 
 impl StageConfig {
@@ -93,6 +101,7 @@ impl StageConfig {
             dtype: DType::F32,
             optimizer: AdamW::default(),
             max_in_flight: 64,
+            checkpoint_activations: false,
         }
     }
 
@@ -141,12 +150,27 @@ pub struct StageState {
 }
 
 struct Pending {
-    /// The input leaf whose gradient is sent back (`None` for the head).
-    input: Option<Tensor>,
-    output: Tensor,
+    graph: Graph,
     /// The parameter tensors the graph was recorded with, in parameter order (shallow
     /// clones: the live ones, or an earlier version kept for this graph by a step).
     weights: Vec<Tensor>,
+}
+
+/// What a sample in flight keeps for its backward pass.
+enum Graph {
+    /// The whole autograd graph.
+    Kept {
+        /// The input leaf whose gradient is sent back (`None` for the head).
+        input: Option<Tensor>,
+        output: Tensor,
+    },
+    /// Each block's input, to recompute from ([`StageConfig::checkpoint_activations`]).
+    Checkpointed {
+        saved: recompute::Saved,
+        /// Shape and dtype of the output the gradient is for.
+        out_size: Vec<i64>,
+        out_kind: Kind,
+    },
 }
 
 /// One stage of the pipeline, owning its tensors. Not `Sync`: keep it on one thread
@@ -380,16 +404,32 @@ impl Stage {
         }
         let x = self.prepare_input(input)?;
         let tokens = self.side_tokens(input, tokens)?;
-        let leaf = (!self.layout.is_head()).then(|| x.set_requires_grad(true));
-        let output = self
-            .net
-            .forward(leaf.as_ref().unwrap_or(&x), tokens.as_ref());
-        let out = output.f_detach()?;
+        let (out, graph) = if self.config.checkpoint_activations {
+            let (out, saved) = recompute::forward(&self.net, x, tokens);
+            let graph = Graph::Checkpointed {
+                saved,
+                out_size: out.size(),
+                out_kind: out.kind(),
+            };
+            (out, graph)
+        } else {
+            let leaf = (!self.layout.is_head()).then(|| x.set_requires_grad(true));
+            let output = self
+                .net
+                .forward(leaf.as_ref().unwrap_or(&x), tokens.as_ref());
+            let out = output.f_detach()?;
+            (
+                out,
+                Graph::Kept {
+                    input: leaf,
+                    output,
+                },
+            )
+        };
         self.in_flight.insert(
             sample_id,
             Pending {
-                input: leaf,
-                output,
+                graph,
                 weights: self
                     .params
                     .iter()
@@ -398,6 +438,19 @@ impl Stage {
             },
         );
         Ok(out)
+    }
+
+    /// Bytes of the activations the samples in flight keep when they are checkpointed (the
+    /// tensors saved for recomputation); 0 for whole graphs, whose size autograd does not
+    /// tell.
+    pub fn checkpointed_bytes(&self) -> usize {
+        self.in_flight
+            .values()
+            .map(|p| match &p.graph {
+                Graph::Checkpointed { saved, .. } => saved.bytes(),
+                Graph::Kept { .. } => 0,
+            })
+            .sum()
     }
 
     /// Back-propagates `grad_output` through the graph kept for `sample_id`, accumulating
@@ -412,7 +465,12 @@ impl Stage {
             .in_flight
             .remove(&sample_id)
             .ok_or(BackwardError::UnknownSample(sample_id))?;
-        let expected = pending.output.size();
+        let (expected, kind) = match &pending.graph {
+            Graph::Kept { output, .. } => (output.size(), output.kind()),
+            Graph::Checkpointed {
+                out_size, out_kind, ..
+            } => (out_size.clone(), *out_kind),
+        };
         if grad_output.size() != expected {
             return Err(BackwardError::ShapeMismatch {
                 expected,
@@ -421,15 +479,39 @@ impl Stage {
         }
         let g = grad_output
             .f_to_device(self.config.device)?
-            .f_to_kind(pending.output.kind())?;
-        // d/d(out) of sum(out * g) is g: the vector-Jacobian product with the given gradient.
-        (pending.output * g).f_sum(Kind::Float)?.f_backward()?;
+            .f_to_kind(kind)?;
+        let grad_input = match pending.graph {
+            Graph::Kept { input, output } => {
+                recompute::vjp(&output, &g)?;
+                input.map(|leaf| leaf.grad().detach())
+            }
+            Graph::Checkpointed { saved, .. } => {
+                // Recomputed with the weights the sample was forwarded with.
+                let net = self.net_of(&pending.weights);
+                recompute::backward(&net, saved, self.layout.is_head(), |out| {
+                    recompute::vjp(out, &g)
+                })?
+            }
+        };
         // Gradients that landed on an earlier version of the weights join the live ones.
         for (p, version) in self.params.iter_mut().zip(&pending.weights) {
             p.harvest(version);
         }
         self.accumulated += 1;
-        Ok(pending.input.map(|leaf| leaf.grad().detach()))
+        Ok(grad_input)
+    }
+
+    /// The forward pass over `weights` (a version of the parameters, in parameter order).
+    fn net_of(&self, weights: &[Tensor]) -> Net {
+        let by_name: HashMap<&str, &Tensor> = self
+            .specs
+            .iter()
+            .zip(weights)
+            .map(|(s, w)| (s.name.as_str(), w))
+            .collect();
+        Net::build(&self.model, &self.layout, self.net.fixed.share(), |name| {
+            by_name.get(name).map(|w| w.shallow_clone())
+        })
     }
 
     /// The tail's forward and backward pass on one sample: mean cross-entropy against
@@ -459,11 +541,25 @@ impl Stage {
         let x = self.prepare_input(input)?;
         self.check_targets(input, targets)?;
         let tokens = self.side_tokens(input, tokens)?;
+        let targets = targets.f_to_device(self.config.device)?;
+        if self.config.checkpoint_activations {
+            let saved = recompute::forward_to_exit(&self.net, x, tokens);
+            let mut loss = f32::NAN;
+            let grad_input =
+                recompute::backward(&self.net, saved, self.layout.is_head(), |logits| {
+                    let l = model::loss(logits, &targets);
+                    l.f_backward()?;
+                    loss = l.f_double_value(&[])? as f32;
+                    Ok(())
+                })?;
+            self.accumulated += 1;
+            return Ok(LossOutput { loss, grad_input });
+        }
         let leaf = (!self.layout.is_head()).then(|| x.set_requires_grad(true));
         let logits = self
             .net
             .forward(leaf.as_ref().unwrap_or(&x), tokens.as_ref());
-        let loss = model::loss(&logits, &targets.f_to_device(self.config.device)?);
+        let loss = model::loss(&logits, &targets);
         loss.f_backward()?;
         self.accumulated += 1;
         Ok(LossOutput {

@@ -217,6 +217,7 @@ pub struct StageHandle {
     normal: mpsc::Sender<Command>,
     layout: StageLayout,
     num_params: usize,
+    config: std::sync::Arc<StageConfig>,
 }
 
 impl std::fmt::Debug for Command {
@@ -235,6 +236,7 @@ impl StageHandle {
         let (normal_tx, normal_rx) = mpsc::channel(cfg.queue.max(1));
         let (ready_tx, ready_rx) = oneshot::channel();
         let name = format!("stage-{}", cfg.stage.index);
+        let config = std::sync::Arc::new(cfg.stage.clone());
         let join = thread::Builder::new()
             .name(name)
             .spawn(move || {
@@ -267,6 +269,7 @@ impl StageHandle {
                 normal: normal_tx,
                 layout,
                 num_params,
+                config,
             },
             join,
         ))
@@ -280,6 +283,11 @@ impl StageHandle {
     /// Number of scalar parameters of the stage.
     pub fn num_params(&self) -> usize {
         self.num_params
+    }
+
+    /// The configuration the stage was built from.
+    pub fn config(&self) -> &StageConfig {
+        &self.config
     }
 
     /// Fault injection for the node's failure handling: the compute thread panics, as one

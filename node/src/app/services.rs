@@ -339,6 +339,7 @@ fn start_miner(
             data_dir: settings.data_dir.clone(),
             device: settings.compute.device,
             head_window: settings.compute.head_window,
+            checkpoint_activations: settings.compute.checkpoint_activations,
             faults: settings.faults.miner,
             key: identity.keypair.clone(),
         },

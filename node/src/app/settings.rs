@@ -75,6 +75,8 @@ pub(crate) struct ComputeSettings {
     pub(crate) device: training::Device,
     /// `--head-window`.
     pub(crate) head_window: usize,
+    /// `--checkpoint-activations`.
+    pub(crate) checkpoint_activations: bool,
 }
 
 /// How a validator submits its weights (the chain flags besides the stake source's).
@@ -131,6 +133,7 @@ impl NodeSettings {
             compute: ComputeSettings {
                 device: args.device,
                 head_window: usize::try_from(args.head_window).unwrap_or(1),
+                checkpoint_activations: args.checkpoint_activations,
             },
             metrics: args.metrics,
             data: DataSettings {
@@ -360,6 +363,19 @@ mod tests {
         assert_eq!(miner.role, Role::Miner);
         let validator = NodeSettings::from_args(&args(&["--validator"])).unwrap();
         assert_eq!(validator.role, Role::Validator);
+    }
+
+    #[test]
+    fn activation_checkpointing_is_off_unless_asked_for() {
+        let plain = NodeSettings::from_args(&args(&[])).unwrap();
+        assert!(!plain.compute.checkpoint_activations);
+        let ckpt = NodeSettings::from_args(&args(&["--checkpoint-activations"])).unwrap();
+        assert!(ckpt.compute.checkpoint_activations);
+        assert_eq!(
+            ckpt.run.hash(),
+            plain.run.hash(),
+            "a node's own choice, not the run's"
+        );
     }
 
     #[test]

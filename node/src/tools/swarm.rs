@@ -168,6 +168,8 @@ struct Cast {
     roles: std::collections::BTreeMap<String, String>,
     /// Each validator's role in the report, by peer id.
     validator_roles: std::collections::BTreeMap<String, String>,
+    /// Flags every miner is started with beside its own (`--checkpoint-activations`).
+    miner_flags: Vec<String>,
 }
 
 impl Cast {
@@ -257,8 +259,19 @@ fn cast(args: &LocalSwarmArgs, out: &Path) -> anyhow::Result<(Cast, Vec<LocalNeu
         validator_faults,
         roles,
         validator_roles,
+        miner_flags: miner_flags(args),
     };
     Ok((cast, neurons))
+}
+
+/// The flags of `args` that every miner process is given: the node's own compute choices,
+/// which are no part of the run configuration.
+fn miner_flags(args: &LocalSwarmArgs) -> Vec<String> {
+    let mut flags = Vec::new();
+    if args.checkpoint_activations {
+        flags.push("--checkpoint-activations".to_string());
+    }
+    flags
 }
 
 /// The files every node of the run reads, and the run configuration they hold.
@@ -394,6 +407,8 @@ async fn start_nodes(
         ];
         if i < cast.validators {
             node_args.push("--validator".into());
+        } else {
+            node_args.extend(cast.miner_flags.iter().cloned());
         }
         if let (0, Some(dir)) = (i, &files.data) {
             node_args.extend(["--data".to_string(), dir.display().to_string()]);
@@ -655,6 +670,28 @@ mod tests {
         std::fs::write(dir.join("notes.txt"), "mine").unwrap();
         assert_eq!(not_ours(&dir).unwrap(), Some("notes.txt".to_string()));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn checkpoint_activations_is_passed_to_every_miner_and_the_node_accepts_it() {
+        use clap::Parser;
+        let swarm_args = |flags: &[&str]| {
+            let argv = ["iota-p2p", "local-swarm"].iter().chain(flags).copied();
+            match crate::cli::Cli::try_parse_from(argv).unwrap().command {
+                Some(crate::cli::Command::LocalSwarm(args)) => args,
+                other => panic!("not local-swarm: {other:?}"),
+            }
+        };
+        assert!(miner_flags(&swarm_args(&[])).is_empty());
+        let flags = miner_flags(&swarm_args(&["--checkpoint-activations"]));
+        assert_eq!(flags, ["--checkpoint-activations"]);
+        let argv = std::iter::once("iota-p2p").chain(flags.iter().map(String::as_str));
+        assert!(
+            crate::cli::Cli::try_parse_from(argv)
+                .unwrap()
+                .node
+                .checkpoint_activations
+        );
     }
 
     #[test]

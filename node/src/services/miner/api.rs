@@ -32,6 +32,9 @@ pub(crate) struct MinerConfig {
     pub(crate) device: training::Device,
     /// Samples each head keeps in flight.
     pub(crate) head_window: usize,
+    /// Whether the stage checkpoints its activations (recomputes its blocks in the
+    /// backward pass).
+    pub(crate) checkpoint_activations: bool,
     /// Misbehaviour on purpose (tests of the other nodes' defences); all off normally.
     pub(crate) faults: MinerFaults,
     /// The node's identity key: it signs this miner's hop receipts.
@@ -119,6 +122,9 @@ pub(crate) struct MinerStatus {
     pub(crate) train_loss: Option<f32>,
     pub(crate) weights_hash: Option<String>,
     pub(crate) merged_epoch: Option<u64>,
+    /// The memory the stage in force is estimated to need with the most samples this
+    /// miner holds at once (`training::memory::estimate`), in bytes.
+    pub(crate) stage_memory_estimate_bytes: Option<u64>,
 }
 
 /// The miner service's inbox.

@@ -27,6 +27,7 @@ pub(crate) async fn build(
     let mut stage_cfg = crate::run_spec::stage_config(run, stage, ctx.cfg.device);
     stage_cfg.optimizer.lr = plan.lr;
     stage_cfg.max_in_flight = MAX_IN_FLIGHT * 2;
+    stage_cfg.checkpoint_activations = ctx.cfg.checkpoint_activations;
     let worker_cfg = crate::run_spec::worker_config(run, stage_cfg, ctx.frames.limits());
     let (handle, thread) = StageHandle::spawn(worker_cfg).await?;
     load(ctx, plan, stage, &handle).await?;

@@ -108,6 +108,8 @@ pub(crate) struct MinerState {
     epoch_processed: u64,
     /// Parameters of the current stage (sizes the merge's deadline).
     param_count: u64,
+    /// The memory the stage in force is estimated to need, in bytes.
+    memory_estimate: Option<u64>,
 }
 
 impl MinerState {
@@ -168,9 +170,16 @@ impl MinerState {
     }
 
     /// The stage in force from now, and its compute thread.
-    pub(crate) fn set_stage(&mut self, stage: u32, worker: StageHandle) {
+    /// `memory_estimate`: the bytes it is estimated to need.
+    pub(crate) fn set_stage(
+        &mut self,
+        stage: u32,
+        worker: StageHandle,
+        memory_estimate: Option<u64>,
+    ) {
         self.in_force.stage = Some(stage);
         self.in_force.worker = Some(worker);
+        self.memory_estimate = memory_estimate;
     }
 
     /// Gives up the stage's compute thread (shutdown).
@@ -272,6 +281,7 @@ impl MinerState {
             train_loss: self.train_loss,
             weights_hash: self.weights_hash.clone(),
             merged_epoch: self.merged_epoch,
+            stage_memory_estimate_bytes: self.memory_estimate,
         }
     }
 }

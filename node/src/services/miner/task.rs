@@ -294,7 +294,14 @@ impl Task {
                 worker,
                 done,
             } => {
-                self.state.set_stage(stage, worker);
+                let estimate = crate::run_spec::memory_estimate(
+                    &self.ctx.cfg.run,
+                    worker.config(),
+                    super::MAX_IN_FLIGHT,
+                );
+                self.state
+                    .set_stage(stage, worker, estimate.map(|e| e.total()));
+                self.publish.status.send_replace(self.state.status());
                 self.publish.in_force.send_replace(self.state.in_force());
                 let _ = done.send(());
             }

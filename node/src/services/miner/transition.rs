@@ -16,7 +16,7 @@ use training::StageHandle;
 use super::context::{until, Ctx};
 use super::state::PhaseEvent;
 use super::task::Note;
-use super::{checkpoint, head, stage};
+use super::{checkpoint, head, stage, MAX_IN_FLIGHT};
 
 /// A transition given up for a newer plan's.
 #[derive(Debug, thiserror::Error)]
@@ -113,7 +113,15 @@ async fn train(
     if let Err(error) = ctx.client.subscribe(&topic).await {
         tracing::warn!(%error, "cannot follow the stage's merges");
     }
-    tracing::info!(epoch = plan.epoch, stage, "training epoch");
+    let estimate = crate::run_spec::memory_estimate(&ctx.cfg.run, worker.config(), MAX_IN_FLIGHT);
+    tracing::info!(
+        epoch = plan.epoch,
+        stage,
+        peak_memory_mb = mb(training::memory::peak_rss_bytes()),
+        estimated_memory_mb = mb(estimate.map(|e| e.total())),
+        checkpoint_activations = worker.config().checkpoint_activations,
+        "training epoch"
+    );
     ctx.phase(PhaseEvent::Training { epoch: plan.epoch }).await;
     if ctx.cfg.faults.compute_dies {
         worker.crash().await;
@@ -124,4 +132,9 @@ async fn train(
         ctx.phase(PhaseEvent::Draining { epoch }).await;
     }
     Ok(())
+}
+
+/// Bytes in megabytes for a log line (0 where unknown).
+fn mb(bytes: Option<u64>) -> f64 {
+    (bytes.unwrap_or(0) as f64 / 1e6).round()
 }

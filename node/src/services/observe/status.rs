@@ -73,6 +73,9 @@ pub(crate) struct Status {
     pub(crate) connected_peers: usize,
     pub(crate) routing_table_peers: usize,
     pub(crate) routing_table: Vec<String>,
+    /// The process's peak resident memory so far, in bytes (Linux `VmHWM`; `null` where
+    /// unknown). Host memory only: on CUDA the device's is not counted.
+    pub(crate) peak_memory_bytes: Option<u64>,
     #[serde(flatten)]
     pub(crate) view: NodeView,
 }
@@ -121,6 +124,7 @@ impl StatusSource {
             connected_peers: connected.len(),
             routing_table_peers: routing.len(),
             routing_table: routing,
+            peak_memory_bytes: training::memory::peak_rss_bytes(),
             view,
         })
     }
@@ -166,6 +170,27 @@ mod tests {
     use super::*;
     use crate::services::consensus::api::{ConsensusWeights, MinerConsensus};
     use crate::services::validator::api::{EpochWeights, MinerWeight};
+
+    #[test]
+    fn status_gives_the_peak_memory_and_a_miners_stage_estimate() {
+        let mut view = NodeView::default();
+        view.miner.stage_memory_estimate_bytes = Some(49_000_000);
+        let status = Status {
+            peer_id: bootstrap::PeerIdStr::parse(
+                "12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN",
+            )
+            .unwrap(),
+            role: "miner",
+            connected_peers: 0,
+            routing_table_peers: 0,
+            routing_table: Vec::new(),
+            peak_memory_bytes: Some(470_000_000),
+            view,
+        };
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["peak_memory_bytes"], 470_000_000);
+        assert_eq!(json["stage_memory_estimate_bytes"], 49_000_000);
+    }
 
     fn consensus(epoch: u64) -> ConsensusWeights {
         let miner = |uid: u16, weight: f64| MinerConsensus {
