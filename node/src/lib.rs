@@ -166,6 +166,7 @@ fn train_local(args: &cli::TrainLocalArgs) -> anyhow::Result<()> {
         eval_interval: args.eval_interval,
         stale: args.stale as usize,
         device: args.device,
+        dtype: args.dtype,
         data: args.data.clone(),
         ..training::LocalConfig::default()
     };

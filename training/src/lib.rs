@@ -36,7 +36,9 @@ pub use data::{Batch, Corpus};
 pub use dataset::{Dataset, TrainingData};
 pub use local::{LocalConfig, LocalReport};
 pub use model::{Bottleneck, BottleneckKind, StageLayout};
-pub use preset::{parse_device, DType, ModelConfig, Preset, ShapeError, MAX_VOCAB, VOCAB};
+pub use preset::{
+    cuda_device_count, parse_device, DType, ModelConfig, Preset, ShapeError, MAX_VOCAB, VOCAB,
+};
 pub use stage::{AdamW, LossOutput, Stage, StageConfig, StageState, StepReport};
 pub use tch::Device;
 pub use tokenizer::Tokenizer;
