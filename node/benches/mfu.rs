@@ -29,6 +29,7 @@
 //! - `IOTA_MFU_BATCH` (16) windows of `IOTA_MFU_SEQ` (64) tokens per sample;
 //! - `IOTA_MFU_STEPS` (30) train-local steps, `IOTA_MFU_SAMPLES` (24) samples the swarm's
 //!   head draws in its one epoch, `IOTA_MFU_TIMEOUT` (600) seconds a swarm may take;
+//! - `IOTA_MFU_THREADS` (every core): train-local's libtorch threads;
 //! - `IOTA_MFU_RUN`: TOML fields laid over the swarm's run configuration.
 
 mod common;
@@ -188,6 +189,7 @@ fn main() {
     let samples: u64 = setting("IOTA_MFU_SAMPLES", 24);
     let timeout: u64 = setting("IOTA_MFU_TIMEOUT", 600);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads: usize = setting("IOTA_MFU_THREADS", cores);
     let started = Instant::now();
 
     let (peak_flops, peak_source) = peak(&devices, &dtype, cores);
@@ -212,64 +214,77 @@ fn main() {
         let flops_per_token = model_flops_per_token(&model, seq);
         for mode in &modes {
             let t0 = Instant::now();
-            let tokens_per_s = match mode.as_str() {
-                "train-local" => {
-                    let out = run(&[
-                        "train-local",
-                        "--preset",
-                        preset,
-                        "--steps",
-                        &steps.to_string(),
-                        "--batch",
-                        &batch.to_string(),
-                        "--seq-len",
-                        &seq.to_string(),
-                        "--threads",
-                        &cores.to_string(),
-                        "--eval-interval",
-                        "0",
-                        "--device",
-                        &first_device,
-                        "--dtype",
-                        &dtype,
-                    ]);
-                    result(&out, "train-local")["tokens_per_s"]
-                }
-                swarm => {
-                    let stages: u32 = swarm
-                        .strip_prefix("swarm-")
-                        .and_then(|s| s.parse().ok())
-                        .unwrap_or_else(|| panic!("IOTA_MFU_MODES: {swarm} is not a mode"));
-                    let out_dir = std::env::temp_dir()
-                        .join(format!("iota-bench-mfu-{}-{swarm}", std::process::id()));
-                    let out = run(&[
-                        "local-swarm",
-                        "--preset",
-                        preset,
-                        "--miners",
-                        &stages.to_string(),
-                        "--validators",
-                        "1",
-                        "--stages",
-                        &stages.to_string(),
-                        "--epochs",
-                        "1",
-                        "--samples-per-epoch",
-                        &samples.to_string(),
-                        "--run",
-                        &overrides.display().to_string(),
-                        "--device",
-                        &device,
-                        "--dtype",
-                        &dtype,
-                        "--timeout-secs",
-                        &timeout.to_string(),
-                        "--out",
-                        &out_dir.display().to_string(),
-                    ]);
-                    let _ = std::fs::remove_dir_all(&out_dir);
-                    result(&out, "local-swarm")["tokens_per_s"]
-                }
+            // A run that fails (out of memory, over its timeout) is reported as such and the
+            // others still run.
+            let measured =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match mode.as_str() {
+                    "train-local" => {
+                        let out = run(&[
+                            "train-local",
+                            "--preset",
+                            preset,
+                            "--steps",
+                            &steps.to_string(),
+                            "--batch",
+                            &batch.to_string(),
+                            "--seq-len",
+                            &seq.to_string(),
+                            "--threads",
+                            &cores.to_string(),
+                            "--eval-interval",
+                            "0",
+                            "--device",
+                            &first_device,
+                            "--dtype",
+                            &dtype,
+                        ]);
+                        result(&out, "train-local")["tokens_per_s"]
+                    }
+                    swarm => {
+                        let stages: u32 = swarm
+                            .strip_prefix("swarm-")
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or_else(|| panic!("IOTA_MFU_MODES: {swarm} is not a mode"));
+                        let out_dir = std::env::temp_dir()
+                            .join(format!("iota-bench-mfu-{}-{swarm}", std::process::id()));
+                        let out = run(&[
+                            "local-swarm",
+                            "--preset",
+                            preset,
+                            "--miners",
+                            &stages.to_string(),
+                            "--validators",
+                            "1",
+                            "--stages",
+                            &stages.to_string(),
+                            "--epochs",
+                            "1",
+                            "--samples-per-epoch",
+                            &samples.to_string(),
+                            "--run",
+                            &overrides.display().to_string(),
+                            "--device",
+                            &device,
+                            "--dtype",
+                            &dtype,
+                            "--timeout-secs",
+                            &timeout.to_string(),
+                            "--no-sample",
+                            "--out",
+                            &out_dir.display().to_string(),
+                        ]);
+                        let _ = std::fs::remove_dir_all(&out_dir);
+                        result(&out, "local-swarm")["tokens_per_s"]
+                    }
+                }));
+            let Ok(tokens_per_s) = measured else {
+                let line = format!(
+                    "RESULT mfu preset={preset} mode={mode} device={device} dtype={dtype} failed=1"
+                );
+                println!("{line}");
+                println!("({preset} {mode}: {:.0} s)", t0.elapsed().as_secs_f64());
+                lines.push(line);
+                continue;
             };
             let mfu = tokens_per_s * flops_per_token / peak_flops;
             let line = format!(
@@ -277,7 +292,8 @@ fn main() {
                  tokens_per_s={tokens_per_s:.1} model_flops_per_token={flops_per_token:.4e} \
                  peak_flops={peak_flops:.4e} peak_source={peak_source} mfu={mfu:.5}"
             );
-            println!("{line}  ({:.0} s)", t0.elapsed().as_secs_f64());
+            println!("{line}");
+            println!("({preset} {mode}: {:.0} s)", t0.elapsed().as_secs_f64());
             lines.push(line);
         }
     }

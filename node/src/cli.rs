@@ -487,6 +487,10 @@ pub(crate) struct LocalSwarmArgs {
     /// and optimizer state).
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     pub(crate) dtype: training::DType,
+    /// End once the report is written, without exporting the model and sampling text from
+    /// it (which takes a while for the large presets).
+    #[arg(long)]
+    pub(crate) no_sample: bool,
 }
 
 /// Options of `train-local`.

@@ -79,6 +79,9 @@ pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
         stop_errors == 0,
         "{stop_errors} node(s) did not stop cleanly"
     );
+    if args.no_sample {
+        return Ok(());
+    }
     if let Err(error) = sample(&out) {
         println!("local-swarm: no model exported or sampled: {error:#}");
     }
