@@ -230,7 +230,7 @@ fn main() {
                             "--seq-len",
                             &seq.to_string(),
                             "--threads",
-                            &cores.to_string(),
+                            &threads.to_string(),
                             "--eval-interval",
                             "0",
                             "--device",
