@@ -15,8 +15,9 @@
 //! bottleneck projections and re-computations are overhead, not model FLOPs, so the same
 //! model scores the same work in every mode.
 //!
-//! Peak: on the CPU, measured in the same run by a large matmul in the dtype over every
-//! core (`peak_source=measured-matmul`); on a CUDA device, the vendor's dense peak for the
+//! Peak: on the CPU, measured in the same run by a 1024² matmul in the dtype, the better of
+//! one thread's best times the cores and every core's threads together
+//! (`peak_source=measured-matmul`); on a CUDA device, the vendor's dense peak for the
 //! dtype looked up by the name `nvidia-smi` reports (`peak_source=table:<name>`; f32 is the
 //! non-tensor-core peak, as libtorch leaves TF32 off for matmuls), multiplied by the number
 //! of distinct GPUs a swarm is spread over. `IOTA_MFU_PEAK_TFLOPS` overrides it
@@ -29,7 +30,8 @@
 //! - `IOTA_MFU_BATCH` (16) windows of `IOTA_MFU_SEQ` (64) tokens per sample;
 //! - `IOTA_MFU_STEPS` (30) train-local steps, `IOTA_MFU_SAMPLES` (24) samples the swarm's
 //!   head draws in its one epoch, `IOTA_MFU_TIMEOUT` (600) seconds a swarm may take;
-//! - `IOTA_MFU_THREADS` (every core): train-local's libtorch threads;
+//! - `IOTA_MFU_THREADS` (1): train-local's libtorch threads (more help only on a quiet
+//!   machine: they slow down sharply when other processes share the cores);
 //! - `IOTA_MFU_RUN`: TOML fields laid over the swarm's run configuration.
 
 mod common;
@@ -107,7 +109,7 @@ fn gpu_name(index: usize) -> Option<String> {
     (out.status.success() && !name.is_empty()).then_some(name)
 }
 
-/// The best FLOP/s of an `n`×`n` matmul in `kind` over every core, for about `budget`.
+/// The best FLOP/s of an `n`×`n` matmul in `kind` on libtorch's threads, for about `budget`.
 fn measured_peak(kind: tch::Kind, budget: Duration) -> f64 {
     let n = 1024i64;
     let a = tch::Tensor::randn([n, n], (kind, tch::Device::Cpu));
@@ -149,15 +151,20 @@ fn peak(devices: &[String], dtype: &str, cores: usize) -> (f64, String) {
     }
     let gpus = gpus(devices);
     if gpus.is_empty() {
-        tch::set_num_threads(cores as i32);
         let kind = if dtype == "bf16" {
             tch::Kind::BFloat16
         } else {
             tch::Kind::Float
         };
-        let flops = measured_peak(kind, Duration::from_secs(3));
+        // One core's best times the cores, or every core's threads together, whichever is
+        // more: libtorch's threads lose much of their speed when other processes share the
+        // cores, and a peak should not shrink with the machine's load.
         tch::set_num_threads(1);
-        return (flops, "measured-matmul".to_string());
+        let one = measured_peak(kind, Duration::from_secs(2)) * cores as f64;
+        tch::set_num_threads(cores as i32);
+        let all = measured_peak(kind, Duration::from_secs(2));
+        tch::set_num_threads(1);
+        return (one.max(all), "measured-matmul".to_string());
     }
     let mut total = 0.0;
     let mut names = Vec::new();
@@ -189,7 +196,7 @@ fn main() {
     let samples: u64 = setting("IOTA_MFU_SAMPLES", 24);
     let timeout: u64 = setting("IOTA_MFU_TIMEOUT", 600);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads: usize = setting("IOTA_MFU_THREADS", cores);
+    let threads: usize = setting("IOTA_MFU_THREADS", 1);
     let started = Instant::now();
 
     let (peak_flops, peak_source) = peak(&devices, &dtype, cores);
