@@ -162,9 +162,15 @@ pub(crate) struct NodeArgs {
     #[arg(long = "data-cache-gb", env = "IOTA_DATA_CACHE_GB", default_value_t = 10.0, value_parser = parse_cache_gb)]
     pub(crate) data_cache_gb: f64,
 
-    /// Device the miner's stage computes on: `cpu`, `cuda` or `cuda:N`.
+    /// Device the node's stages (a miner's, a validator's spot checks) compute on: `cpu`,
+    /// `cuda` (the first GPU) or `cuda:N`; a CUDA device this machine lacks is refused.
     #[arg(long, env = "IOTA_DEVICE", default_value = "cpu", value_parser = parse_device)]
     pub(crate) device: training::Device,
+
+    /// Precision the node's stages compute in: `f32`, or `bf16` (bf16 compute over f32
+    /// master weights and optimizer state; for GPUs).
+    #[arg(long, env = "IOTA_DTYPE", default_value = "f32", value_parser = parse_dtype)]
+    pub(crate) dtype: training::DType,
 
     /// Misbehave on purpose, to test that the other nodes cope (comma-separated).
     #[arg(
@@ -483,6 +489,19 @@ pub(crate) struct LocalSwarmArgs {
     /// backward pass instead of keeping its activations).
     #[arg(long)]
     pub(crate) checkpoint_activations: bool,
+    /// Devices the nodes compute on, comma-separated: `cpu`, `cuda` (every node shares the
+    /// first GPU), or a list such as `cuda:0,cuda:1` dealt round-robin in start-up order
+    /// (validators first, then miners: node i gets entry i mod the list's length).
+    #[arg(long, value_delimiter = ',', default_value = "cpu", value_parser = parse_device)]
+    pub(crate) device: Vec<training::Device>,
+    /// Precision every node computes in: f32, or bf16 (bf16 compute over f32 master weights
+    /// and optimizer state).
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    pub(crate) dtype: training::DType,
+    /// End once the report is written, without exporting the model and sampling text from
+    /// it (which takes a while for the large presets).
+    #[arg(long)]
+    pub(crate) no_sample: bool,
 }
 
 /// Options of `train-local`.
@@ -545,13 +564,16 @@ pub(crate) struct TrainLocalArgs {
     /// Train on a dataset made by `prepare-data` instead of the embedded corpus.
     #[arg(long = "data", value_name = "DIR")]
     pub(crate) data: Option<PathBuf>,
-    /// Device: cpu, cuda or cuda:N.
+    /// Device: cpu, cuda or cuda:N; a CUDA device this machine lacks is refused.
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub(crate) device: training::Device,
     /// Recompute each block in the backward pass instead of keeping its activations (less
     /// memory, one more forward pass, the same gradients).
     #[arg(long)]
     pub(crate) checkpoint_activations: bool,
+    /// Precision: f32, or bf16 (bf16 compute over f32 master weights and optimizer state).
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    pub(crate) dtype: training::DType,
 }
 
 /// Parses a model preset.
@@ -601,9 +623,31 @@ fn parse_bootstrap(s: &str) -> Result<Multiaddr, String> {
     }
 }
 
-/// Parses a compute device.
+/// Parses a compute device, refusing a CUDA device this machine does not have.
 fn parse_device(s: &str) -> Result<training::Device, String> {
-    training::parse_device(s).map_err(|e| e.to_string())
+    let device = training::parse_device(s).map_err(|e| e.to_string())?;
+    present(device, training::cuda_device_count())?;
+    Ok(device)
+}
+
+/// `device`, on a machine where libtorch sees `cuda_devices` GPUs: the CPU always exists, a
+/// GPU only below that count.
+fn present(device: training::Device, cuda_devices: i64) -> Result<(), String> {
+    match device {
+        training::Device::Cuda(_) if cuda_devices <= 0 => Err(
+            "CUDA is not available on this machine (no GPU, no driver, or a CPU-only libtorch)"
+                .to_string(),
+        ),
+        training::Device::Cuda(i) if i as i64 >= cuda_devices => Err(format!(
+            "cuda:{i} does not exist: this machine has {cuda_devices} CUDA device(s)"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Parses a compute precision.
+fn parse_dtype(s: &str) -> Result<training::DType, String> {
+    s.parse::<training::DType>().map_err(|e| e.to_string())
 }
 
 /// A genesis hash: `0x` (optional) and 64 hex digits.
@@ -647,6 +691,22 @@ mod tests {
         assert!(parse_bootstrap("not an address").is_err());
         let ok = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN";
         assert!(parse_bootstrap(ok).is_ok());
+    }
+
+    #[test]
+    fn a_cuda_device_is_refused_where_the_machine_has_none_or_fewer() {
+        use training::Device::{Cpu, Cuda};
+        assert_eq!(present(Cpu, 0), Ok(()));
+        let none = present(Cuda(0), 0).unwrap_err();
+        assert!(none.contains("CUDA is not available"), "{none}");
+        assert_eq!(present(Cuda(1), 2), Ok(()));
+        let missing = present(Cuda(2), 2).unwrap_err();
+        assert!(
+            missing.contains("cuda:2") && missing.contains("2 CUDA"),
+            "{missing}"
+        );
+        assert!(parse_dtype("bf16").is_ok());
+        assert!(parse_dtype("fp16").unwrap_err().contains("f32, bf16"));
     }
 
     #[test]

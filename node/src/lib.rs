@@ -167,6 +167,7 @@ fn train_local(args: &cli::TrainLocalArgs) -> anyhow::Result<()> {
         stale: args.stale as usize,
         device: args.device,
         checkpoint_activations: args.checkpoint_activations,
+        dtype: args.dtype,
         data: args.data.clone(),
         ..training::LocalConfig::default()
     };

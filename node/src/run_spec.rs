@@ -140,9 +140,28 @@ pub(crate) fn codecs(run: &RunConfig) -> (Codec, Option<Codec>) {
     )
 }
 
-/// Stage `stage` of `run`, built from the run seed on `device` (the caller sets the
-/// optimizer and in-flight bounds it needs beyond the defaults).
-pub(crate) fn stage_config(run: &RunConfig, stage: u32, device: training::Device) -> StageConfig {
+/// Where a node's stages compute, and in what precision (`--device`, `--dtype`). Each node
+/// chooses its own: the run fixes the model and the wire, not the hardware.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Compute {
+    /// The device every tensor of the stage lives on.
+    pub(crate) device: training::Device,
+    /// f32, or bf16 compute over f32 master weights and optimizer state.
+    pub(crate) dtype: training::DType,
+}
+
+impl Compute {
+    /// f32 on the CPU: the default, and what the tests use.
+    #[cfg(test)]
+    pub(crate) const CPU: Compute = Compute {
+        device: training::Device::Cpu,
+        dtype: training::DType::F32,
+    };
+}
+
+/// Stage `stage` of `run`, built from the run seed on `compute`'s device and dtype (the
+/// caller sets the optimizer and in-flight bounds it needs beyond the defaults).
+pub(crate) fn stage_config(run: &RunConfig, stage: u32, compute: Compute) -> StageConfig {
     let mut config = StageConfig::new(
         preset(run.preset),
         run.stages as usize,
@@ -150,7 +169,8 @@ pub(crate) fn stage_config(run: &RunConfig, stage: u32, device: training::Device
         bottleneck(run),
         run.seed,
     );
-    config.device = device;
+    config.device = compute.device;
+    config.dtype = compute.dtype;
     config.with_shape(model(run))
 }
 
@@ -242,7 +262,7 @@ mod tests {
             stages: 2,
             ..RunConfig::default()
         };
-        let mut cfg = stage_config(&run, 0, training::Device::Cpu);
+        let mut cfg = stage_config(&run, 0, Compute::CPU);
         let full = memory_estimate(&run, &cfg, 16).unwrap();
         cfg.checkpoint_activations = true;
         let ckpt = memory_estimate(&run, &cfg, 16).unwrap();
@@ -321,7 +341,7 @@ mod tests {
         assert_eq!((m.vocab, m.rope_theta, m.norm_eps), (4096, 500_000.0, 1e-6));
         assert_eq!(m.validate(), Ok(()));
         for index in 0..2 {
-            let config = stage_config(&run, index, training::Device::Cpu);
+            let config = stage_config(&run, index, Compute::CPU);
             assert_eq!(config.model(), m);
             let stage = training::Stage::new(&config).unwrap();
             let shapes: std::collections::HashMap<_, _> =
@@ -333,7 +353,7 @@ mod tests {
         let plain = RunConfig::default();
         assert_eq!(model(&plain), Preset::Tiny.config());
         assert_eq!(
-            stage_config(&plain, 0, training::Device::Cpu).model(),
+            stage_config(&plain, 0, Compute::CPU).model(),
             Preset::Tiny.config()
         );
         // Every shape the run configuration accepts at its bounds, the model accepts.

@@ -225,6 +225,42 @@ fn a_bad_preset_is_refused_before_anything_is_touched() {
 }
 
 #[test]
+fn a_cuda_device_the_machine_lacks_or_a_bad_dtype_exits_nonzero_before_anything_starts() {
+    let dir = scratch_dir("missing-cuda");
+    let out = dir.join("out");
+    let out_arg = out.display().to_string();
+    // No machine has 64 GPUs, so this holds on a GPU machine too; on one without CUDA the
+    // message says CUDA is missing.
+    for command in [
+        vec!["--device", "cuda:63"],
+        vec!["train-local", "--steps", "1", "--device", "cuda:63"],
+        vec!["local-swarm", "--out", &out_arg, "--device", "cpu,cuda:63"],
+        vec!["--dtype", "fp16"],
+        vec!["train-local", "--steps", "1", "--dtype", "fp16"],
+        vec!["local-swarm", "--out", &out_arg, "--dtype", "fp16"],
+    ] {
+        let output = std::process::Command::new(binary())
+            .args(&command)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{command:?} ran");
+        let flag = if command.contains(&"fp16") {
+            "--dtype"
+        } else {
+            "--device"
+        };
+        assert!(stderr.contains(flag), "{command:?}: {stderr}");
+        assert!(
+            stderr.contains("CUDA") || stderr.contains("f32, bf16"),
+            "{command:?} says what is missing or allowed: {stderr}"
+        );
+        assert!(!out.exists(), "{command:?} created its output first");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_bad_bottleneck_kind_or_gradient_format_exits_naming_the_flag_and_the_choices() {
     for (flag, value, choices) in [
         (

@@ -40,7 +40,8 @@ pub use dataset::{Dataset, TrainingData};
 pub use local::{LocalConfig, LocalReport};
 pub use model::{Bottleneck, BottleneckKind, StageLayout};
 pub use preset::{
-    parse_device, DType, ModelConfig, Preset, RopeScaling, ShapeError, MAX_VOCAB, VOCAB,
+    cuda_device_count, parse_device, DType, ModelConfig, Preset, RopeScaling, ShapeError,
+    MAX_VOCAB, VOCAB,
 };
 pub use stage::{AdamW, LossOutput, Stage, StageConfig, StageState, StepReport};
 pub use tch::Device;

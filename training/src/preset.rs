@@ -501,6 +501,12 @@ pub fn parse_device(s: &str) -> Result<tch::Device, ParseNameError> {
     }
 }
 
+/// How many CUDA devices the loaded libtorch sees: 0 without a GPU, a driver, or with a
+/// CPU-only libtorch.
+pub fn cuda_device_count() -> i64 {
+    tch::Cuda::device_count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

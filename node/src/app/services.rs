@@ -337,7 +337,7 @@ fn start_miner(
         MinerConfig {
             run: settings.run.clone(),
             data_dir: settings.data_dir.clone(),
-            device: settings.compute.device,
+            compute: settings.compute.stage,
             head_window: settings.compute.head_window,
             checkpoint_activations: settings.compute.checkpoint_activations,
             faults: settings.faults.miner,
@@ -373,7 +373,7 @@ fn start_validator(
         topic: started.topics.pipeline.clone(),
         me: identity.me.clone(),
         run: settings.run.clone(),
-        device: settings.compute.device,
+        compute: settings.compute.stage,
         secret: identity.spot_check_secret,
         skew_weights: settings.faults.skew_weights,
     })?;

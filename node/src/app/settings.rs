@@ -71,8 +71,8 @@ pub(crate) struct NetworkSettings {
 /// A miner's compute.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ComputeSettings {
-    /// `--device`.
-    pub(crate) device: training::Device,
+    /// `--device` and `--dtype`.
+    pub(crate) stage: crate::run_spec::Compute,
     /// `--head-window`.
     pub(crate) head_window: usize,
     /// `--checkpoint-activations`.
@@ -131,7 +131,10 @@ impl NodeSettings {
             heartbeat: seconds(args.heartbeat_secs, "--heartbeat-secs")?,
             data_dir: args.data_dir.clone(),
             compute: ComputeSettings {
-                device: args.device,
+                stage: crate::run_spec::Compute {
+                    device: args.device,
+                    dtype: args.dtype,
+                },
                 head_window: usize::try_from(args.head_window).unwrap_or(1),
                 checkpoint_activations: args.checkpoint_activations,
             },

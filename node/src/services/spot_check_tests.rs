@@ -70,7 +70,7 @@ async fn a_base_stage_is_spot_checked_within_the_default_frame_limit() {
         ..RunConfig::default()
     };
     let started = Instant::now();
-    let device = training::Device::Cpu;
+    let device = crate::run_spec::Compute::CPU;
     let frames = FrameRules::new(&run, crate::run_spec::run_id(&run)).expect("frame rules");
     let stage_cfg = crate::run_spec::stage_config(&run, 0, device);
     let worker_cfg = crate::run_spec::worker_config(&run, stage_cfg, frames.limits());
@@ -320,7 +320,7 @@ async fn a_head_sending_other_ids_is_caught_and_the_stages_it_fed_are_not() {
         seq_len: 16,
         ..RunConfig::default()
     };
-    let device = training::Device::Cpu;
+    let device = crate::run_spec::Compute::CPU;
     let frames = FrameRules::new(&run, crate::run_spec::run_id(&run)).expect("frame rules");
     let mut workers = Vec::new();
     for stage in 0..3 {

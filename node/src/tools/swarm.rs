@@ -79,6 +79,9 @@ pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
         stop_errors == 0,
         "{stop_errors} node(s) did not stop cleanly"
     );
+    if args.no_sample {
+        return Ok(());
+    }
     if let Err(error) = sample(&out) {
         println!("local-swarm: no model exported or sampled: {error:#}");
     }
@@ -129,7 +132,11 @@ async fn drive(
     let (cast, neurons) = cast(args, out)?;
     let files = write_run_files(args, out, neurons)?;
     let started = Instant::now();
-    start_nodes(binary, out, &cast, &files, nodes).await?;
+    let hardware = Hardware {
+        devices: args.device.clone(),
+        dtype: args.dtype,
+    };
+    start_nodes(binary, out, &cast, &files, &hardware, nodes).await?;
     let watcher = nodes
         .first()
         .context("local-swarm needs at least one node")?;
@@ -370,11 +377,38 @@ fn with_dataset(run: RunConfig, dir: &Path) -> anyhow::Result<RunConfig> {
 
 /// Starts every node, each bootstrapping from the first: the honest ones first, the
 /// adversaries once the honest miners are in a plan.
+/// Where the nodes compute: `--device`'s list, dealt round-robin, and `--dtype`.
+struct Hardware {
+    devices: Vec<training::Device>,
+    dtype: training::DType,
+}
+
+impl Hardware {
+    /// The `--device` and `--dtype` flags of node `i` in start-up order (validators first).
+    fn args(&self, i: usize) -> [String; 4] {
+        let device = match self.devices.get(i % self.devices.len().max(1)) {
+            Some(training::Device::Cuda(n)) => format!("cuda:{n}"),
+            _ => "cpu".to_string(),
+        };
+        let dtype = match self.dtype {
+            training::DType::F32 => "f32",
+            training::DType::Bf16 => "bf16",
+        };
+        [
+            "--device".to_string(),
+            device,
+            "--dtype".to_string(),
+            dtype.to_string(),
+        ]
+    }
+}
+
 async fn start_nodes(
     binary: &Path,
     out: &Path,
     cast: &Cast,
     files: &RunFiles,
+    hardware: &Hardware,
     nodes: &mut Vec<NodeProcess>,
 ) -> anyhow::Result<()> {
     let mut bootstrap = None::<String>;
@@ -405,6 +439,7 @@ async fn start_nodes(
             "--run".into(),
             files.run_path.display().to_string(),
         ];
+        node_args.extend(hardware.args(i));
         if i < cast.validators {
             node_args.push("--validator".into());
         } else {
@@ -653,6 +688,23 @@ fn not_ours(dir: &Path) -> anyhow::Result<Option<String>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn devices_are_dealt_round_robin_in_start_up_order() {
+        use training::Device::{Cpu, Cuda};
+        let two = super::Hardware {
+            devices: vec![Cuda(0), Cuda(1)],
+            dtype: training::DType::Bf16,
+        };
+        let flags: Vec<String> = (0..3).map(|i| two.args(i)[1].clone()).collect();
+        assert_eq!(flags, ["cuda:0", "cuda:1", "cuda:0"]);
+        assert_eq!(two.args(0)[2..], ["--dtype", "bf16"]);
+        let cpu = super::Hardware {
+            devices: vec![Cpu],
+            dtype: training::DType::F32,
+        };
+        assert_eq!(cpu.args(5), ["--device", "cpu", "--dtype", "f32"]);
+    }
+
     use super::*;
 
     #[test]

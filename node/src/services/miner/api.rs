@@ -28,8 +28,8 @@ pub(crate) struct MinerConfig {
     pub(crate) run: RunConfig,
     /// Where checkpoints live.
     pub(crate) data_dir: Option<PathBuf>,
-    /// Compute device of the stage.
-    pub(crate) device: training::Device,
+    /// Where and in what precision the stage computes.
+    pub(crate) compute: crate::run_spec::Compute,
     /// Samples each head keeps in flight.
     pub(crate) head_window: usize,
     /// Whether the stage checkpoints its activations (recomputes its blocks in the

@@ -285,7 +285,7 @@ mod tests {
         let tokens = (batch * seq) as f64;
         let frames =
             crate::rules::FrameRules::new(&run, crate::run_spec::run_id(&run)).expect("rules");
-        let stage = crate::run_spec::stage_config(&run, 0, training::Device::Cpu);
+        let stage = crate::run_spec::stage_config(&run, 0, crate::run_spec::Compute::CPU);
         let worker_cfg = crate::run_spec::worker_config(&run, stage, frames.limits());
         let (worker, _thread) = training::StageHandle::spawn(worker_cfg)
             .await

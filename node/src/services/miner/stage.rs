@@ -24,7 +24,7 @@ pub(crate) async fn build(
     stage: u32,
 ) -> anyhow::Result<StageHandle> {
     let run = &ctx.cfg.run;
-    let mut stage_cfg = crate::run_spec::stage_config(run, stage, ctx.cfg.device);
+    let mut stage_cfg = crate::run_spec::stage_config(run, stage, ctx.cfg.compute);
     stage_cfg.optimizer.lr = plan.lr;
     stage_cfg.max_in_flight = MAX_IN_FLIGHT * 2;
     stage_cfg.checkpoint_activations = ctx.cfg.checkpoint_activations;

@@ -125,8 +125,8 @@ pub(crate) struct ValidatorParts {
     pub(crate) me: PeerIdStr,
     /// The run (spot checks recompute its stages).
     pub(crate) run: RunConfig,
-    /// Where spot checks compute.
-    pub(crate) device: training::Device,
+    /// Where and in what precision spot checks compute.
+    pub(crate) compute: crate::run_spec::Compute,
     /// The run's data: the ids a head sends are checked against it.
     pub(crate) data: DataHandle,
     /// Seeds the spot checks' schedule: derived from this node's private key.

@@ -36,7 +36,7 @@ pub(crate) fn spawn(parts: ValidatorParts) -> anyhow::Result<(ValidatorHandle, J
     let checker = Arc::new(Checker::new(
         parts.client.clone(),
         parts.run.clone(),
-        parts.device,
+        parts.compute,
         parts.data.clone(),
     )?);
     let (weights_tx, weights) = watch::channel(None);

@@ -77,7 +77,7 @@ type Start = (String, Arc<Vec<f32>>);
 pub(crate) struct Checker {
     client: p2p::Client,
     run: RunConfig,
-    device: training::Device,
+    compute: crate::run_spec::Compute,
     frames: FrameRules,
     /// What heads draw samples from: the ids a head sends are checked against it.
     data: DataHandle,
@@ -91,14 +91,14 @@ impl Checker {
     pub(crate) fn new(
         client: p2p::Client,
         run: RunConfig,
-        device: training::Device,
+        compute: crate::run_spec::Compute,
         data: DataHandle,
     ) -> anyhow::Result<Checker> {
         let run_id = crate::run_spec::run_id(&run);
         Ok(Checker {
             client,
             frames: FrameRules::new(&run, run_id)?,
-            device,
+            compute,
             data,
             run,
             stages: tokio::sync::Mutex::new(BTreeMap::new()),
@@ -563,7 +563,7 @@ impl Checker {
     /// Builds `stage` from the run seed and notes its weights' hash.
     async fn scratch(&self, stage: u32) -> anyhow::Result<Scratch> {
         let run = &self.run;
-        let stage_cfg = crate::run_spec::stage_config(run, stage, self.device);
+        let stage_cfg = crate::run_spec::stage_config(run, stage, self.compute);
         let worker_cfg = crate::run_spec::worker_config(run, stage_cfg, self.frames.limits());
         // The thread ends when the handle is dropped with the checker.
         let (handle, _thread) = StageHandle::spawn(worker_cfg).await?;
