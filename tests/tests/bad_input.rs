@@ -332,16 +332,16 @@ fn a_bad_model_config_is_refused_naming_the_flag_and_the_key_before_anything_is_
             "max_position_embeddings": 256, "rms_norm_eps": 1e-5}"#,
     )
     .unwrap();
-    let tied = dir.join("tied.json");
+    let scaled = dir.join("linear-rope-scaling.json");
     std::fs::write(
-        &tied,
-        r#"{"model_type": "llama", "tie_word_embeddings": true}"#,
+        &scaled,
+        r#"{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+            "rope_theta": 10000.0, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0}}"#,
     )
     .unwrap();
-    for (file, key) in [
-        (&missing, "num_key_value_heads"),
-        (&tied, "tie_word_embeddings"),
-    ] {
+    for (file, key) in [(&missing, "num_key_value_heads"), (&scaled, "rope_scaling")] {
         let file = file.to_str().unwrap();
         for command in [
             vec![
@@ -366,6 +366,34 @@ fn a_bad_model_config_is_refused_naming_the_flag_and_the_key_before_anything_is_
             assert!(!out.exists(), "{command:?} created its output first");
         }
     }
+    // A tied model is a model train-local trains, but not one the network can yet: local-swarm
+    // says so, naming the key, before it writes anything.
+    let tied = dir.join("tied.json");
+    std::fs::write(
+        &tied,
+        r#"{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+            "rope_theta": 10000.0, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": true}"#,
+    )
+    .unwrap();
+    let output = std::process::Command::new(binary())
+        .args([
+            "local-swarm",
+            "--model-config",
+            tied.to_str().unwrap(),
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "a tied local-swarm ran");
+    assert!(stderr.contains("model.tie_word_embeddings"), "{stderr}");
+    assert!(
+        !out.exists(),
+        "the tied local-swarm created its output first"
+    );
     // train-local's --run: a run configuration whose [model] table no model has.
     let run = dir.join("run.toml");
     std::fs::write(

@@ -29,6 +29,8 @@ const STOP_GRACE: Duration = Duration::from_secs(15);
 
 /// Runs the local swarm to completion.
 pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
+    // A run the swarm cannot train is refused before anything on disk is touched.
+    run_config(&args)?;
     let out = args.out.clone();
     if out.exists() {
         if let Some(stranger) = not_ours(&out)? {
@@ -281,28 +283,9 @@ fn miner_flags(args: &LocalSwarmArgs) -> Vec<String> {
     flags
 }
 
-/// The files every node of the run reads, and the run configuration they hold.
-struct RunFiles {
-    /// The stake snapshot (`--metagraph`).
-    metagraph: std::path::PathBuf,
-    /// The run configuration (`--run`).
-    run_path: std::path::PathBuf,
-    /// What `run_path` holds.
-    run: RunConfig,
-    /// The dataset given to the first validator (`--data`).
-    data: Option<std::path::PathBuf>,
-}
-
-/// Writes the stake snapshot and the run configuration (the swarm's own, with `--run`'s
-/// fields over it) into `out`.
-fn write_run_files(
-    args: &LocalSwarmArgs,
-    out: &Path,
-    neurons: Vec<LocalNeuron>,
-) -> anyhow::Result<RunFiles> {
-    let metagraph = Metagraph::for_local_run(neurons)?;
-    let metagraph_path = out.join("metagraph.json");
-    std::fs::write(&metagraph_path, metagraph.to_json())?;
+/// The run configuration of the swarm: its own, with `--run`'s fields, `--model-config` and
+/// `--data` over it, checked (also that the network can train it).
+fn run_config(args: &LocalSwarmArgs) -> anyhow::Result<RunConfig> {
     let run = RunConfig {
         run_name: "local-swarm".into(),
         preset: model_preset(args.preset)?,
@@ -331,6 +314,32 @@ fn write_run_files(
     };
     run.validate()?;
     crate::run_spec::check_trainable(&run)?;
+    Ok(run)
+}
+
+/// The files every node of the run reads, and the run configuration they hold.
+struct RunFiles {
+    /// The stake snapshot (`--metagraph`).
+    metagraph: std::path::PathBuf,
+    /// The run configuration (`--run`).
+    run_path: std::path::PathBuf,
+    /// What `run_path` holds.
+    run: RunConfig,
+    /// The dataset given to the first validator (`--data`).
+    data: Option<std::path::PathBuf>,
+}
+
+/// Writes the stake snapshot and the run configuration (the swarm's own, with `--run`'s
+/// fields over it) into `out`.
+fn write_run_files(
+    args: &LocalSwarmArgs,
+    out: &Path,
+    neurons: Vec<LocalNeuron>,
+) -> anyhow::Result<RunFiles> {
+    let metagraph = Metagraph::for_local_run(neurons)?;
+    let metagraph_path = out.join("metagraph.json");
+    std::fs::write(&metagraph_path, metagraph.to_json())?;
+    let run = run_config(args)?;
     let run_path = out.join("run.toml");
     std::fs::write(&run_path, run.to_toml_string()?)?;
     Ok(RunFiles {
