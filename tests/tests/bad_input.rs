@@ -341,24 +341,23 @@ fn a_bad_model_config_is_refused_naming_the_flag_and_the_key_before_anything_is_
             "rope_scaling": {"rope_type": "linear", "factor": 2.0}}"#,
     )
     .unwrap();
+    // The binary's stderr for `args`, which it must refuse.
+    let refused = |args: &[&str]| -> String {
+        let output = std::process::Command::new(binary())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?} ran");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let out_arg = out.to_str().unwrap();
     for (file, key) in [(&missing, "num_key_value_heads"), (&scaled, "rope_scaling")] {
         let file = file.to_str().unwrap();
         for command in [
-            vec![
-                "local-swarm",
-                "--model-config",
-                file,
-                "--out",
-                out.to_str().unwrap(),
-            ],
+            vec!["local-swarm", "--model-config", file, "--out", out_arg],
             vec!["train-local", "--model-config", file, "--steps", "1"],
         ] {
-            let output = std::process::Command::new(binary())
-                .args(&command)
-                .output()
-                .unwrap();
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            assert!(!output.status.success(), "{command:?} ran");
+            let stderr = refused(&command);
             assert!(
                 stderr.contains("--model-config") && stderr.contains(key),
                 "{command:?}: {stderr}"
@@ -377,18 +376,8 @@ fn a_bad_model_config_is_refused_naming_the_flag_and_the_key_before_anything_is_
             "tie_word_embeddings": true}"#,
     )
     .unwrap();
-    let output = std::process::Command::new(binary())
-        .args([
-            "local-swarm",
-            "--model-config",
-            tied.to_str().unwrap(),
-            "--out",
-        ])
-        .arg(&out)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "a tied local-swarm ran");
+    let tied_arg = tied.to_str().unwrap();
+    let stderr = refused(&["local-swarm", "--model-config", tied_arg, "--out", out_arg]);
     assert!(stderr.contains("model.tie_word_embeddings"), "{stderr}");
     assert!(
         !out.exists(),
@@ -403,18 +392,13 @@ fn a_bad_model_config_is_refused_naming_the_flag_and_the_key_before_anything_is_
          max_position_embeddings = 256\nrms_norm_eps = 1e-5\n",
     )
     .unwrap();
-    let output = std::process::Command::new(binary())
-        .args([
-            "train-local",
-            "--run",
-            run.to_str().unwrap(),
-            "--steps",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "train-local --run ran");
+    let stderr = refused(&[
+        "train-local",
+        "--run",
+        run.to_str().unwrap(),
+        "--steps",
+        "1",
+    ]);
     assert!(
         stderr.contains("--run") && stderr.contains("model.num_key_value_heads"),
         "{stderr}"

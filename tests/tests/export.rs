@@ -261,6 +261,28 @@ fn max_diff(ours: &[f32], theirs: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
+/// A run's own shape: 8 query heads sharing 2 key-value heads, Llama 3's RoPE base, another
+/// norm epsilon (a `[model]` table, open for more keys).
+const GQA_TABLE: &str = "[model]\nhidden_size = 128\nnum_hidden_layers = 3\n\
+     num_attention_heads = 8\nnum_key_value_heads = 2\nintermediate_size = 352\n\
+     rope_theta = 500000.0\nmax_position_embeddings = 256\nrms_norm_eps = 1e-6\n";
+
+/// Asserts that `transformers` and the documented plain-PyTorch forward compute the stages'
+/// logits for the export in `out` (`what` names it in the output).
+fn assert_transformers_and_plain_agree(what: &str, stages: &[Stage], out: &Path, scratch: &Path) {
+    let tokens = tokens();
+    let ours = stage_logits(stages, &tokens);
+    let theirs = python_logits("hf_logits.py", out, &tokens, scratch);
+    let diff = max_diff(&ours, &theirs);
+    println!("{what}: max |logit difference| {diff:e}");
+    assert!(
+        diff <= 1e-4,
+        "{what}: transformers' logits differ from the stages' by {diff}"
+    );
+    let plain = python_logits("iota_forward.py", out, &tokens, scratch);
+    assert!(max_diff(&ours, &plain) <= 1e-4, "{what}: the plain forward");
+}
+
 /// Writes the stages' checkpoints as a swarm output in `swarm` (two replicas of the middle
 /// stage) and exports it to `out` (with the `extra` arguments), returning export's stdout.
 fn checkpoint_and_export(
@@ -389,20 +411,7 @@ fn an_export_loads_in_transformers_with_the_logits_of_the_stages() {
 fn a_grouped_query_export_loads_in_transformers_with_the_logits_of_the_stages() {
     tch::set_num_threads(1);
     let dir = scratch_dir("export-gqa");
-    // A run's own shape: 8 query heads sharing 2 key-value heads, Llama 3's RoPE base, another
-    // norm epsilon.
-    let table = r#"
-        [model]
-        hidden_size = 128
-        num_hidden_layers = 3
-        num_attention_heads = 8
-        num_key_value_heads = 2
-        intermediate_size = 352
-        rope_theta = 500000.0
-        max_position_embeddings = 256
-        rms_norm_eps = 1e-6
-    "#;
-    let run = run_config(0).with_toml_str(table).unwrap();
+    let run = run_config(0).with_toml_str(GQA_TABLE).unwrap();
     let stages = stages(&run);
     let out = dir.join("model");
     checkpoint_and_export(&dir.join("swarm"), &out, &run, &stages, &[]);
@@ -415,18 +424,7 @@ fn a_grouped_query_export_loads_in_transformers_with_the_logits_of_the_stages() 
     assert_eq!(config["rope_theta"], 500_000.0);
     assert_eq!(config["rms_norm_eps"], 1e-6);
     assert_eq!(config["max_position_embeddings"], 256);
-    let tokens = tokens();
-    let ours = stage_logits(&stages, &tokens);
-    let theirs = python_logits("hf_logits.py", &out, &tokens, &dir);
-    let diff = max_diff(&ours, &theirs);
-    println!("grouped-query export: max |logit difference| {diff:e}");
-    assert!(
-        diff <= 1e-4,
-        "transformers' logits differ from the stages' by {diff}"
-    );
-    // The documented plain-PyTorch forward agrees too.
-    let plain = python_logits("iota_forward.py", &out, &tokens, &dir);
-    assert!(max_diff(&ours, &plain) <= 1e-4);
+    assert_transformers_and_plain_agree("grouped-query export", &stages, &out, &dir);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -438,30 +436,16 @@ fn a_tied_rope_scaled_export_loads_in_transformers_with_the_logits_of_the_stage(
     // (past a context of 16, so that it shows within these tokens). A tied run is one stage
     // (a pipeline of several cannot keep the head's and the tail's copies equal across the
     // network yet).
-    let table = r#"
-        [model]
-        hidden_size = 128
-        num_hidden_layers = 3
-        num_attention_heads = 8
-        num_key_value_heads = 2
-        intermediate_size = 352
-        rope_theta = 500000.0
-        max_position_embeddings = 256
-        rms_norm_eps = 1e-6
-        tie_word_embeddings = true
-
-        [model.rope_scaling]
-        rope_type = "llama3"
-        factor = 8.0
-        low_freq_factor = 1.0
-        high_freq_factor = 4.0
-        original_max_position_embeddings = 16
-    "#;
+    let table = format!(
+        "{GQA_TABLE}tie_word_embeddings = true\n\n[model.rope_scaling]\nrope_type = \"llama3\"\n\
+         factor = 8.0\nlow_freq_factor = 1.0\nhigh_freq_factor = 4.0\n\
+         original_max_position_embeddings = 16\n"
+    );
     let run = RunConfig {
         stages: 1,
         ..run_config(0)
     }
-    .with_toml_str(table)
+    .with_toml_str(&table)
     .unwrap();
     let model = shape(&run);
     assert!(model.tie_embeddings);
@@ -491,17 +475,7 @@ fn a_tied_rope_scaled_export_loads_in_transformers_with_the_logits_of_the_stage(
     assert_eq!(config["tie_word_embeddings"], true);
     assert_eq!(config["rope_scaling"]["factor"], 8.0);
     assert_eq!(config["num_key_value_heads"], 2);
-    let tokens = tokens();
-    let ours = stage_logits(std::slice::from_ref(&stage), &tokens);
-    let theirs = python_logits("hf_logits.py", &out, &tokens, &dir);
-    let diff = max_diff(&ours, &theirs);
-    println!("tied export: max |logit difference| {diff:e}");
-    assert!(
-        diff <= 1e-4,
-        "transformers' logits differ from the stage's by {diff}"
-    );
-    let plain = python_logits("iota_forward.py", &out, &tokens, &dir);
-    assert!(max_diff(&ours, &plain) <= 1e-4);
+    assert_transformers_and_plain_agree("tied export", std::slice::from_ref(&stage), &out, &dir);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -683,14 +683,8 @@ fn a_rope_scaling_table_is_read_hashed_and_checked_naming_its_key() {
     let text = run.to_toml_string().unwrap();
     assert_eq!(RunConfig::from_toml_str(&text).unwrap(), run);
     assert!(!plain.to_toml_string().unwrap().contains("rope_scaling"));
-    let changes: [fn(&mut RopeScalingShape); 4] = [
-        |r| r.factor = 8.0,
-        |r| r.low_freq_factor = 2.0,
-        |r| r.high_freq_factor = 8.0,
-        |r| r.original_max_position_embeddings = 4096,
-    ];
-    let mut hashes = BTreeSet::from([run.hash(), plain.hash()]);
-    for (i, change) in changes.iter().enumerate() {
+    type Edit = fn(&mut RopeScalingShape);
+    let edited = |change: Edit| {
         let mut changed = run.clone();
         change(
             changed
@@ -701,11 +695,21 @@ fn a_rope_scaling_table_is_read_hashed_and_checked_naming_its_key() {
                 .as_mut()
                 .unwrap(),
         );
+        changed
+    };
+    let changes: [Edit; 4] = [
+        |r| r.factor = 8.0,
+        |r| r.low_freq_factor = 2.0,
+        |r| r.high_freq_factor = 8.0,
+        |r| r.original_max_position_embeddings = 4096,
+    ];
+    let mut hashes = BTreeSet::from([run.hash(), plain.hash()]);
+    for (i, change) in changes.iter().enumerate() {
+        let changed = edited(*change);
         changed.validate().unwrap();
         assert!(hashes.insert(changed.hash()), "change #{i}");
     }
     // Numbers out of range are refused naming the key; another kind does not parse.
-    type Edit = fn(&mut RopeScalingShape);
     let bad: [(Edit, &str); 4] = [
         (|r| r.factor = 0.5, "model.rope_scaling.factor"),
         (
@@ -722,16 +726,7 @@ fn a_rope_scaling_table_is_read_hashed_and_checked_naming_its_key() {
         ),
     ];
     for (change, key) in bad {
-        let mut changed = run.clone();
-        change(
-            changed
-                .model
-                .as_mut()
-                .unwrap()
-                .rope_scaling
-                .as_mut()
-                .unwrap(),
-        );
+        let changed = edited(change);
         match changed.validate() {
             Err(RunConfigError::Invalid { field, .. }) => assert_eq!(field, key),
             other => panic!("{key}: {other:?}"),
