@@ -366,8 +366,10 @@ impl Pipeline {
             let tail = self.stages[last].tied_grad().ok_or_else(missing)?;
             self.stages[0].add_tied_grad(&tail).map_err(tied_err)?;
             self.stages[last].add_tied_grad(&head).map_err(tied_err)?;
-            let squares: f64 = self.stages.iter().map(|s| s.grad_norms().0.powi(2)).sum();
-            let duplicate = self.stages[last].grad_norms().1.powi(2);
+            let norms: Vec<(f64, f64)> = self.stages.iter().map(Stage::grad_norms).collect();
+            let squares: f64 = norms.iter().map(|(whole, _)| whole.powi(2)).sum();
+            // The tail's copy holds the same summed gradient as the head's: counted once.
+            let duplicate = norms[last].1.powi(2);
             Some((squares - duplicate).max(0.0).sqrt())
         } else {
             None
