@@ -792,9 +792,8 @@ impl Stage {
     /// samples (what [`Stage::step`] clips), and that of its tied-embedding copy's part (0
     /// when it holds none).
     pub fn grad_norms(&self) -> (f64, f64) {
-        let samples = self.accumulated.max(1) as f64;
+        let grads = self.averaged_grads();
         tch::no_grad(|| {
-            let grads: Vec<Tensor> = self.params.iter().map(|p| p.grad_f32() / samples).collect();
             let tied = self
                 .tied_param()
                 .map_or(0.0, |i| optim::global_norm(&grads[i..=i]));
@@ -802,24 +801,23 @@ impl Stage {
         })
     }
 
+    /// The f32 gradients accumulated since the last step, averaged over their samples.
+    fn averaged_grads(&self) -> Vec<Tensor> {
+        let samples = self.accumulated.max(1) as f64;
+        tch::no_grad(|| self.params.iter().map(|p| p.grad_f32() / samples).collect())
+    }
+
     fn step_clipping(&mut self, joint_norm: Option<f64>) -> Result<StepReport, StepError> {
         let samples = self.accumulated;
         if samples == 0 {
             return Err(StepError::NothingAccumulated);
         }
-        let grads: Vec<Tensor> = tch::no_grad(|| {
-            self.params
-                .iter()
-                .map(|p| p.grad_f32() / samples as f64)
-                .collect()
-        });
-        let grad_norm = tch::no_grad(|| optim::global_norm(&grads));
+        let grads = self.averaged_grads();
+        let own_norm = tch::no_grad(|| optim::global_norm(&grads));
         self.zero_grad();
-        if !grad_norm.is_finite() {
-            return Err(StepError::NonFiniteGradient(grad_norm));
-        }
-        let grad_norm = joint_norm.unwrap_or(grad_norm);
-        if !grad_norm.is_finite() {
+        // A joint norm includes this stage's: either is non-finite when this one is.
+        let grad_norm = joint_norm.unwrap_or(own_norm);
+        if !(own_norm.is_finite() && grad_norm.is_finite()) {
             return Err(StepError::NonFiniteGradient(grad_norm));
         }
         let clip = self.config.optimizer.grad_clip;
