@@ -7,7 +7,8 @@
 //! blobs are deleted as files and the directory stays at about `keep` checkpoints.
 //!
 //! Guarantees:
-//! - A blob is written to a temporary file, synced, then renamed: a crash leaves either the
+//! - A blob is streamed to a temporary file (hashed as it is written, so it is never held in
+//!   memory whole), synced, then renamed: a crash leaves either the
 //!   old set of files or the new one, never a half-written blob under a blob name.
 //! - The manifest is inserted only after its blob is in place, and flushed before `save`
 //!   returns.
@@ -165,14 +166,36 @@ impl CheckpointStore {
         if state.adam_m.len() != n || state.adam_v.len() != n || (k != 0 && k != n) {
             return Err(SaveError::Inconsistent);
         }
-        let blob = encode_blob(state);
-        let hash = blake3::hash(&blob).to_hex().to_string();
+        // Streamed to the file and the hash at once: the blob (16 bytes a parameter) is
+        // never held in memory beside the state it encodes.
+        let tmp = self.blobs.join(format!(
+            "incoming-{}-{}.tmp",
+            std::process::id(),
+            self.db.generate_id()?
+        ));
+        let written = (|| -> std::io::Result<(String, u64)> {
+            let file = fs::File::create(&tmp)?;
+            let mut tee = HashingWriter {
+                inner: std::io::BufWriter::with_capacity(1 << 20, file),
+                hasher: blake3::Hasher::new(),
+                bytes: 0,
+            };
+            write_blob(state, &mut tee)?;
+            let file = tee.inner.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()?;
+            Ok((tee.hasher.finalize().to_hex().to_string(), tee.bytes))
+        })();
+        let (hash, bytes) = match written {
+            Ok(done) => done,
+            Err(error) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(error.into());
+            }
+        };
         let path = self.blobs.join(&hash);
-        if !path.exists() {
-            let tmp = self.blobs.join(format!("{hash}.tmp"));
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&blob)?;
-            f.sync_all()?;
+        if path.exists() {
+            fs::remove_file(&tmp)?;
+        } else {
             fs::rename(&tmp, &path)?;
         }
         let manifest = Manifest {
@@ -181,7 +204,7 @@ impl CheckpointStore {
             epoch: key.epoch,
             step: key.step,
             blake3: hash,
-            bytes: blob.len() as u64,
+            bytes,
         };
         let mut db_key = Self::prefix(key.run, key.stage).to_vec();
         db_key.extend_from_slice(&self.db.generate_id()?.to_be_bytes());
@@ -272,23 +295,59 @@ impl CheckpointStore {
     }
 }
 
-fn encode_blob(state: &StageState) -> Vec<u8> {
+/// A writer that hashes and counts what it passes on.
+struct HashingWriter<W: Write> {
+    inner: W,
+    hasher: blake3::Hasher,
+    bytes: u64,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Writes `state` in the blob format (see the module's documentation).
+fn write_blob(state: &StageState, out: &mut impl Write) -> std::io::Result<()> {
     let n = state.params.len();
     let k = state.outer_momentum.len();
-    let mut out = Vec::with_capacity(BLOB_HEADER + 12 * n + 8 + 4 * k);
-    out.extend_from_slice(&BLOB_MAGIC);
-    out.push(BLOB_VERSION);
-    out.extend_from_slice(&state.step.to_le_bytes());
-    out.extend_from_slice(&(n as u64).to_le_bytes());
+    out.write_all(&BLOB_MAGIC)?;
+    out.write_all(&[BLOB_VERSION])?;
+    out.write_all(&state.step.to_le_bytes())?;
+    out.write_all(&(n as u64).to_le_bytes())?;
     for v in [&state.params, &state.adam_m, &state.adam_v] {
-        for x in v.iter() {
-            out.extend_from_slice(&x.to_le_bytes());
-        }
+        write_values(v, out)?;
     }
-    out.extend_from_slice(&(k as u64).to_le_bytes());
-    for x in &state.outer_momentum {
-        out.extend_from_slice(&x.to_le_bytes());
+    out.write_all(&(k as u64).to_le_bytes())?;
+    write_values(&state.outer_momentum, out)
+}
+
+/// Writes `values` as little-endian bytes, a chunk at a time (one write per value would be
+/// slow even through a buffer).
+fn write_values(values: &[f32], out: &mut impl Write) -> std::io::Result<()> {
+    let mut chunk = Vec::with_capacity(4 * 16_384);
+    for part in values.chunks(16_384) {
+        chunk.clear();
+        part.iter()
+            .for_each(|x| chunk.extend_from_slice(&x.to_le_bytes()));
+        out.write_all(&chunk)?;
     }
+    Ok(())
+}
+
+#[cfg(test)]
+fn encode_blob(state: &StageState) -> Vec<u8> {
+    let mut out = Vec::new();
+    // Writing into a `Vec` cannot fail.
+    write_blob(state, &mut out).expect("a Vec takes every byte");
     out
 }
 
@@ -345,6 +404,53 @@ fn decode_blob(bytes: &[u8]) -> Option<StageState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_saved_blob_is_the_encoded_state_under_its_hash_and_nothing_else_is_left() {
+        let dir = std::env::temp_dir().join(format!("iota-ckpt-stream-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let store = CheckpointStore::open_keeping(&dir, 2).unwrap();
+        // More values than one chunk of the writer, and a length that is not a multiple.
+        let n = 40_001;
+        let state = StageState {
+            step: 3,
+            params: (0..n).map(|i| i as f32 * 0.5).collect(),
+            adam_m: (0..n).map(|i| -(i as f32)).collect(),
+            adam_v: vec![1e-7; n],
+            outer_momentum: (0..n).map(|i| (i % 7) as f32).collect(),
+        };
+        let key = CheckpointKey {
+            run: 1,
+            stage: 0,
+            epoch: 0,
+            step: 3,
+        };
+        let manifest = store.save(&key, &state).unwrap();
+        let expected = encode_blob(&state);
+        assert_eq!(manifest.bytes, expected.len() as u64);
+        assert_eq!(
+            manifest.blake3,
+            blake3::hash(&expected).to_hex().to_string()
+        );
+        let names: Vec<String> = fs::read_dir(dir.join("blobs"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec![manifest.blake3.clone()]);
+        assert_eq!(
+            fs::read(dir.join("blobs").join(&manifest.blake3)).unwrap(),
+            expected
+        );
+        // The same state again: the blob is there already, and no temporary file stays.
+        store
+            .save(&CheckpointKey { epoch: 1, ..key }, &state)
+            .unwrap();
+        assert_eq!(fs::read_dir(dir.join("blobs")).unwrap().count(), 1);
+        let (_, loaded) = store.load_latest(1, 0).unwrap().unwrap();
+        assert_eq!(loaded, state);
+        drop(store);
+        let _ = fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn blob_round_trip_and_rejects_bad_lengths() {

@@ -1021,13 +1021,16 @@ impl Stage {
     pub fn apply_merge(&mut self, snapshot: &[f32], merged: &[f32]) -> Result<(), ParamsError> {
         self.check_flat(snapshot)?;
         self.check_flat(merged)?;
-        let now = self.flat_params();
-        let target: Vec<f32> = merged
-            .iter()
-            .zip(snapshot)
-            .zip(&now)
-            .map(|((m, s), n)| if n == s { *m } else { m + (n - s) })
-            .collect();
+        // Computed in place over the current weights: one vector of the stage's length,
+        // not two, beside the merge's.
+        let mut target = self.flat_params();
+        for ((t, m), s) in target.iter_mut().zip(merged).zip(snapshot) {
+            if *t == *s {
+                *t = *m;
+            } else {
+                *t = m + (*t - s);
+            }
+        }
         self.set_flat_params(&target)?;
         // Gradients accumulated on the weights before the merge belong to those weights.
         self.zero_grad();

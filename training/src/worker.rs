@@ -16,6 +16,7 @@
 //! samples that finish go into the same step. Measured with `train-local --stale`, one step
 //! of staleness costs far more than the larger batch (see docs/BENCHMARKS.md).
 
+use std::sync::Arc;
 use std::thread;
 
 use tch::Tensor;
@@ -202,7 +203,7 @@ enum Command {
     ),
     FlatParams(Reply<Vec<f32>>),
     SetFlatParams(Vec<f32>, Reply<()>),
-    ApplyMerge(Vec<f32>, Vec<f32>, Reply<()>),
+    ApplyMerge(Vec<f32>, Arc<Vec<f32>>, Reply<()>),
     WeightsHash(Reply<[u8; 32]>),
     ExportState(Reply<StageState>),
     ImportState(Box<StageState>, Reply<()>),
@@ -407,10 +408,12 @@ impl StageHandle {
     }
 
     /// [`Stage::apply_merge`]: the merge's result plus the progress made since `snapshot`.
+    /// The result is shared, not copied: the caller keeps it (as its snapshot, in its
+    /// checkpoint) and gets sole ownership back once this returns.
     pub async fn apply_merge(
         &self,
         snapshot: Vec<f32>,
-        merged: Vec<f32>,
+        merged: Arc<Vec<f32>>,
     ) -> Result<(), WorkerError> {
         self.call(true, |r| Command::ApplyMerge(snapshot, merged, r))
             .await
@@ -572,11 +575,13 @@ impl Worker {
                 let _ = r.send(self.stage.set_flat_params(&flat).map_err(Into::into));
             }
             Command::ApplyMerge(snapshot, merged, r) => {
-                let _ = r.send(
-                    self.stage
-                        .apply_merge(&snapshot, &merged)
-                        .map_err(Into::into),
-                );
+                let result = self
+                    .stage
+                    .apply_merge(&snapshot, &merged)
+                    .map_err(Into::into);
+                // Let go of the shared result before answering, so the caller owns it alone.
+                drop((snapshot, merged));
+                let _ = r.send(result);
             }
             Command::WeightsHash(r) => {
                 let _ = r.send(Ok(self.stage.weights_hash()));

@@ -311,7 +311,9 @@ async fn a_merge_drops_the_gradients_and_samples_of_the_old_weights() {
     head.forward(1, tokens(&b)).await.unwrap();
     let given = head.flat_params().await.unwrap();
     let merged: Vec<f32> = given.iter().map(|v| v * 0.5).collect();
-    head.apply_merge(given, merged.clone()).await.unwrap();
+    head.apply_merge(given, std::sync::Arc::new(merged.clone()))
+        .await
+        .unwrap();
     // The gradients of the old weights are gone: the step has nothing to apply, and the
     // weights are exactly the merge's.
     let stepped = head.step(None).await;

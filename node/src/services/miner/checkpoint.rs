@@ -34,24 +34,38 @@ pub(crate) async fn merge_and_checkpoint(
         epoch: Some(plan.epoch),
         hash: hash.clone(),
     });
-    worker.apply_merge(given, merged.clone()).await?;
+    let merged = Arc::new(merged);
+    worker.apply_merge(given, Arc::clone(&merged)).await?;
+    let merged = Arc::try_unwrap(merged).unwrap_or_else(|shared| shared.as_ref().clone());
     // The checkpoint holds the merge's result, which every replica agrees on and which a
     // restart from it must hash to, with the optimizer's moments as they are now (the few
     // steps taken during the merge live on in the running stage only).
+    // The checkpoint holds the merged weights and momentum, moved in and out of it rather
+    // than copied: a stage's state is four vectors of its length at this point already.
     let mut state = worker.export_state().await?;
-    state.params = merged.clone();
-    state.outer_momentum = momentum.clone().unwrap_or_default();
+    let has_momentum = momentum.is_some();
+    state.params = merged;
+    state.outer_momentum = momentum.unwrap_or_default();
+    let saved = match &ctx.store {
+        Some(store) => {
+            let key = CheckpointKey {
+                run: ctx.run_id,
+                stage,
+                epoch: plan.epoch,
+                step: state.step,
+            };
+            store.save(&key, &state).map(|_| {
+                tracing::info!(stage, epoch = plan.epoch, step = state.step, weights_hash = %hash, "checkpoint saved");
+            })
+        }
+        None => Ok(()),
+    };
+    let merged = std::mem::take(&mut state.params);
+    let momentum = has_momentum.then(|| std::mem::take(&mut state.outer_momentum));
+    drop(state);
+    // Kept even when the checkpoint could not be saved: the merge itself is not lost.
     snapshot::keep(ctx, stage, Some(plan.epoch), hash.clone(), merged, momentum);
-    if let Some(store) = &ctx.store {
-        let key = CheckpointKey {
-            run: ctx.run_id,
-            stage,
-            epoch: plan.epoch,
-            step: state.step,
-        };
-        store.save(&key, &state)?;
-        tracing::info!(stage, epoch = plan.epoch, step = state.step, weights_hash = %hash, "checkpoint saved");
-    }
+    saved?;
     stage::set_weights(ctx, Some(plan.epoch), hash.clone()).await;
     publish_merged(ctx, plan.epoch, stage, hash).await;
     Ok(())
