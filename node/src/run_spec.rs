@@ -190,6 +190,18 @@ pub(crate) fn memory_estimate(
     training::memory::estimate(&workload).ok()
 }
 
+/// What a replica of a stage of `params` parameters of `run` holds on the host beside the
+/// stage, at most: its snapshot, a merge's working vectors, and the most spot checks it
+/// answers at once (`training::memory::replica_host`).
+pub(crate) fn host_memory_estimate(run: &RunConfig, params: usize) -> u64 {
+    training::memory::replica_host(
+        params as u64,
+        !run.outer_is_plain(),
+        training::memory::MAX_FROZEN_CHECKS,
+    )
+    .total()
+}
+
 /// The compute thread's configuration for `stage` of `run`: its codecs, the run's id, and
 /// `limits` (nothing larger than the run's own frames is ever decompressed).
 pub(crate) fn worker_config(

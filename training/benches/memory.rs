@@ -61,9 +61,10 @@ fn table() {
     );
     println!(
         "| preset | stages | largest stage | its parameters | weights + optimizer | \
-         activations | total | fits | activations, checkpointed | total, checkpointed | fits, checkpointed |"
+         activations | total | fits | activations, checkpointed | total, checkpointed | fits, checkpointed | \
+         host beside it, a miner |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | ---: |");
     for preset in Preset::ALL {
         for stages in [1, 2, 4, 8] {
             if stages > preset.config().n_layers {
@@ -97,7 +98,7 @@ fn table() {
                 format!("{index} ({cindex} checkpointed)")
             };
             println!(
-                "| {preset} | {stages} | {stage_of} | {:.1} M | {} | {} | {} | {} | {} | {} | {} |",
+                "| {preset} | {stages} | {stage_of} | {:.1} M | {} | {} | {} | {} | {} | {} | {} | {} |",
                 full.params as f64 / 1e6,
                 gb(full.total() - full.activations()),
                 gb(full.activations()),
@@ -106,6 +107,8 @@ fn table() {
                 gb(ckpt.activations()),
                 gb(ckpt.total()),
                 fits(&ckpt),
+                // A merge by plain average (the default), the most spot checks answered at once.
+                gb(memory::replica_host(full.params, false, memory::MAX_FROZEN_CHECKS).total()),
             );
         }
     }

@@ -52,6 +52,21 @@
 //! activations during a backward pass (a few `d`-wide tensors per token at a time). On CUDA
 //! a fused RMS norm may keep less than the composite one counted here.
 //!
+//! **A replica in the network holds more, on the host** ([`replica_host`]): beside its stage,
+//! a miner keeps the snapshot of the stage's last merge (`4N`, and the outer momentum's `4N`
+//! when the run takes an outer step), which it serves to joiners and steps from; for each
+//! validator whose spot check it is answering, a frozen copy of its weights (`4N`, at most
+//! four held); and, at a merge, the merge's working vectors. Their peak comes once the result
+//! is applied and the checkpoint is taken: the result, the weights and both moments read out
+//! of the stage for the checkpoint (`16N`; the new momentum `4N` more). Before that, the
+//! butterfly holds what it gives, a copy kept to apply the result with, the partitions it
+//! reduces and the result (`16N` too, with two replicas or more). So a miner on the CPU needs
+//! about `40N` bytes in all (its stage's `20N` in f32 with AdamW, plus `20N`) and on a GPU
+//! `20N` of host memory beside the stage's device memory; measured: a stage of 122 M
+//! parameters (two blocks of Llama-3.2-1B's shape) peaked at 6.1 GB resident in `local-swarm`
+//! with one validator checking it — 50 bytes a parameter, the process's own 0.4 GB included,
+//! where these terms give 44 and the process.
+//!
 //! [`peak_rss_bytes`] is the process's high-water mark of resident memory (Linux
 //! `VmHWM`); on CUDA it counts host memory only: libtorch 0.24's Rust binding exposes no
 //! device-memory statistics.
@@ -306,6 +321,41 @@ pub fn largest_stage(base: &Workload, num_stages: usize) -> Result<(usize, Estim
         stages: 0,
         layers: base.shape.n_layers,
     })
+}
+
+/// What a replica of a stage holds on the host beside the stage itself (see the module
+/// documentation), in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaHost {
+    /// The last merge's snapshot, with its outer momentum when the run takes an outer step.
+    pub snapshot: u64,
+    /// A merge's working vectors at their peak.
+    pub merge: u64,
+    /// The weights frozen for the spot checks being answered.
+    pub frozen_checks: u64,
+}
+
+impl ReplicaHost {
+    /// Every term added up.
+    pub fn total(&self) -> u64 {
+        self.snapshot + self.merge + self.frozen_checks
+    }
+}
+
+/// Spot checks a miner answers at once at most, each with a frozen copy of its weights.
+pub const MAX_FROZEN_CHECKS: usize = 4;
+
+/// What a replica of a stage of `params` parameters holds on the host beside the stage:
+/// `outer_momentum` when the run takes an outer step, `checks` spot checks being answered
+/// (at most [`MAX_FROZEN_CHECKS`] count).
+pub fn replica_host(params: u64, outer_momentum: bool, checks: usize) -> ReplicaHost {
+    let vector = 4 * params;
+    let momentum = if outer_momentum { vector } else { 0 };
+    ReplicaHost {
+        snapshot: vector + momentum,
+        merge: 4 * vector + momentum,
+        frozen_checks: vector * checks.min(MAX_FROZEN_CHECKS) as u64,
+    }
 }
 
 /// The process's peak resident memory in bytes (`VmHWM` of `/proc/self/status`); `None`

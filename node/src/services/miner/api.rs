@@ -125,6 +125,9 @@ pub(crate) struct MinerStatus {
     /// The memory the stage in force is estimated to need with the most samples this
     /// miner holds at once (`training::memory::estimate`), in bytes.
     pub(crate) stage_memory_estimate_bytes: Option<u64>,
+    /// What the replica holds on the host beside its stage at most (its snapshot, a merge's
+    /// working vectors, the weights frozen for spot checks), in bytes.
+    pub(crate) host_memory_estimate_bytes: Option<u64>,
 }
 
 /// The miner service's inbox.

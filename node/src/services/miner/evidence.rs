@@ -261,7 +261,7 @@ pub(crate) async fn answer(
 
 /// Checks whose evidence is held frozen at once, one per validator: the memory a miner
 /// gives its checks is this many copies of its stage's weights at most.
-pub(crate) const MAX_FROZEN: usize = 4;
+pub(crate) const MAX_FROZEN: usize = training::memory::MAX_FROZEN_CHECKS;
 
 /// How long a frozen check is kept after its last chunk was asked for.
 pub(crate) const FROZEN_IDLE: Duration = Duration::from_secs(60);

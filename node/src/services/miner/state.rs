@@ -109,7 +109,17 @@ pub(crate) struct MinerState {
     /// Parameters of the current stage (sizes the merge's deadline).
     param_count: u64,
     /// The memory the stage in force is estimated to need, in bytes.
-    memory_estimate: Option<u64>,
+    memory_estimate: MemoryEstimate,
+}
+
+/// What the stage in force is estimated to need, in bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct MemoryEstimate {
+    /// The stage itself (on its device): `training::memory::estimate`.
+    pub(crate) stage: Option<u64>,
+    /// What the replica holds on the host beside it, at most:
+    /// `crate::run_spec::host_memory_estimate`.
+    pub(crate) host: u64,
 }
 
 impl MinerState {
@@ -175,7 +185,7 @@ impl MinerState {
         &mut self,
         stage: u32,
         worker: StageHandle,
-        memory_estimate: Option<u64>,
+        memory_estimate: MemoryEstimate,
     ) {
         self.in_force.stage = Some(stage);
         self.in_force.worker = Some(worker);
@@ -281,7 +291,9 @@ impl MinerState {
             train_loss: self.train_loss,
             weights_hash: self.weights_hash.clone(),
             merged_epoch: self.merged_epoch,
-            stage_memory_estimate_bytes: self.memory_estimate,
+            stage_memory_estimate_bytes: self.memory_estimate.stage,
+            host_memory_estimate_bytes: Some(self.memory_estimate.host)
+                .filter(|_| self.memory_estimate.stage.is_some()),
         }
     }
 }

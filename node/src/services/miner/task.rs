@@ -299,8 +299,16 @@ impl Task {
                     worker.config(),
                     super::MAX_IN_FLIGHT,
                 );
-                self.state
-                    .set_stage(stage, worker, estimate.map(|e| e.total()));
+                let host =
+                    crate::run_spec::host_memory_estimate(&self.ctx.cfg.run, worker.num_params());
+                self.state.set_stage(
+                    stage,
+                    worker,
+                    super::state::MemoryEstimate {
+                        stage: estimate.map(|e| e.total()),
+                        host,
+                    },
+                );
                 self.publish.status.send_replace(self.state.status());
                 self.publish.in_force.send_replace(self.state.in_force());
                 let _ = done.send(());

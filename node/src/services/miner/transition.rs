@@ -119,6 +119,10 @@ async fn train(
         stage,
         peak_memory_mb = mb(training::memory::peak_rss_bytes()),
         estimated_memory_mb = mb(estimate.map(|e| e.total())),
+        estimated_host_memory_mb = mb(Some(crate::run_spec::host_memory_estimate(
+            &ctx.cfg.run,
+            worker.num_params()
+        ))),
         checkpoint_activations = worker.config().checkpoint_activations,
         "training epoch"
     );

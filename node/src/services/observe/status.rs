@@ -175,6 +175,7 @@ mod tests {
     fn status_gives_the_peak_memory_and_a_miners_stage_estimate() {
         let mut view = NodeView::default();
         view.miner.stage_memory_estimate_bytes = Some(49_000_000);
+        view.miner.host_memory_estimate_bytes = Some(98_000_000);
         let status = Status {
             peer_id: bootstrap::PeerIdStr::parse(
                 "12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN",
@@ -190,6 +191,7 @@ mod tests {
         let json = serde_json::to_value(&status).unwrap();
         assert_eq!(json["peak_memory_bytes"], 470_000_000);
         assert_eq!(json["stage_memory_estimate_bytes"], 49_000_000);
+        assert_eq!(json["host_memory_estimate_bytes"], 98_000_000);
     }
 
     fn consensus(epoch: u64) -> ConsensusWeights {
