@@ -64,6 +64,9 @@ pub use wire::rpc;
 
 use anyhow::Context;
 
+/// How long the process waits, once its work has ended, for blocking tasks still running.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Parses the command line, runs what it asks for, and gives the process exit code.
 pub fn main_entry() -> std::process::ExitCode {
     let cli = cli::Cli::parse_args();
@@ -107,6 +110,10 @@ pub fn main_entry() -> std::process::ExitCode {
             }
         }
     });
+    // Dropping the runtime would wait for every blocking task still running (a stage's
+    // recomputation, a hash over a large stage): a node asked to stop leaves them instead,
+    // as it would on a crash, which the checkpoints survive by design.
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {

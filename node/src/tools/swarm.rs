@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::cli::LocalSwarmArgs;
 use crate::services::observe::api::EpochStats;
-use crate::tools::launcher::{wait_for, NodeProcess, NodeSpec};
+use crate::tools::launcher::{http_get, wait_for, NodeProcess, NodeSpec};
 
 /// How long a node gets to print its addresses.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -30,7 +30,7 @@ const STOP_GRACE: Duration = Duration::from_secs(15);
 /// Runs the local swarm to completion.
 pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
     // A run the swarm cannot train is refused before anything on disk is touched.
-    run_config(&args)?;
+    let run = run_config(&args)?;
     let out = args.out.clone();
     if out.exists() {
         if let Some(stranger) = not_ours(&out)? {
@@ -49,11 +49,8 @@ pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
         "local-swarm: {} validator(s) + {} miner(s), {} stages of the {} model, {} epochs; data, logs and report in {}",
         args.validators,
         args.miners,
-        args.stages,
-        match args.model_config {
-            Some(_) => "--model-config".to_string(),
-            None => args.preset.to_string(),
-        },
+        run.stages,
+        model_name(&run),
         args.epochs,
         out.display()
     );
@@ -88,6 +85,21 @@ pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
         println!("local-swarm: no model exported or sampled: {error:#}");
     }
     Ok(())
+}
+
+/// What the banner calls the run's model: its preset, or the shape of its `[model]` table.
+fn model_name(run: &RunConfig) -> String {
+    match &run.model {
+        Some(m) => format!(
+            "[model] table's ({} wide, {} layers, {} heads, {} key-value heads, MLP {})",
+            m.hidden_size,
+            m.num_hidden_layers,
+            m.num_attention_heads,
+            m.num_key_value_heads,
+            m.intermediate_size
+        ),
+        None => run.preset.name().to_string(),
+    }
 }
 
 /// Exports the run's model to `out/model` and ends the report with a short text from it.
@@ -148,7 +160,7 @@ async fn drive(
         watcher.metrics_url()
     );
     let epochs = u64::from(args.epochs);
-    let rows = follow(watcher, epochs, Duration::from_secs(args.timeout_secs)).await?;
+    let rows = follow(nodes, epochs, Duration::from_secs(args.timeout_secs)).await?;
     let summary = report::Summary::new(&rows, epochs, &files.run, started.elapsed())?;
     report::write(out, &rows, &summary, &files.run, nodes, args.reference_loss)?;
     if !args.adversary.is_empty() {
@@ -482,18 +494,24 @@ async fn start_nodes(
 /// held-out loss after the last epoch is known (or `timeout` runs out). Returns the epochs'
 /// rows as the watcher last reported them.
 async fn follow(
-    watcher: &NodeProcess,
+    nodes: &mut [NodeProcess],
     epochs: u64,
     timeout: Duration,
 ) -> anyhow::Result<Vec<EpochStats>> {
     let printed = std::cell::Cell::new(0u64);
     let rows = std::cell::RefCell::new(Vec::<EpochStats>::new());
+    let exits = std::cell::RefCell::new(Exits::new(nodes));
     wait_for(
         "the run to finish its epochs",
         timeout,
         Duration::from_secs(1),
         || async {
-            let status = watcher.status().await?;
+            // A node that died is named at once; the run goes on without it (the network
+            // survives a lost node) unless it was the one followed, or every miner.
+            exits.borrow_mut().look()?;
+            let url = exits.borrow().watcher()?.metrics_url();
+            let status: serde_json::Value =
+                serde_json::from_str(&http_get(format!("{url}/status")).await?)?;
             let got: Vec<EpochStats> = serde_json::from_value(status["epochs"].clone())?;
             for row in &got {
                 // An epoch is reported once the next one's start has been evaluated.
@@ -519,6 +537,79 @@ async fn follow(
     )
     .await?;
     Ok(rows.into_inner())
+}
+
+/// The swarm's processes while the run is followed, and which of them have exited.
+struct Exits<'a> {
+    nodes: &'a mut [NodeProcess],
+    /// Whether node `i` was seen exited (and named).
+    gone: Vec<bool>,
+}
+
+impl<'a> Exits<'a> {
+    fn new(nodes: &'a mut [NodeProcess]) -> Self {
+        let gone = vec![false; nodes.len()];
+        Exits { nodes, gone }
+    }
+
+    /// Names every node that exited since the last look; an error once the followed node
+    /// (the first) or every miner is gone, since the run cannot end then.
+    fn look(&mut self) -> anyhow::Result<()> {
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            if self.gone[i] {
+                continue;
+            }
+            if let Some(status) = node.try_exit_status()? {
+                self.gone[i] = true;
+                println!(
+                    "local-swarm: {} exited during the run ({}); its log: {}",
+                    node.name,
+                    exit_cause(&status),
+                    node.log_path().display()
+                );
+            }
+        }
+        if self.gone.first().copied().unwrap_or(false) {
+            let first = &self.nodes[0];
+            anyhow::bail!(
+                "{}, whose status the run is followed by, exited; its log: {}",
+                first.name,
+                first.log_path().display()
+            );
+        }
+        let miners: Vec<bool> = self
+            .nodes
+            .iter()
+            .zip(&self.gone)
+            .filter(|(n, _)| n.name.starts_with("miner-"))
+            .map(|(_, gone)| *gone)
+            .collect();
+        if !miners.is_empty() && miners.iter().all(|gone| *gone) {
+            anyhow::bail!("every miner exited: the run cannot train");
+        }
+        Ok(())
+    }
+
+    /// The node the run is followed by.
+    fn watcher(&self) -> anyhow::Result<&NodeProcess> {
+        self.nodes
+            .first()
+            .context("local-swarm needs at least one node")
+    }
+}
+
+/// How a node's exit reads to the person running the swarm.
+fn exit_cause(status: &std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status.signal() {
+        // Nothing in the swarm sends SIGKILL before the run ends; the kernel does when it
+        // runs out of memory.
+        Some(9) => format!(
+            "{status}: killed, most likely by the kernel for want of memory \
+             (`dmesg | grep -i oom`); see docs/BENCHMARKS.md \"Memory per stage\""
+        ),
+        _ => status.to_string(),
+    }
 }
 
 /// What the validators made of the adversaries: `weights.svg`, `weights.json`, a section of
@@ -697,6 +788,34 @@ fn not_ours(dir: &Path) -> anyhow::Result<Option<String>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_node_killed_by_sigkill_is_named_as_short_of_memory() {
+        use std::os::unix::process::ExitStatusExt;
+        // A raw wait status of 9 is "killed by signal 9"; 256 is "exited with 1".
+        let killed = super::exit_cause(&std::process::ExitStatus::from_raw(9));
+        assert!(killed.contains("for want of memory"), "{killed}");
+        let failed = super::exit_cause(&std::process::ExitStatus::from_raw(256));
+        assert!(!failed.contains("memory"), "{failed}");
+        assert!(failed.contains('1'), "{failed}");
+    }
+
+    #[test]
+    fn the_banner_names_a_model_table_by_its_shape() {
+        let mut run = bootstrap::RunConfig::default();
+        assert_eq!(super::model_name(&run), run.preset.name());
+        run = run
+            .with_toml_str(
+                "stages = 2\n[model]\nhidden_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 4\n\
+                 num_key_value_heads = 2\nintermediate_size = 128\nrope_theta = 10000.0\n\
+                 max_position_embeddings = 256\nrms_norm_eps = 1e-5\n",
+            )
+            .unwrap();
+        assert_eq!(
+            super::model_name(&run),
+            "[model] table's (64 wide, 2 layers, 4 heads, 2 key-value heads, MLP 128)"
+        );
+    }
+
     #[test]
     fn devices_are_dealt_round_robin_in_start_up_order() {
         use training::Device::{Cpu, Cuda};
