@@ -168,6 +168,7 @@ async fn a_base_stage_is_spot_checked_within_the_default_frame_limit() {
         sample,
         claimed_loss: 0.0,
         served: 1,
+        later: 0,
         receipt: None,
         replicas: Vec::new(),
     };
@@ -401,6 +402,7 @@ async fn a_head_sending_other_ids_is_caught_and_the_stages_it_fed_are_not() {
             sample,
             claimed_loss: claimed.get(&sample).copied().unwrap_or(0.0),
             served: 1,
+            later: 0,
             receipt: receipts.get(&(stage, sample)).copied(),
             replicas: Vec::new(),
         };

@@ -92,6 +92,7 @@ pub fn spot_check_reply(body: &[u8]) -> bool {
         sample: 0,
         claimed_loss: 1.0,
         served: 0,
+        later: 0,
         receipt: None,
         replicas: Vec::new(),
     };

@@ -169,6 +169,15 @@ impl Recent {
             .find(|e| e.epoch == epoch && e.sample == sample)
     }
 
+    /// Samples kept that were served after `sample` of `epoch` (none if it is not kept).
+    pub(crate) fn newer_than(&self, epoch: u64, sample: u64) -> usize {
+        self.items
+            .iter()
+            .rev()
+            .position(|e| e.epoch == epoch && e.sample == sample)
+            .unwrap_or(0)
+    }
+
     /// Samples kept.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -243,12 +252,14 @@ pub(crate) async fn answer(
         return not_held();
     };
     let frozen = Arc::new(frozen);
-    let held = {
+    let (held, newer) = {
         let mut store = lock(store);
         store.frozen.put(Instant::now(), validator, frozen.clone());
-        store.frozen.bytes()
+        let newer = store.recent.newer_than(request.epoch, request.sample);
+        (store.frozen.bytes(), newer)
     };
     tracing::debug!(
+        newer,
         validator,
         epoch = request.epoch,
         sample = request.sample,
@@ -668,6 +679,9 @@ mod tests {
         assert_eq!(recent.len(), KEEP_SAMPLES);
         assert!(recent.find(1, 35).is_none(), "the oldest are forgotten");
         assert_eq!(recent.find(1, 99).unwrap().sample, 99);
+        assert_eq!(recent.newer_than(1, 99), 0);
+        assert_eq!(recent.newer_than(1, 90), 9);
+        assert_eq!(recent.newer_than(1, 35), 0, "not kept");
         assert!(
             recent.find(2, 99).is_none(),
             "epoch and sample must both match"

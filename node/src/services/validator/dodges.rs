@@ -319,6 +319,7 @@ mod tests {
             sample: 9,
             claimed_loss: 2.0,
             served: 40,
+            later: 0,
             receipt: None,
             replicas: vec![id(6).to_string()],
         }

@@ -143,6 +143,9 @@ pub(crate) struct Target {
     pub(crate) claimed_loss: f32,
     /// Samples the miner served in the epoch so far (ledger records naming it).
     pub(crate) served: u64,
+    /// The miner's records in the epoch's ledger newer than the sample's, when the check
+    /// was chosen.
+    pub(crate) later: u64,
     /// The hashes its receipt in the record says it received and sent: the evidence it
     /// shows must be those frames.
     pub(crate) receipt: Option<(Digest, Digest)>,
@@ -175,6 +178,8 @@ pub(crate) struct Measured {
     pub(crate) gradients_missing: bool,
     /// Samples served in the epoch when the check was chosen.
     pub(crate) served: u64,
+    /// Milliseconds from the check's first request to its answer.
+    pub(crate) answered_ms: u64,
     /// What the miner's `Superseded` answer claimed, if it answered so (the check's outcome
     /// waits for the claim to be checked).
     pub(crate) claim: Option<Claim>,
@@ -479,7 +484,8 @@ impl Schedule {
             .filter_map(|r| Some((r.pathway.iter().position(|p| *p == peer)?, r)))
             .take(RECENT_RECORDS)
             .collect();
-        let &(stage, record) = recent.get(self.rng.gen_range(0..recent.len().max(1)))?;
+        let pick = self.rng.gen_range(0..recent.len().max(1));
+        let &(stage, record) = recent.get(pick)?;
         let replicas: std::collections::BTreeSet<&str> = records
             .iter()
             .filter_map(|r| r.pathway.get(stage))
@@ -492,6 +498,7 @@ impl Schedule {
             sample: record.sample,
             claimed_loss: record.loss,
             served: served.get(peer.as_str()).copied().unwrap_or(0),
+            later: pick as u64,
             receipt: record.receipts.get(stage).map(|r| (r.received, r.sent)),
             replicas: replicas.into_iter().map(str::to_string).collect(),
             peer,
@@ -643,6 +650,7 @@ mod tests {
             grad_norm_ratio: None,
             gradients_missing: false,
             served: 100,
+            answered_ms: 0,
             claim: None,
         };
         let lazy = lazy_threshold(1);
@@ -888,6 +896,7 @@ mod tests {
             sample: 9,
             claimed_loss: 2.0,
             served: 40,
+            later: 0,
             receipt: None,
             replicas: vec!["p".into()],
         };
@@ -971,6 +980,7 @@ mod tests {
             sample: 9,
             claimed_loss: 2.0,
             served: 40,
+            later: 0,
             receipt: None,
             replicas: vec!["p".into()],
         };
@@ -1082,6 +1092,11 @@ mod tests {
             };
             assert_eq!(target.stage, expected_stage);
             assert_eq!(target.tail, expected_stage == 2);
+            // How many of the miner's records are newer than the one picked.
+            assert!(target.later < RECENT_RECORDS as u64, "{target:?}");
+            if target.peer == "t" {
+                assert_eq!(target.sample, 39 - target.later, "{target:?}");
+            }
             assert_eq!(target.served, if expected_stage == 0 { 20 } else { 40 });
             let replicas: &[&str] = match expected_stage {
                 0 => &["h0", "h1"],

@@ -299,6 +299,8 @@ impl Validator {
                 grad_cosine = measured.grad_cosine,
                 grad_norm_ratio = measured.grad_norm_ratio,
                 served = measured.served,
+                later = target.later,
+                answered_ms = measured.answered_ms,
                 "spot check"
             );
             SpotCheckDone {

@@ -189,6 +189,7 @@ impl Checker {
     async fn fetch(&self, target: &Target, measured: &mut Measured) -> Result<Assembly, Outcome> {
         let started = tokio::time::Instant::now();
         let reply = self.ask(target, 0).await?;
+        measured.answered_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let first = match parse_reply(&reply, target)? {
             Reply::Evidence(chunk) => chunk,
             Reply::Superseded(claim) => {
