@@ -46,11 +46,11 @@ pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let binary = std::env::current_exe().context("locating this binary")?;
     println!(
-        "local-swarm: {} validator(s) + {} miner(s), {} stages of the {} model, {} epochs; data, logs and report in {}",
+        "local-swarm: {} validator(s) + {} miner(s), {} stages of the {}, {} epochs; data, logs and report in {}",
         args.validators,
         args.miners,
         run.stages,
-        model_name(&run),
+        report::model_words(&run),
         args.epochs,
         out.display()
     );
@@ -85,21 +85,6 @@ pub(crate) async fn run(args: LocalSwarmArgs) -> anyhow::Result<()> {
         println!("local-swarm: no model exported or sampled: {error:#}");
     }
     Ok(())
-}
-
-/// What the banner calls the run's model: its preset, or the shape of its `[model]` table.
-fn model_name(run: &RunConfig) -> String {
-    match &run.model {
-        Some(m) => format!(
-            "[model] table's ({} wide, {} layers, {} heads, {} key-value heads, MLP {})",
-            m.hidden_size,
-            m.num_hidden_layers,
-            m.num_attention_heads,
-            m.num_key_value_heads,
-            m.intermediate_size
-        ),
-        None => run.preset.name().to_string(),
-    }
 }
 
 /// Exports the run's model to `out/model` and ends the report with a short text from it.
@@ -511,7 +496,8 @@ async fn follow(
             exits.borrow_mut().look()?;
             let url = exits.borrow().watcher()?.metrics_url();
             let status: serde_json::Value =
-                serde_json::from_str(&http_get(format!("{url}/status")).await?)?;
+                serde_json::from_str(&http_get(format!("{url}/status")).await?)
+                    .context("the followed node's /status is not JSON")?;
             let got: Vec<EpochStats> = serde_json::from_value(status["epochs"].clone())?;
             for row in &got {
                 // An epoch is reported once the next one's start has been evaluated.
@@ -797,23 +783,6 @@ mod tests {
         let failed = super::exit_cause(&std::process::ExitStatus::from_raw(256));
         assert!(!failed.contains("memory"), "{failed}");
         assert!(failed.contains('1'), "{failed}");
-    }
-
-    #[test]
-    fn the_banner_names_a_model_table_by_its_shape() {
-        let mut run = bootstrap::RunConfig::default();
-        assert_eq!(super::model_name(&run), run.preset.name());
-        run = run
-            .with_toml_str(
-                "stages = 2\n[model]\nhidden_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 4\n\
-                 num_key_value_heads = 2\nintermediate_size = 128\nrope_theta = 10000.0\n\
-                 max_position_embeddings = 256\nrms_norm_eps = 1e-5\n",
-            )
-            .unwrap();
-        assert_eq!(
-            super::model_name(&run),
-            "[model] table's (64 wide, 2 layers, 4 heads, 2 key-value heads, MLP 128)"
-        );
     }
 
     #[test]

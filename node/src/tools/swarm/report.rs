@@ -190,7 +190,7 @@ pub(crate) fn write(
 }
 
 /// The model in words: its preset's name, or the shape of the run's `[model]` table.
-fn model_words(run: &RunConfig) -> String {
+pub(super) fn model_words(run: &RunConfig) -> String {
     match &run.model {
         None => format!("preset {}", run.preset.name()),
         Some(m) => format!(
