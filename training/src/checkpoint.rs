@@ -178,12 +178,14 @@ impl CheckpointStore {
             let mut tee = HashingWriter {
                 inner: std::io::BufWriter::with_capacity(1 << 20, file),
                 hasher: blake3::Hasher::new(),
-                bytes: 0,
             };
             write_blob(state, &mut tee)?;
             let file = tee.inner.into_inner().map_err(|e| e.into_error())?;
             file.sync_all()?;
-            Ok((tee.hasher.finalize().to_hex().to_string(), tee.bytes))
+            Ok((
+                tee.hasher.finalize().to_hex().to_string(),
+                tee.hasher.count(),
+            ))
         })();
         let (hash, bytes) = match written {
             Ok(done) => done,
@@ -295,18 +297,16 @@ impl CheckpointStore {
     }
 }
 
-/// A writer that hashes and counts what it passes on.
+/// A writer that hashes what it passes on (the hasher counts the bytes too).
 struct HashingWriter<W: Write> {
     inner: W,
     hasher: blake3::Hasher,
-    bytes: u64,
 }
 
 impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(buf)?;
         self.hasher.update(&buf[..n]);
-        self.bytes += n as u64;
         Ok(n)
     }
 

@@ -39,9 +39,9 @@ pub(crate) async fn merge_and_checkpoint(
     let merged = Arc::try_unwrap(merged).unwrap_or_else(|shared| shared.as_ref().clone());
     // The checkpoint holds the merge's result, which every replica agrees on and which a
     // restart from it must hash to, with the optimizer's moments as they are now (the few
-    // steps taken during the merge live on in the running stage only).
-    // The checkpoint holds the merged weights and momentum, moved in and out of it rather
-    // than copied: a stage's state is four vectors of its length at this point already.
+    // steps taken during the merge live on in the running stage only). The result and its
+    // momentum are moved in and out of it, not copied: a stage's state is four vectors of
+    // its length at this point already.
     let mut state = worker.export_state().await?;
     let has_momentum = momentum.is_some();
     state.params = merged;

@@ -118,8 +118,8 @@ pub(crate) struct MemoryEstimate {
     /// The stage itself (on its device): `training::memory::estimate`.
     pub(crate) stage: Option<u64>,
     /// What the replica holds on the host beside it, at most:
-    /// `crate::run_spec::host_memory_estimate`.
-    pub(crate) host: u64,
+    /// `crate::run_spec::host_memory_estimate` (`None` while no stage is in force).
+    pub(crate) host: Option<u64>,
 }
 
 impl MinerState {
@@ -292,8 +292,7 @@ impl MinerState {
             weights_hash: self.weights_hash.clone(),
             merged_epoch: self.merged_epoch,
             stage_memory_estimate_bytes: self.memory_estimate.stage,
-            host_memory_estimate_bytes: Some(self.memory_estimate.host)
-                .filter(|_| self.memory_estimate.stage.is_some()),
+            host_memory_estimate_bytes: self.memory_estimate.host,
         }
     }
 }

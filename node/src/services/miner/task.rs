@@ -306,7 +306,7 @@ impl Task {
                     worker,
                     super::state::MemoryEstimate {
                         stage: estimate.map(|e| e.total()),
-                        host,
+                        host: Some(host),
                     },
                 );
                 self.publish.status.send_replace(self.state.status());
