@@ -32,7 +32,8 @@
 //!   head draws in its one epoch, `IOTA_MFU_TIMEOUT` (600) seconds a swarm may take;
 //! - `IOTA_MFU_THREADS` (1): train-local's libtorch threads (more help only on a quiet
 //!   machine: they slow down sharply when other processes share the cores);
-//! - `IOTA_MFU_RUN`: TOML fields laid over the swarm's run configuration.
+//! - `IOTA_MFU_RUN`: TOML fields laid over the swarm's run configuration;
+//! - `IOTA_MFU_KEEP`: when set, each swarm's output folder (its nodes' logs) is kept.
 
 mod common;
 
@@ -280,7 +281,11 @@ fn main() {
                             "--out",
                             &out_dir.display().to_string(),
                         ]);
-                        let _ = std::fs::remove_dir_all(&out_dir);
+                        if std::env::var_os("IOTA_MFU_KEEP").is_some() {
+                            println!("({swarm}'s output kept in {})", out_dir.display());
+                        } else {
+                            let _ = std::fs::remove_dir_all(&out_dir);
+                        }
                         result(&out, "local-swarm")["tokens_per_s"]
                     }
                 }));

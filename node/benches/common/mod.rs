@@ -19,11 +19,14 @@ pub(crate) fn result(output: &str, name: &str) -> std::collections::BTreeMap<Str
         .unwrap_or_default()
 }
 
-/// Runs the binary with `args`, echoing its output line by line as it comes (the progress of
-/// a run of several minutes), and returns it.
+/// Runs the binary (`IOTA_BENCH_BINARY` when set: a build carried to a machine with no Rust
+/// toolchain, see scripts/gpu-bench.sh) with `args`, echoing its output line by line as it
+/// comes (the progress of a run of several minutes), and returns it.
 pub(crate) fn run(args: &[&str]) -> String {
     use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_iota-p2p"))
+    let binary = std::env::var_os("IOTA_BENCH_BINARY")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_iota-p2p").into());
+    let mut child = Command::new(binary)
         .args(args)
         .stdout(std::process::Stdio::piped())
         .spawn()

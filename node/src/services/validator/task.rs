@@ -284,6 +284,7 @@ impl Validator {
         let starts = self.merges.starts(epoch, target.stage);
         let checker = self.spot.checker.clone();
         self.spot.running.spawn(async move {
+            let began = tokio::time::Instant::now();
             let (outcome, measured) = checker.check(&target, &starts).await;
             tracing::info!(
                 epoch = target.epoch,
@@ -301,6 +302,7 @@ impl Validator {
                 served = measured.served,
                 later = target.later,
                 answered_ms = measured.answered_ms,
+                took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
                 "spot check"
             );
             SpotCheckDone {
