@@ -45,7 +45,8 @@
 //! **Tolerances** (measured on honest miners in local swarms, docs/BENCHMARKS.md): the
 //! recomputed activation and the miner's must have cosine ≥ [`COSINE_MIN`] and norm ratio
 //! within [`NORM_RATIO_MIN`]–1/[`NORM_RATIO_MIN`]; at the tail the loss in the ledger must be
-//! within [`LOSS_TOLERANCE`] (relative) of the recomputed loss, and the gradient it sent back
+//! within [`LOSS_TOLERANCE`] (relative) of the recomputed loss, or lie between it and the loss
+//! with the epoch's starting weights ([`loss_reproduced`]), and the gradient it sent back
 //! must have cosine ≥ [`GRADIENT_COSINE_MIN`] and norm ratio within
 //! [`GRADIENT_NORM_RATIO_MIN`]–1/[`GRADIENT_NORM_RATIO_MIN`]. A tail that cannot
 //! show a sample it claimed fails. In the run's first epoch only the exact test is judged
@@ -117,7 +118,10 @@ pub(crate) const MOVED_MIN: f64 = 0.01;
 
 /// Largest relative difference between the ledger's loss and the recomputed loss. Honest
 /// tails measured within 4.1 % after the first epoch (the largest right after a merge);
-/// `lie-loss` tails 16.7–20.3 % below.
+/// `lie-loss` tails 16.7–20.3 % below. At Llama-3.2-1B's width with 64-token samples an
+/// honest tail's own step lowered the sample's loss by 10–30 % before the check, so a claim
+/// above the recomputed loss is also measured against the epoch's starting weights
+/// ([`loss_reproduced`]).
 pub(crate) const LOSS_TOLERANCE: f64 = 0.1;
 
 /// Samples a miner must have served in an epoch before weights still equal to the epoch's
@@ -163,6 +167,9 @@ pub(crate) struct Measured {
     pub(crate) norm_ratio: Option<f64>,
     /// The ledger's loss over the recomputed loss (the tail).
     pub(crate) loss_ratio: Option<f64>,
+    /// The ledger's loss over the sample's loss recomputed with the weights the epoch
+    /// started from (the tail; `None` when those weights could not be had).
+    pub(crate) start_loss_ratio: Option<f64>,
     /// The output compared is a tail's gradient (else an activation).
     pub(crate) gradient: bool,
     /// The weights are the epoch's starting weights.
@@ -373,7 +380,7 @@ pub(crate) fn judge(m: &Measured, lazy_threshold: u64, first_epoch: bool) -> Out
         return Outcome::Fail(SpotFailure::OutputScaleWrong);
     }
     if m.loss_ratio
-        .is_some_and(|r| r.is_nan() || (r - 1.0).abs() > LOSS_TOLERANCE)
+        .is_some_and(|r| !loss_reproduced(r, m.start_loss_ratio))
     {
         return Outcome::Fail(SpotFailure::LossNotReproduced);
     }
@@ -391,6 +398,21 @@ pub(crate) fn judge(m: &Measured, lazy_threshold: u64, first_epoch: bool) -> Out
         return Outcome::Inconclusive(SpotInconclusive::GradientsNotHeld);
     }
     Outcome::Pass
+}
+
+/// Whether a tail's claimed loss is one its weights took on the sample: `now` is the claim
+/// over the loss recomputed with the weights it answered with, `start` the claim over the
+/// loss with the weights the epoch started from. The claim was computed between the two (the
+/// optimizer steps on the sample itself and on later ones lower it, those before the
+/// sample lower it from the start's), so it may lie anywhere from `now`'s loss to the
+/// larger of the two, each widened by [`LOSS_TOLERANCE`]; without `start` it is held to
+/// `now`'s loss within the tolerance.
+pub(crate) fn loss_reproduced(now: f64, start: Option<f64>) -> bool {
+    let within = |r: f64| (1.0 - LOSS_TOLERANCE..=1.0 + LOSS_TOLERANCE).contains(&r);
+    if within(now) {
+        return true;
+    }
+    now > 1.0 && start.is_some_and(|r| r <= 1.0 + LOSS_TOLERANCE)
 }
 
 /// Root-mean-square difference per value between `weights` and `start`, in units of `lr`:
@@ -643,6 +665,7 @@ mod tests {
             cosine: Some(0.999),
             norm_ratio: Some(1.01),
             loss_ratio: Some(0.995),
+            start_loss_ratio: None,
             gradient: false,
             unchanged_weights: false,
             moved: Some(0.5),
@@ -790,6 +813,61 @@ mod tests {
         assert!(moved(&start, &start[1..], 3e-3).is_none());
         assert!(moved(&start, &start, 0.0).is_none());
         assert!(moved(&[], &[], 3e-3).is_none());
+    }
+
+    #[test]
+    fn a_tails_loss_may_lie_between_its_weights_now_and_at_the_epochs_start() {
+        // Live, at Llama-3.2-1B's width with 64-token samples, an honest tail's own step on
+        // the sample lowered its loss by 10-30 % before the check recomputed it: the ledger's
+        // loss was 1.11-1.28 times the one recomputed with the weights it answered with.
+        let honest = Measured {
+            cosine: Some(0.95),
+            norm_ratio: Some(1.0),
+            loss_ratio: Some(1.28),
+            start_loss_ratio: Some(0.93),
+            gradient: true,
+            served: 100,
+            ..Measured::default()
+        };
+        let lazy = lazy_threshold(1);
+        assert_eq!(judge(&honest, lazy, false), Outcome::Pass);
+        // Without the epoch's starting loss to bound it, the claim is held to the weights
+        // it answered with.
+        let unbounded = Measured {
+            start_loss_ratio: None,
+            ..honest
+        };
+        assert_eq!(
+            judge(&unbounded, lazy, false),
+            Outcome::Fail(SpotFailure::LossNotReproduced)
+        );
+        // Claimed above what the sample cost even before the epoch's steps: inflated.
+        for start in [1.2, f64::NAN] {
+            let inflated = Measured {
+                loss_ratio: Some(1.5),
+                start_loss_ratio: Some(start),
+                ..honest
+            };
+            assert_eq!(
+                judge(&inflated, lazy, false),
+                Outcome::Fail(SpotFailure::LossNotReproduced),
+                "{start}"
+            );
+        }
+        // Claimed below what the sample costs with the weights after its steps: a lie,
+        // whatever the start says.
+        for start in [0.7, 1.0, f64::NAN] {
+            let lie = Measured {
+                loss_ratio: Some(0.85),
+                start_loss_ratio: Some(start),
+                ..honest
+            };
+            assert_eq!(
+                judge(&lie, lazy, false),
+                Outcome::Fail(SpotFailure::LossNotReproduced),
+                "{start}"
+            );
+        }
     }
 
     #[test]

@@ -295,6 +295,7 @@ impl Validator {
                 cosine = measured.cosine,
                 norm_ratio = measured.norm_ratio,
                 loss_ratio = measured.loss_ratio,
+                start_loss_ratio = measured.start_loss_ratio,
                 unchanged_weights = measured.unchanged_weights,
                 moved = measured.moved,
                 grad_cosine = measured.grad_cosine,

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bootstrap::RunConfig;
+use training::stage::GivenWeights;
 use training::wire::FrameKind;
 use training::worker::{EvalOutput, StageInput};
 use training::{Batch, StageHandle};
@@ -157,18 +158,19 @@ impl Checker {
         let hash = hex(&training::stage::hash_f32(&weights));
         measured.unchanged_weights = hash == scratch.seed_hash || starts.contains(&hash);
         let start = match target.epoch {
-            0 => Some(scratch.seed.clone()),
+            0 => Some((scratch.seed_hash.clone(), scratch.seed.clone())),
             _ => self.start_of(target, starts, weights.len()).await,
         };
-        measured.moved =
-            start.and_then(|start| moved(&weights, &start, self.run.lr_at(target.epoch)));
+        measured.moved = start
+            .as_ref()
+            .and_then(|(_, start)| moved(&weights, start, self.run.lr_at(target.epoch)));
         let worker = &scratch.handle;
         worker
             .set_flat_params(weights)
             .await
             .map_err(|_| MALFORMED)?;
         let recomputed = self
-            .forward(worker, target, &evidence, &ids, measured)
+            .forward(worker, target, &evidence, &ids, start, measured)
             .await?;
         if let Some(recomputed) = recomputed {
             let limits = self.frames.limits();
@@ -391,17 +393,18 @@ impl Checker {
     /// Recomputes the sample on `worker` (holding the miner's weights) with the ids
     /// [`Checker::ids_of`] names: the frame the miner should have sent on (`None` when a
     /// tail sends none back), and at the tail the ratio of the claimed loss to the
-    /// recomputed one.
+    /// recomputed one, and to the loss with the epoch's `start` weights when known.
     async fn forward(
         &self,
         worker: &StageHandle,
         target: &Target,
         evidence: &Evidence<'_>,
         ids: &Ids<'_>,
+        start: Option<Start>,
         measured: &mut Measured,
     ) -> Result<Option<Vec<u8>>, Outcome> {
         let batch = self.ids_of(target, ids).await?;
-        let stage_input = match ids.input_frame {
+        let input = || match ids.input_frame {
             None => StageInput::Tokens {
                 batch: batch.batch,
                 seq: batch.seq,
@@ -415,19 +418,29 @@ impl Checker {
         };
         if target.tail {
             let out = worker
-                .forward_loss(stage_input, batch.targets)
+                .forward_loss(input(), batch.targets.clone())
                 .await
                 .map_err(|_| MALFORMED)?;
+            let claimed = f64::from(target.claimed_loss);
             if out.loss > 0.0 {
-                measured.loss_ratio = Some(f64::from(target.claimed_loss) / f64::from(out.loss));
+                measured.loss_ratio = Some(claimed / f64::from(out.loss));
+            }
+            if let Some((key, values)) = start {
+                let given = GivenWeights { key, values };
+                match worker.eval_given(given, input(), Some(batch.targets)).await {
+                    Ok(EvalOutput::Loss(loss)) if loss > 0.0 => {
+                        measured.start_loss_ratio = Some(claimed / f64::from(loss));
+                    }
+                    _ => {}
+                }
             }
             Ok(out.grad_frame)
         } else if evidence.stage > 0 {
-            self.forward_backward(worker, target, evidence, stage_input, measured)
+            self.forward_backward(worker, target, evidence, input(), measured)
                 .await
                 .map(Some)
         } else {
-            match worker.eval(stage_input, None).await {
+            match worker.eval(input(), None).await {
                 Ok(EvalOutput::Activation(frame)) => Ok(Some(frame)),
                 _ => Err(MALFORMED),
             }
@@ -481,10 +494,10 @@ impl Checker {
         target: &Target,
         starts: &BTreeSet<String>,
         len: usize,
-    ) -> Option<Arc<Vec<f32>>> {
+    ) -> Option<Start> {
         if let Some((hash, values)) = self.merged.lock().await.get(&target.stage) {
             if starts.contains(hash) {
-                return Some(values.clone());
+                return Some((hash.clone(), values.clone()));
             }
         }
         if starts.is_empty() {
@@ -494,9 +507,8 @@ impl Checker {
         for peer in others.chain(std::iter::once(&target.peer)) {
             match self.fetch_start(peer, target.stage, starts, len).await {
                 Ok(start) => {
-                    let values = start.1.clone();
-                    self.merged.lock().await.insert(target.stage, start);
-                    return Some(values);
+                    self.merged.lock().await.insert(target.stage, start.clone());
+                    return Some(start);
                 }
                 Err(why) => {
                     tracing::debug!(%peer, stage = target.stage, why, "no merged weights")
