@@ -114,6 +114,11 @@ pub fn main_entry() -> std::process::ExitCode {
     // recomputation, a hash over a large stage): a node asked to stop leaves them instead,
     // as it would on a crash, which the checkpoints survive by design.
     runtime.shutdown_timeout(SHUTDOWN_GRACE);
+    // The compute threads whose handles went with the runtime end after their current
+    // command; libtorch must not be torn down under them.
+    if !training::worker::wait_for_compute_threads(SHUTDOWN_GRACE) {
+        eprintln!("warning: a stage's computation was still running at exit");
+    }
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {

@@ -227,6 +227,44 @@ impl std::fmt::Debug for Command {
     }
 }
 
+/// Compute threads not yet ended, in this process.
+static LIVE_THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts one compute thread in [`LIVE_THREADS`] from its spawn until it ends (or fails
+/// to start).
+struct Live;
+
+impl Live {
+    fn enter() -> Live {
+        LIVE_THREADS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Live
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        LIVE_THREADS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Waits, at most `limit`, until every compute thread of the process has ended; whether
+/// they all did. A process that returns from `main` while one still runs libtorch has
+/// libtorch's own teardown pull the kernels from under it (seen on a GPU: "Could not run
+/// 'aten::zeros' with arguments from the 'CPU' backend" from a stage thread at exit), so a
+/// node lets the threads it dropped finish their last command first.
+pub fn wait_for_compute_threads(limit: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if LIVE_THREADS.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 impl StageHandle {
     /// Starts the compute thread, builds the stage on it and returns its handle and the
     /// thread's join handle (the thread ends when every handle is dropped).
@@ -238,9 +276,11 @@ impl StageHandle {
         let (ready_tx, ready_rx) = oneshot::channel();
         let name = format!("stage-{}", cfg.stage.index);
         let config = std::sync::Arc::new(cfg.stage.clone());
+        let live = Live::enter();
         let join = thread::Builder::new()
             .name(name)
             .spawn(move || {
+                let _live = live;
                 tch::set_num_threads(cfg.threads.max(1) as i32);
                 let stage = match Stage::new(&cfg.stage) {
                     Ok(s) => s,
