@@ -297,7 +297,7 @@ impl Task {
                 let estimate = crate::run_spec::memory_estimate(
                     &self.ctx.cfg.run,
                     worker.config(),
-                    super::MAX_IN_FLIGHT,
+                    super::stage_in_flight(stage, self.ctx.cfg.head_window),
                 );
                 let host =
                     crate::run_spec::host_memory_estimate(&self.ctx.cfg.run, worker.num_params());

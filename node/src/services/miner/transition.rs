@@ -16,7 +16,7 @@ use training::StageHandle;
 use super::context::{until, Ctx};
 use super::state::PhaseEvent;
 use super::task::Note;
-use super::{checkpoint, head, stage, MAX_IN_FLIGHT};
+use super::{checkpoint, head, stage};
 
 /// A transition given up for a newer plan's.
 #[derive(Debug, thiserror::Error)]
@@ -113,7 +113,11 @@ async fn train(
     if let Err(error) = ctx.client.subscribe(&topic).await {
         tracing::warn!(%error, "cannot follow the stage's merges");
     }
-    let estimate = crate::run_spec::memory_estimate(&ctx.cfg.run, worker.config(), MAX_IN_FLIGHT);
+    let estimate = crate::run_spec::memory_estimate(
+        &ctx.cfg.run,
+        worker.config(),
+        super::stage_in_flight(stage, ctx.cfg.head_window),
+    );
     tracing::info!(
         epoch = plan.epoch,
         stage,
