@@ -884,31 +884,25 @@ mod tests {
             judge(&unbounded, lazy, false),
             Outcome::Fail(SpotFailure::LossNotReproduced)
         );
-        // Claimed above what the sample cost even before the epoch's steps: inflated.
-        for start in [1.2, f64::NAN] {
-            let inflated = Measured {
-                loss_ratio: Some(1.5),
+        // Claimed above what the sample cost even before the epoch's steps (inflated), or
+        // below what it costs with the weights after its steps (a lie, whatever the start
+        // says).
+        for (now, start) in [
+            (1.5, 1.2),
+            (1.5, f64::NAN),
+            (0.85, 0.7),
+            (0.85, 1.0),
+            (0.85, f64::NAN),
+        ] {
+            let wrong = Measured {
+                loss_ratio: Some(now),
                 start_loss_ratio: Some(start),
                 ..honest
             };
             assert_eq!(
-                judge(&inflated, lazy, false),
+                judge(&wrong, lazy, false),
                 Outcome::Fail(SpotFailure::LossNotReproduced),
-                "{start}"
-            );
-        }
-        // Claimed below what the sample costs with the weights after its steps: a lie,
-        // whatever the start says.
-        for start in [0.7, 1.0, f64::NAN] {
-            let lie = Measured {
-                loss_ratio: Some(0.85),
-                start_loss_ratio: Some(start),
-                ..honest
-            };
-            assert_eq!(
-                judge(&lie, lazy, false),
-                Outcome::Fail(SpotFailure::LossNotReproduced),
-                "{start}"
+                "{now} {start}"
             );
         }
     }
