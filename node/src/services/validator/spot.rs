@@ -354,7 +354,8 @@ impl std::fmt::Debug for Outcome {
 /// weights taken a moment after a sample to reproduce it (honest miners measured cosine down
 /// to 0.57 and losses 6.9 % off there).
 pub(crate) fn judge(m: &Measured, lazy_threshold: u64, first_epoch: bool) -> Outcome {
-    if (m.unchanged_weights || barely_moved(m)) && m.served >= lazy_threshold {
+    let barely_moved = m.moved.is_some_and(|x| x.is_nan() || x < MOVED_MIN);
+    if (m.unchanged_weights || barely_moved) && m.served >= lazy_threshold {
         return Outcome::Fail(SpotFailure::WeightsNeverStepped);
     }
     if first_epoch {
@@ -397,18 +398,6 @@ pub(crate) fn judge(m: &Measured, lazy_threshold: u64, first_epoch: bool) -> Out
         return Outcome::Inconclusive(SpotInconclusive::GradientsNotHeld);
     }
     Outcome::Pass
-}
-
-/// Whether the weights moved less than [`MOVED_MIN`] since the epoch's start.
-fn barely_moved(m: &Measured) -> bool {
-    m.moved.is_some_and(|x| x.is_nan() || x < MOVED_MIN)
-}
-
-/// Whether a check that passed should be followed by another of the same miner soon: its
-/// weights had not moved (or barely) from the epoch's start, but it had served too few
-/// samples to owe a step ([`lazy_threshold`]), so laziness could not be judged yet.
-pub(crate) fn look_again(m: &Measured, lazy_threshold: u64) -> bool {
-    m.served < lazy_threshold && (m.unchanged_weights || barely_moved(m))
 }
 
 /// Whether a tail's claimed loss is one its weights took on the sample: `now` is the claim
@@ -824,38 +813,6 @@ mod tests {
         assert!(moved(&start, &start[1..], 3e-3).is_none());
         assert!(moved(&start, &start, 0.0).is_none());
         assert!(moved(&[], &[], 3e-3).is_none());
-    }
-
-    #[test]
-    fn weights_that_have_not_moved_before_steps_are_owed_call_for_a_later_look() {
-        // Live (the adversary tests, loaded): a `lazy-ulp` head was checked at 8, 3, 13 and
-        // 12 samples served, each time before it owed a step, and was caught only in its
-        // third epoch.
-        let lazy = lazy_threshold(1);
-        let early = Measured {
-            moved: Some(2.7e-10),
-            served: 8,
-            ..Measured::default()
-        };
-        assert_eq!(judge(&early, lazy, false), Outcome::Pass);
-        assert!(look_again(&early, lazy));
-        let unchanged = Measured {
-            unchanged_weights: true,
-            moved: None,
-            ..early
-        };
-        assert!(look_again(&unchanged, lazy));
-        // Once it owes steps the check judges it; weights that moved need no second look.
-        let owed = Measured {
-            served: lazy,
-            ..early
-        };
-        assert!(!look_again(&owed, lazy));
-        let stepped = Measured {
-            moved: Some(0.8),
-            ..early
-        };
-        assert!(!look_again(&stepped, lazy));
     }
 
     #[test]

@@ -87,9 +87,6 @@ struct SpotCheckDone {
     /// The miner's `Superseded` claim, when it answered so: the outcome waits for it to be
     /// checked against the merges heard.
     claim: Option<Claim>,
-    /// Its weights had not moved before it owed a step: look again soon
-    /// ([`super::spot::look_again`]).
-    look_again: bool,
 }
 
 /// The spot checks: when and whom, what computes them, the one in flight, and the
@@ -313,7 +310,6 @@ impl Validator {
                 target,
                 outcome,
                 claim: measured.claim,
-                look_again: super::spot::look_again(&measured, checker.lazy_threshold()),
             }
         });
     }
@@ -325,11 +321,7 @@ impl Validator {
             target,
             outcome,
             claim,
-            look_again,
         } = done;
-        if look_again && outcome == Outcome::Pass {
-            self.spot.schedule.recheck(&target.peer);
-        }
         match claim {
             Some(claim) => {
                 let now = Instant::now();

@@ -107,11 +107,6 @@ impl Checker {
         })
     }
 
-    /// Samples a miner must have served in an epoch before its weights must have moved.
-    pub(crate) fn lazy_threshold(&self) -> u64 {
-        lazy_threshold(self.run.inner_steps)
-    }
-
     /// Runs `target`'s check; `starts` are the hashes of the weights the stage may start
     /// the epoch from (merge hashes gossiped for the epoch before).
     pub(crate) async fn check(
