@@ -26,27 +26,29 @@ elapsed() { echo "$(( $(date +%s) - started )) s"; }
 left() { echo "$(( limit - ($(date +%s) - started) ))"; }
 
 profile="${IOTA_GPU_BENCH_PROFILE:-bench}"
-# The bench program cargo builds for `profile` (its path, from cargo's JSON messages).
-bench_program() {
-  cargo bench --profile "$profile" -p iota-p2p --bench mfu --no-run --message-format=json |
+# Builds with `cargo "$@" --message-format=json` and prints the path of the executable
+# named by the first argument (from cargo's JSON messages: each profile has its own folder).
+built() {
+  local name="$1"
+  shift
+  cargo "$@" --message-format=json |
     python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "mfu" and m.get("executable"):
-        print(m["executable"])'
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
+        print(m["executable"])' "$name"
 }
 
 if [ "${1:-}" = --pack ]; then
   dir="${2:?--pack needs the folder to put the programs in}"
   ./scripts/setup.sh
   source scripts/env.sh
-  cargo build --profile "$profile" -p iota-p2p --bin iota-p2p
-  program="$(bench_program)"
-  [ -x "$program" ] || { echo "gpu-bench: the mfu bench was not built" >&2; exit 1; }
-  out_dir=target/"$([ "$profile" = dev ] && echo debug || echo "$profile")"
+  binary="$(built iota-p2p build --profile "$profile" -p iota-p2p --bin iota-p2p)"
+  program="$(built mfu bench --profile "$profile" -p iota-p2p --bench mfu --no-run)"
+  [ -x "$binary" ] && [ -x "$program" ] || { echo "gpu-bench: the programs were not built" >&2; exit 1; }
   mkdir -p "$dir"
   # Without their debug sections the programs are a fraction of the size to carry.
-  objcopy --strip-debug "$out_dir/iota-p2p" "$dir/iota-p2p"
+  objcopy --strip-debug "$binary" "$dir/iota-p2p"
   objcopy --strip-debug "$program" "$dir/mfu"
   ls -l "$dir"
   exit 0
