@@ -457,6 +457,8 @@ pub(crate) struct Schedule {
     rng: rand_chacha::ChaCha20Rng,
     /// Miners still to check in this round, in random order.
     queue: Vec<String>,
+    /// Every miner a round has held: one not among them joined after its round began.
+    known: std::collections::BTreeSet<String>,
     /// A miner to check again outside the round, and whether the one pick of the round
     /// that goes first has been made.
     again: Option<(String, bool)>,
@@ -468,6 +470,7 @@ impl Schedule {
         Schedule {
             rng: rand_chacha::ChaCha20Rng::from_seed(secret),
             queue: Vec::new(),
+            known: std::collections::BTreeSet::new(),
             again: None,
         }
     }
@@ -534,6 +537,18 @@ impl Schedule {
         if self.queue.is_empty() {
             self.queue = served.keys().map(|p| p.to_string()).collect();
             self.queue.shuffle(&mut self.rng);
+            self.known.extend(self.queue.iter().cloned());
+        } else {
+            // A miner that joined after the round began goes first: waiting for the next
+            // round could leave its first epoch unchecked.
+            let mut new: Vec<String> = served
+                .keys()
+                .filter(|p| !self.known.contains(**p))
+                .map(|p| p.to_string())
+                .collect();
+            new.shuffle(&mut self.rng);
+            self.known.extend(new.iter().cloned());
+            self.queue.extend(new);
         }
         self.queue.pop()
     }
@@ -1138,6 +1153,35 @@ mod tests {
         assert!(compare(&a, &[1.0]).is_none());
         let (c, r) = compare(&[0.0, 0.0], &a[..2]).unwrap();
         assert_eq!((c, r), (0.0, 0.0));
+    }
+
+    #[test]
+    fn a_miner_new_to_the_schedule_is_checked_before_the_round_goes_on() {
+        // Live (the `dodge` adversary test): a tail that joined in epoch 1 waited for the
+        // round begun before it came, was not checked in that epoch, and its understated
+        // losses went into the epoch's fit unquestioned.
+        let honest = ["a", "b", "c", "d", "e"];
+        let records: Vec<LossRecord> = (0..20)
+            .map(|i| record(i, &[honest[i as usize % 5]], 3.0))
+            .collect();
+        for secret in 0..8u8 {
+            let mut schedule = Schedule::new([secret; 32]);
+            let first = schedule.pick(1, &records).unwrap().peer;
+            assert!(honest.contains(&first.as_str()));
+            let mut joined = records.clone();
+            joined.push(record(20, &["new"], 2.0));
+            assert_eq!(
+                schedule.pick(1, &joined).unwrap().peer,
+                "new",
+                "secret {secret}"
+            );
+            // Then the round goes on where it was: the other four, once each.
+            let rest: BTreeSet<String> = (0..4)
+                .map(|_| schedule.pick(1, &joined).unwrap().peer)
+                .collect();
+            assert_eq!(rest.len(), 4);
+            assert!(!rest.contains(&first) && !rest.contains("new"));
+        }
     }
 
     #[test]
