@@ -1,8 +1,9 @@
 //! Spot checks: a validator recomputes one recent sample of one miner and compares.
 //!
 //! **When and whom.** At random moments (intervals uniform in ½–1½ × [`MEAN_INTERVAL`]) the
-//! validator checks the next miner of a random order of the epoch's miners, on one of that
-//! miner's [`RECENT_RECORDS`] newest samples in the authenticated ledger. The randomness is
+//! validator checks the next miner of a random order of the epoch's miners (one that joins
+//! during a round next), on one of that miner's [`RECENT_RECORDS`] newest samples in the
+//! authenticated ledger. The randomness is
 //! seeded from the validator's own secret key ([`Schedule::new`]), so a miner can predict
 //! neither the moment nor the sample.
 //!
