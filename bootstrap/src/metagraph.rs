@@ -338,6 +338,13 @@ impl Metagraph {
             .expect("a metagraph holds only strings, integers and booleans")
     }
 
+    /// blake3 of [`Metagraph::to_json`]: what heartbeats advertise and a joining node checks
+    /// a fetched snapshot against (the JSON is canonical: the fields in one order, neurons in
+    /// uid order, so equal snapshots hash alike).
+    pub fn hash(&self) -> [u8; 32] {
+        *blake3::hash(self.to_json().as_bytes()).as_bytes()
+    }
+
     /// The subnet id.
     pub fn netuid(&self) -> u16 {
         self.netuid

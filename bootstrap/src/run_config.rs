@@ -460,10 +460,7 @@ impl RunConfig {
         if name.is_empty() || name.len() > MAX_RUN_NAME_LEN {
             return invalid("run_name", "must be 1 to 64 characters long");
         }
-        if !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        {
+        if !Self::valid_run_name(name) {
             return invalid("run_name", "may only hold A-Z a-z 0-9 . _ -");
         }
         if !(1..=MAX_STAGES).contains(&self.stages) {
@@ -652,6 +649,15 @@ impl RunConfig {
     /// The tokenizer's hash, when the run names one.
     pub fn tokenizer_hash(&self) -> Option<[u8; 32]> {
         self.tokenizer.as_deref().and_then(parse_hex32)
+    }
+
+    /// Whether `name` is a run name [`RunConfig::validate`] accepts: 1 to 64 characters of
+    /// `A-Z a-z 0-9 . _ -` (what may go into a gossip topic's name).
+    pub fn valid_run_name(name: &str) -> bool {
+        (1..=MAX_RUN_NAME_LEN).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
     }
 
     /// The run's identity: blake3 of the canonical encoding of every field.

@@ -585,6 +585,7 @@ fn heartbeat_samples() -> Vec<Vec<u8>> {
             counter: 12,
             sent_at_ms: 1_700_000_000_000,
             run_hash: "ef".repeat(32),
+            metagraph_hash: None,
             epoch,
             stage,
             dashboard: stage.map(|_| "http://127.0.0.1:9100".to_string()),

@@ -8,6 +8,7 @@
 
 pub(crate) mod heartbeat;
 pub(crate) mod identity;
+pub(crate) mod join;
 pub(crate) mod open_files;
 pub(crate) mod services;
 pub(crate) mod settings;

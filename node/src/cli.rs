@@ -130,7 +130,8 @@ pub(crate) struct NodeArgs {
 
     /// Stake snapshot of the run (JSON: netuid, block, neurons with uid, hotkey, peer_id,
     /// stake in rao, validator_permit); the same file on every node. Without it (or
-    /// `--subtensor`) no orchestrator can be elected.
+    /// `--subtensor`) a node with `--bootstrap` fetches the one the run's validators
+    /// advertise; a node with neither elects no orchestrator.
     #[arg(
         long,
         env = "IOTA_METAGRAPH",
@@ -145,10 +146,30 @@ pub(crate) struct NodeArgs {
     #[command(flatten)]
     pub(crate) wallet: WalletArgs,
 
-    /// Run configuration (TOML); built-in defaults without it. Every node of a run must use
-    /// the same one: its hash travels in heartbeats and a node of another run is refused.
+    /// Run configuration (TOML). Every node of a run must use the same one: its hash travels
+    /// in heartbeats and a node of another run is refused. Without it, a node with
+    /// `--bootstrap` fetches the run's from its validators (adopting what validators with
+    /// more than half of the stake advertise), and a node without runs the built-in defaults.
     #[arg(long = "run", env = "IOTA_RUN_CONFIG", value_name = "FILE")]
     pub(crate) run: Option<PathBuf>,
+
+    /// Accept only the run configuration of this hash (64 hex digits, as nodes print it):
+    /// checked against `--run` when it is given, else against what the run's validators
+    /// follow (a node whose pin they do not follow stops, saying what they follow).
+    #[arg(long = "run-hash", env = "IOTA_RUN_HASH", value_name = "HEX", value_parser = parse_hash)]
+    pub(crate) run_hash: Option<[u8; 32]>,
+
+    /// Accept only the stake snapshot of this hash (64 hex digits): checked against
+    /// `--metagraph` when it is given, else the only snapshot fetched. Pin it when you know
+    /// the run's snapshot: an unpinned one is trusted on first use.
+    #[arg(
+        long = "metagraph-hash",
+        env = "IOTA_METAGRAPH_HASH",
+        value_name = "HEX",
+        value_parser = parse_hash,
+        conflicts_with = "subtensor"
+    )]
+    pub(crate) metagraph_hash: Option<[u8; 32]>,
 
     /// A dataset made by `prepare-data` (a directory with `manifest.json`), the one the run
     /// names: the node trains on it and serves it to peers. Without it a node whose run
@@ -313,6 +334,9 @@ pub(crate) enum Fault {
     /// As a head, send (and compute on) the token ids of another sample than the one its
     /// sample id names.
     WrongTokens,
+    /// Advertise (in heartbeats) and serve to joining nodes a run configuration other than
+    /// the one it runs (its seed changed).
+    LieJoin,
 }
 
 /// Options of `keygen`.
@@ -651,6 +675,14 @@ fn parse_dtype(s: &str) -> Result<training::DType, String> {
 }
 
 /// A genesis hash: `0x` (optional) and 64 hex digits.
+/// Parses a blake3 hash: 64 hex digits.
+fn parse_hash(s: &str) -> Result<[u8; 32], String> {
+    let mut hash = [0u8; 32];
+    hex::decode_to_slice(s, &mut hash)
+        .map_err(|_| format!("{s:?} is not a hash (64 hex digits)"))?;
+    Ok(hash)
+}
+
 fn parse_genesis(s: &str) -> Result<[u8; 32], String> {
     let mut hash = [0u8; 32];
     hex::decode_to_slice(s.strip_prefix("0x").unwrap_or(s), &mut hash)
@@ -792,7 +824,7 @@ pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
         Fault::PoisonRandom => Some("poison-random"),
         Fault::SkewWeights => Some("skew-weights"),
         Fault::WrongTokens => Some("wrong-tokens"),
-        Fault::ForgePlans | Fault::HugeFrames | Fault::ComputeDies => None,
+        Fault::ForgePlans | Fault::HugeFrames | Fault::ComputeDies | Fault::LieJoin => None,
     }
 }
 

@@ -47,6 +47,7 @@
 mod app;
 mod cli;
 mod fsio;
+mod join;
 mod metrics;
 mod router;
 mod rules;

@@ -160,6 +160,8 @@ pub(crate) struct Router {
     /// The plan book as of the last plan handed to the services.
     adopted: Arc<PlanBook>,
     join: JoinGuard,
+    /// What this node serves to nodes joining the run.
+    join_files: crate::join::JoinFiles,
     metrics: RouterMetrics,
 }
 
@@ -177,6 +179,10 @@ pub(crate) struct RouterParts {
     pub(crate) node_metrics: NodeMetrics,
     pub(crate) pipeline_metrics: PipelineMetrics,
     pub(crate) bootstrap_peers: BTreeSet<PeerId>,
+    pub(crate) join_files: crate::join::JoinFiles,
+    /// Whether the node adopted its run from the validators' heartbeats while joining: it
+    /// has already seen that its run is the run's, whatever its bootstrap peer says.
+    pub(crate) joined: bool,
 }
 
 impl Router {
@@ -201,8 +207,9 @@ impl Router {
             requests: PipelineRequests::new(me, &parts.run, run_id)?,
             join: JoinGuard {
                 bootstrap_peers: parts.bootstrap_peers,
-                same_run_seen: false,
+                same_run_seen: parts.joined,
             },
+            join_files: parts.join_files,
             metrics: RouterMetrics {
                 p2p: parts.p2p_metrics,
                 node: parts.node_metrics,

@@ -48,6 +48,11 @@ pub struct Heartbeat {
     pub sent_at_ms: u64,
     /// Hash of the run configuration the sender follows.
     pub run_hash: String,
+    /// Hash (blake3 of its JSON, hex) of the stake snapshot the sender follows, when it
+    /// follows one rather than the chain: what a node joining with `--bootstrap` alone checks
+    /// a fetched snapshot against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metagraph_hash: Option<String>,
     /// The epoch the sender is in, if any.
     pub epoch: Option<u64>,
     /// The pipeline stage the sender holds, if any.
@@ -196,6 +201,7 @@ mod tests {
             counter,
             sent_at_ms: counter.saturating_mul(1000),
             run_hash: "run".into(),
+            metagraph_hash: None,
             epoch: Some(3),
             stage: Some(1),
             dashboard: None,

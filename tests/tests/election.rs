@@ -1,4 +1,6 @@
-//! The orchestrator is elected by stake, fails over when it dies, and cannot be impersonated.
+//! The orchestrator is elected by stake, fails over when it dies, and cannot be impersonated;
+//! a node that joins with `--bootstrap` alone adopts what the stake majority of the
+//! validators follows, not what a lying validator serves it.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
@@ -64,6 +66,8 @@ async fn stake_elects_the_orchestrator_and_failover_keeps_epochs_moving() {
             "rich-no-permit".to_string(),
             "unlisted".to_string(),
             "forger".to_string(),
+            "liar".to_string(),
+            "newcomer".to_string(),
         ])
         .map(|name| {
             let id = keygen(&dir, &name);
@@ -85,6 +89,13 @@ async fn stake_elects_the_orchestrator_and_failover_keeps_epochs_moving() {
         peer_id: PeerIdStr::parse(&ids["rich-no-permit"]).unwrap(),
         stake: 1000 * RAO_PER_TAO,
         validator_permit: false,
+    });
+    // A validator with a permit and a minority of the stake (40 of 200), which will advertise
+    // and serve another run configuration to joining nodes.
+    neurons.push(LocalNeuron {
+        peer_id: PeerIdStr::parse(&ids["liar"]).unwrap(),
+        stake: 40 * RAO_PER_TAO,
+        validator_permit: true,
     });
     // The miners are registered (no stake): only the metagraph's miners get stages.
     neurons.extend(miners.iter().map(|m| LocalNeuron {
@@ -186,6 +197,64 @@ async fn stake_elects_the_orchestrator_and_failover_keeps_epochs_moving() {
     );
     let orchestrator_metric = v100.metrics().await.unwrap();
     assert!(orchestrator_metric.contains("iota_is_orchestrator 1"));
+
+    // A lying validator advertises (in its heartbeats) and serves another run configuration.
+    // A node started with `--bootstrap` pointing at the liar, and no run or metagraph file,
+    // adopts the run that the validators with 160 of the 200 stake follow, never the liar's,
+    // and follows the run's orchestrator.
+    let liar = start_node(
+        &dir,
+        "liar",
+        &with_boot(&["--validator", "--fault", "lie-join"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    )
+    .await
+    .unwrap();
+    let lie = RunConfig {
+        seed: run.seed.wrapping_add(1),
+        ..run.clone()
+    }
+    .hash()
+    .to_hex();
+    let newcomer = start_node(&dir, "newcomer", &["--bootstrap", &liar.listen_addr()])
+        .await
+        .unwrap();
+    let honest = run.hash().to_hex();
+    let run_line = || {
+        newcomer
+            .stdout_lines()
+            .iter()
+            .find_map(|l| l.strip_prefix("RUN ").map(str::to_string))
+    };
+    wait_for(
+        "the newcomer adopts a run",
+        Duration::from_secs(30),
+        POLL,
+        || {
+            let adopted = run_line();
+            async move { Ok((adopted.is_some(), "no RUN line yet".to_string())) }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        run_line().unwrap(),
+        honest,
+        "the majority's run, not the liar's {lie}"
+    );
+    let log = std::fs::read_to_string(newcomer.log_path()).unwrap();
+    assert!(
+        log.contains(&format!("a peer's run peer={}", ids["liar"])) && log.contains(&lie),
+        "the newcomer heard the liar's summary first-hand: {log}"
+    );
+    assert!(
+        log.contains("stake_percent=\"80.0\""),
+        "adopted with the 160 of 200 stake behind it: {log}"
+    );
+    liar.kill().await.unwrap();
+    others.push(newcomer);
 
     // Kill the orchestrator: the stake-50 validator (not the richer one without a permit,
     // not the one outside the metagraph) takes over and epochs keep increasing.

@@ -279,6 +279,7 @@ async fn a_replayed_heartbeat_does_not_keep_a_dead_orchestrator_elected() {
             counter: last_counter,
             sent_at_ms: now_ms(),
             run_hash: run.hash().to_hex(),
+            metagraph_hash: None,
             epoch: status["epoch"].as_u64(),
             stage: status["stage"].as_u64().map(|s| s as u32),
             dashboard: None,

@@ -299,10 +299,24 @@ async fn six_miners_train_merge_and_survive_a_crash() {
 
     // A miner that was never part of the run joins late: it too loads the replicas' merged
     // snapshot of its stage, never the run seed's weights.
+    // It starts with `--bootstrap` and `--data-dir` alone: no run or metagraph file, which it
+    // fetches from the validator by the hashes the validator's heartbeats advertise.
     keygen(&dir, "joiner");
-    let joiner = start_node(&dir, "joiner", &as_str(&miner_args))
+    let joiner = start_node(&dir, "joiner", &["--bootstrap", &boot])
         .await
         .unwrap();
+    wait_for(
+        "the joiner prints the run it adopted",
+        Duration::from_secs(30),
+        POLL,
+        || {
+            let lines = joiner.stdout_lines();
+            let want = format!("RUN {}", run.hash().to_hex());
+            async move { Ok((lines.contains(&want), format!("{lines:?}"))) }
+        },
+    )
+    .await
+    .unwrap();
     confirmed |= starts_from_the_latest_merge(&joiner, &validator, &ids["validator"], None).await;
     assert!(
         confirmed,

@@ -53,6 +53,9 @@ pub(crate) struct Heartbeats {
     pub(crate) settings: NodeSettings,
     /// The dataset this node holds whole and serves, announced to its peers.
     pub(crate) dataset: Option<String>,
+    /// The run configuration and stake snapshot this node advertises to joining nodes (its
+    /// own, unless it lies on purpose with the `lie-join` fault).
+    pub(crate) advertised: crate::join::JoinFiles,
 }
 
 /// Starts the heartbeat task.
@@ -161,7 +164,12 @@ impl Heartbeats {
             role: self.settings.role,
             counter,
             sent_at_ms: unix_ms(SystemTime::now()),
-            run_hash: agreed.run_hash.clone(),
+            run_hash: if self.settings.faults.lie_join {
+                self.advertised.run_hash().to_string()
+            } else {
+                agreed.run_hash.clone()
+            },
+            metagraph_hash: self.advertised.metagraph_hash().map(str::to_string),
             epoch: agreed.epoch(),
             stage: agreed.stage,
             dashboard: self.dashboard.clone(),

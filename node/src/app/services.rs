@@ -118,17 +118,61 @@ impl Metrics {
 }
 
 /// Starts everything a node runs, from its settings and identity.
-pub(crate) async fn start(settings: NodeSettings, identity: NodeIdentity) -> anyhow::Result<Node> {
+pub(crate) async fn start(
+    mut settings: NodeSettings,
+    identity: NodeIdentity,
+) -> anyhow::Result<Node> {
     let binding = settings.first_binding(&identity.keypair)?;
+    let mut metrics = Metrics::new(settings.chain.is_some());
+    let budgets = open_files::raise_and_derive();
+    let join = settings.join.take();
+    // A node that must still learn its run starts the network without its topics.
+    let known_topics = match &join {
+        Some(_) => Vec::new(),
+        None => Topics::of(&settings.run.run_name).all(),
+    };
+    let network = network_config(&settings, known_topics, &budgets);
+    log_budgets(&budgets, &network);
+    let (client, mut events, event_loop) = start_network(network, &identity, &metrics)?;
+    let mut listened_while_joining = Vec::new();
+    let joined_by_vote = join.is_some();
+    if let Some(spec) = join {
+        let context = super::join::context(&spec);
+        let joined = match super::join::join(&client, &mut events, spec).await {
+            Ok(joined) => joined,
+            Err(error) => {
+                client.shutdown().await;
+                let _ = event_loop.await;
+                return Err(error.context(context));
+            }
+        };
+        crate::run_spec::check_trainable(&joined.run).context(context)?;
+        settings.run = joined.run;
+        if joined.metagraph.is_some() {
+            settings.metagraph = joined.metagraph;
+        }
+        listened_while_joining = joined.listen_addrs;
+        for topic in Topics::of(&settings.run.run_name).all() {
+            client
+                .subscribe(&topic)
+                .await
+                .with_context(|| format!("subscribing to {topic}"))?;
+        }
+    }
     if let Some(warning) = settings.permit_warning(&identity.me) {
         tracing::warn!("{warning}");
     }
     let topics = Topics::of(&settings.run.run_name);
-    let mut metrics = Metrics::new(settings.chain.is_some());
-    let budgets = open_files::raise_and_derive();
-    let network = network_config(&settings, &topics, &budgets);
-    log_budgets(&budgets, &network);
-    let (client, events, event_loop) = start_network(network, &identity, &metrics)?;
+    let served_run = if settings.faults.lie_join {
+        bootstrap::RunConfig {
+            seed: settings.run.seed.wrapping_add(1),
+            ..settings.run.clone()
+        }
+    } else {
+        settings.run.clone()
+    };
+    let join_files = crate::join::JoinFiles::new(&served_run, settings.metagraph.as_ref())
+        .context("the run's files for joining nodes")?;
     let mut tasks = Tasks::default();
     let own_binding = binding.as_ref().map(|(b, _)| b);
     let consensus = start_consensus(
@@ -182,6 +226,8 @@ pub(crate) async fn start(settings: NodeSettings, identity: NodeIdentity) -> any
         node_metrics: metrics.node.clone(),
         pipeline_metrics: metrics.pipeline,
         bootstrap_peers: settings.network.bootstrap_peers.clone(),
+        join_files: join_files.clone(),
+        joined: joined_by_vote,
     })?;
     let heartbeat = heartbeat::spawn(Heartbeats {
         client: client.clone(),
@@ -195,6 +241,11 @@ pub(crate) async fn start(settings: NodeSettings, identity: NodeIdentity) -> any
         dashboard,
         settings,
         dataset: data.serves(),
+        advertised: join_files,
+    });
+    view.send_modify(|v| {
+        v.listen_addrs
+            .extend(listened_while_joining.iter().map(ToString::to_string))
     });
     Ok(Node {
         peer_id: identity.peer_id,
@@ -218,11 +269,11 @@ pub(crate) async fn start(settings: NodeSettings, identity: NodeIdentity) -> any
 
 /// The network's configuration: the node's addresses and topics, and connection limits that
 /// fit its open-file limit.
-fn network_config(settings: &NodeSettings, topics: &Topics, budgets: &Budgets) -> p2p::Config {
+fn network_config(settings: &NodeSettings, topics: Vec<String>, budgets: &Budgets) -> p2p::Config {
     p2p::Config {
         listen: settings.network.listen.clone(),
         bootstrap: settings.network.bootstrap.clone(),
-        topics: topics.all(),
+        topics,
         max_connections_total: budgets.p2p_connections,
         max_pending_incoming: budgets.pending_incoming,
         ..p2p::Config::default()
@@ -284,7 +335,11 @@ fn start_consensus(
             orchestration.on_own_binding(binding, unix_ms(std::time::SystemTime::now()));
         }
     }
-    tracing::info!(peer = %identity.peer_id, role = ?settings.role, run = %settings.run.run_name, run_hash = %orchestration.run_hash(), "node started");
+    let metagraph_hash = settings
+        .metagraph
+        .as_ref()
+        .map(|m| crate::join::hex(&m.hash()));
+    tracing::info!(peer = %identity.peer_id, role = ?settings.role, run = %settings.run.run_name, run_hash = %orchestration.run_hash(), metagraph_hash = metagraph_hash.as_deref().unwrap_or("none"), "node started");
     let (consensus, task) = crate::services::consensus::api::spawn(ConsensusParts {
         orchestration,
         store: plan_store,

@@ -55,6 +55,9 @@ pub(crate) struct NodeSettings {
     pub(crate) metrics: Option<SocketAddr>,
     /// The run's data: `--data`, and where fetched shards are cached.
     pub(crate) data: DataSettings,
+    /// What the node must fetch from the run before it starts (`--bootstrap` without `--run`
+    /// or, off the chain, without `--metagraph`); none when it has both.
+    pub(crate) join: Option<super::join::JoinSpec>,
 }
 
 /// Where the node listens and whom it joins through.
@@ -99,6 +102,8 @@ pub(crate) struct Faults {
     pub(crate) skew_weights: bool,
     /// A plan published every heartbeat, naming this node orchestrator.
     pub(crate) forge_plans: bool,
+    /// Another run configuration advertised and served to joining nodes.
+    pub(crate) lie_join: bool,
 }
 
 impl NodeSettings {
@@ -108,11 +113,13 @@ impl NodeSettings {
         let run = load_run_config(args)?;
         let metagraph = load_metagraph(args)?;
         let hotkey = load_hotkey(&args.wallet)?;
+        let chain = chain_source(&args.chain)?;
+        let join = join_spec(args, &run, metagraph.as_ref(), chain.is_some())?;
         Ok(NodeSettings {
             run,
             metagraph,
             hotkey,
-            chain: chain_source(&args.chain)?,
+            chain,
             weights: WeightsSettings {
                 version_key: args.chain.weights_version_key,
                 policy: Policy {
@@ -144,6 +151,7 @@ impl NodeSettings {
                 cache: args.data_dir.as_ref().map(|d| d.join("datasets")),
                 cache_bytes: (args.data_cache_gb * 1e9) as u64,
             },
+            join,
         })
     }
 
@@ -264,6 +272,7 @@ fn faults(list: &[Fault]) -> Faults {
         },
         skew_weights: on(Fault::SkewWeights),
         forge_plans: on(Fault::ForgePlans),
+        lie_join: on(Fault::LieJoin),
     }
 }
 
@@ -271,6 +280,60 @@ fn faults(list: &[Fault]) -> Faults {
 /// duration can hold rather than panic).
 fn seconds(secs: f64, flag: &str) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(secs).with_context(|| format!("{flag} {secs}"))
+}
+
+/// What the node fetches before it starts, from its flags: with `--bootstrap`, the run
+/// configuration when `--run` is not given and, off the chain, the stake snapshot when
+/// `--metagraph` is not. A file that is given must hash to its pin (`--run-hash`,
+/// `--metagraph-hash`), and so must the built-in defaults of a node that fetches nothing.
+fn join_spec(
+    args: &NodeArgs,
+    run: &RunConfig,
+    metagraph: Option<&Metagraph>,
+    on_chain: bool,
+) -> anyhow::Result<Option<super::join::JoinSpec>> {
+    let hex = |h: &[u8; 32]| crate::join::hex(h);
+    let fetch_run = args.run.is_none() && !args.bootstrap.is_empty();
+    let fetch_metagraph = metagraph.is_none() && !on_chain && !args.bootstrap.is_empty();
+    if let Some(pin) = &args.run_hash {
+        let have = run.hash().to_hex();
+        if !fetch_run && have != hex(pin) {
+            anyhow::bail!(
+                "--run-hash {}: the run configuration {} hashes to {have}",
+                hex(pin),
+                if args.run.is_some() {
+                    "of --run"
+                } else {
+                    "of the built-in defaults"
+                }
+            );
+        }
+    }
+    if let Some(pin) = &args.metagraph_hash {
+        match metagraph {
+            Some(m) if hex(&m.hash()) != hex(pin) => anyhow::bail!(
+                "--metagraph-hash {}: --metagraph hashes to {}",
+                hex(pin),
+                hex(&m.hash())
+            ),
+            None if !fetch_metagraph => anyhow::bail!(
+                "--metagraph-hash needs --metagraph or --bootstrap (to fetch the snapshot from)"
+            ),
+            _ => {}
+        }
+    }
+    if fetch_run && on_chain {
+        anyhow::bail!("--subtensor without --run: fetching the run configuration on a chain run is not built yet; pass the run's --run file");
+    }
+    if !fetch_run && !fetch_metagraph {
+        return Ok(None);
+    }
+    Ok(Some(super::join::JoinSpec {
+        run: (!fetch_run).then(|| run.clone()),
+        metagraph: metagraph.cloned(),
+        pinned_run: args.run_hash.as_ref().map(hex),
+        pinned_metagraph: args.metagraph_hash.as_ref().map(hex),
+    }))
 }
 
 /// Loads `--run` (or the built-in defaults).

@@ -51,6 +51,13 @@ impl Router {
             self.on_confirmation(id, &data, slot).await;
             return Ok(());
         }
+        if service == Service::Join {
+            // What a joining node needs is for anyone: it checks every byte by hash.
+            let reply = self.join_files.answer(&data);
+            let _ = self.client.respond(id, reply).await;
+            drop(slot);
+            return Ok(());
+        }
         if service == Service::Data {
             // The run's data is for anyone in it, under the same budget as every request.
             let data_service = self.services.data.clone();
@@ -82,7 +89,7 @@ impl Router {
                 spot_check_request(&view.validators, peer_str.as_str(), &data)
             }
             // Answered above.
-            Service::Confirmation | Service::Data => Err(Refusal::FrameMalformed),
+            Service::Confirmation | Service::Data | Service::Join => Err(Refusal::FrameMalformed),
         };
         if let Err(refusal) = checked {
             tracing::debug!(%peer, reason = refusal.label(), "request refused");

@@ -440,14 +440,18 @@ async fn start_nodes(
         let mut node_args = vec![
             "--data-dir".to_string(),
             out.join(name).display().to_string(),
-            "--metagraph".into(),
-            files.metagraph.display().to_string(),
-            "--run".into(),
-            files.run_path.display().to_string(),
         ];
         node_args.extend(hardware.args(i));
         if i < cast.validators {
-            node_args.push("--validator".into());
+            // The validators hold the run's files; a miner joins with `--bootstrap` alone and
+            // fetches them from the validators, as a miner of a public run does.
+            node_args.extend([
+                "--metagraph".into(),
+                files.metagraph.display().to_string(),
+                "--run".into(),
+                files.run_path.display().to_string(),
+                "--validator".into(),
+            ]);
         } else {
             node_args.extend(cast.miner_flags.iter().cloned());
         }

@@ -40,6 +40,8 @@ pub(crate) enum Service {
     Confirmation = rpc::MERGE_CONFIRMATION as isize,
     /// The run's data: a manifest, a tokenizer or a shard chunk, by hash.
     Data = rpc::DATA as isize,
+    /// Joining a run: its name and hashes, its configuration and stake snapshot by hash.
+    Join = rpc::JOIN as isize,
 }
 
 impl Service {
@@ -52,6 +54,7 @@ impl Service {
             rpc::SPOT_CHECK => Some(Service::SpotCheck),
             rpc::MERGE_CONFIRMATION => Some(Service::Confirmation),
             rpc::DATA => Some(Service::Data),
+            rpc::JOIN => Some(Service::Join),
             _ => None,
         }
     }
@@ -333,6 +336,43 @@ pub(crate) enum SpotCheckReply {
         /// The hash of that merge's weights.
         hash: String,
     },
+}
+
+/// A joining node's question (the header of a [`Service::Join`] request; no payload).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) enum JoinRequest {
+    /// The run's name and the hashes of what this node follows.
+    Summary,
+    /// The run configuration (TOML) whose [`bootstrap::RunConfig::hash`] is `hash` (hex).
+    Run {
+        /// The hash wanted.
+        hash: String,
+    },
+    /// The stake snapshot (JSON) whose [`bootstrap::Metagraph::hash`] is `hash` (hex).
+    Metagraph {
+        /// The hash wanted.
+        hash: String,
+    },
+}
+
+/// The header of a [`Service::Join`] response. With `Bytes` the payload is the file asked
+/// for; the asker checks its hash before it believes a byte of it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) enum JoinReply {
+    /// What the answering node follows. Only a hint: a joining node believes the validators'
+    /// heartbeats, not this.
+    Summary {
+        /// The run's name (its gossip topics are named by it).
+        run_name: String,
+        /// The run configuration's hash, hex.
+        run_hash: String,
+        /// The stake snapshot's hash, hex, when the node follows a snapshot.
+        metagraph_hash: Option<String>,
+    },
+    /// The file asked for follows.
+    Bytes,
+    /// This node does not hold a file of that hash.
+    Missing,
 }
 
 /// A joining replica asks a validator about the merge of `stage` that closed `epoch`.

@@ -19,7 +19,8 @@
 //! | `0x05` | spot check by a validator | `0x05, header` | `0x05, header, input frame, output frame, f32 weights` |
 //! | `0x06` | a validator's word on a merge it audited | `0x06, header` | `0x06, header` |
 //! | `0x07` | the run's data: manifest, tokenizer, shard chunks ([`crate::services::data`]) | `0x07, header` | `0x07, header, bytes` |
-//! | `0x08`–`0xEF` | free: add a row and a constant here before using one | | |
+//! | `0x08` | joining a run: its name and hashes, its configuration and stake snapshot by hash ([`crate::join`]) | `0x08, header` | `0x08, header, bytes` |
+//! | `0x09`–`0xEF` | free: add a row and a constant here before using one | | |
 //! | `0xF0`–`0xFF` | experiments, tests and benchmarks; a node never sends them and answers them with `UnknownService` | | |
 //!
 //! A service answers a request it cannot parse with [`ErrorCode::Malformed`], and answers
@@ -45,6 +46,8 @@ pub const SPOT_CHECK: u8 = 0x05;
 pub const MERGE_CONFIRMATION: u8 = 0x06;
 /// Tag of the data service (manifests, tokenizers and shard chunks by hash).
 pub const DATA: u8 = 0x07;
+/// Tag of the join service (a run's name, configuration and stake snapshot, by hash).
+pub const JOIN: u8 = 0x08;
 /// Tags reserved for experiments, tests and benchmarks.
 pub const EXPERIMENTAL: RangeInclusive<u8> = 0xF0..=0xFF;
 

@@ -118,6 +118,7 @@ mod tests {
                 counter: 1,
                 sent_at_ms: crate::schedule::unix_ms(std::time::SystemTime::now()),
                 run_hash: "run".into(),
+                metagraph_hash: None,
                 epoch: None,
                 stage: None,
                 dashboard: url.map(str::to_string),

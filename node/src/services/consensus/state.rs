@@ -593,6 +593,7 @@ mod tests {
             counter,
             sent_at_ms: T0_MS + counter * 1000,
             run_hash: run.to_hex(),
+            metagraph_hash: None,
             epoch: None,
             stage: None,
             dashboard: None,

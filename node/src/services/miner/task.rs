@@ -358,7 +358,7 @@ async fn answer(ctx: &Arc<Ctx>, peer: &PeerIdStr, service: Service, body: Vec<u8
         Service::Weights => snapshot::serve(ctx, &body),
         Service::SpotCheck => evidence::serve(ctx, peer.as_str(), &body).await,
         // Other services'; the router never hands them to a miner.
-        Service::Confirmation | Service::Data => {
+        Service::Confirmation | Service::Data | Service::Join => {
             crate::wire::rpc::error_response(crate::wire::rpc::ErrorCode::UnknownService)
         }
     }
