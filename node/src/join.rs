@@ -186,20 +186,58 @@ pub(crate) enum Decision {
     NoStake,
 }
 
-/// Weighs the validators' votes under a stake snapshot: the snapshot `snapshot` (hash
-/// `snapshot_hash`, hex), or, on a chain run, the stake the chain gives each validator
-/// (`snapshot_hash` none; `stakes` then lists the validators with a permit and their stake).
-/// A validator's vote counts when its latest heartbeat names the same snapshot (none on the
-/// chain); its stake counts once.
+/// Who votes on a run and with how much stake: the validators of a snapshot, or of the chain.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Electorate {
+    /// The validators whose peer is known, and their stake (rao).
+    pub(crate) voters: Vec<(PeerIdStr, u64)>,
+    /// The stake (rao) of every validator, those whose peer is unknown included: a
+    /// majority is of all of it.
+    pub(crate) total: u128,
+}
+
+impl Electorate {
+    /// The validators of a snapshot (it names every validator's peer).
+    pub(crate) fn of_snapshot(snapshot: &Metagraph) -> Electorate {
+        let voters: Vec<(PeerIdStr, u64)> = snapshot
+            .validators()
+            .map(|n| (n.peer_id.clone(), n.stake))
+            .collect();
+        let total = voters.iter().map(|(_, s)| u128::from(*s)).sum();
+        Electorate { voters, total }
+    }
+
+    /// The validators of the chain: every neuron with a permit counts towards the total; it
+    /// votes once its hotkey is bound to a peer (`bound`: the chain's neurons under the peers
+    /// whose bindings verified).
+    pub(crate) fn of_chain(
+        bound: &Metagraph,
+        neurons: &[bootstrap::chain::ChainNeuron],
+    ) -> Electorate {
+        Electorate {
+            voters: Electorate::of_snapshot(bound).voters,
+            total: neurons
+                .iter()
+                .filter(|n| n.validator_permit)
+                .map(|n| u128::from(n.stake))
+                .sum(),
+        }
+    }
+}
+
+/// Weighs the validators' votes: those of `electorate`, under the stake snapshot of hash
+/// `snapshot_hash` (hex; none on a chain run). A validator's vote counts when its latest
+/// heartbeat names the same snapshot (none on the chain); its stake counts once.
 pub(crate) fn decide(
     vouches: &Vouches,
-    stakes: &[(PeerIdStr, u64)],
+    electorate: &Electorate,
     snapshot_hash: Option<&str>,
 ) -> Decision {
-    let total: u128 = stakes.iter().map(|(_, s)| u128::from(*s)).sum();
+    let total = electorate.total;
     if total == 0 {
         return Decision::NoStake;
     }
+    let stakes = &electorate.voters;
     let mut behind: BTreeMap<&str, (u128, usize)> = BTreeMap::new();
     let mut counted = std::collections::BTreeSet::new();
     for (peer, stake) in stakes {
@@ -229,14 +267,6 @@ pub(crate) fn decide(
         Some(b) if b.stake * 2 > total => Decision::Adopt(b),
         other => Decision::Wait(other),
     }
-}
-
-/// The validators of a snapshot and their stake, for [`decide`].
-pub(crate) fn snapshot_stakes(snapshot: &Metagraph) -> Vec<(PeerIdStr, u64)> {
-    snapshot
-        .validators()
-        .map(|n| (n.peer_id.clone(), n.stake))
-        .collect()
 }
 
 /// A 64-digit lower-case hex hash, as heartbeats and the pins carry them.
@@ -382,7 +412,7 @@ mod tests {
             ),
             Heard::Kept
         );
-        match decide(&v, &snapshot_stakes(&m), Some(&mh)) {
+        match decide(&v, &Electorate::of_snapshot(&m), Some(&mh)) {
             Decision::Adopt(b) => {
                 assert_eq!(b.run, "good");
                 assert_eq!(b.validators, 1);
@@ -411,7 +441,7 @@ mod tests {
         );
         // 60 of 210 for "good", 50 for "liar", the largest validator unheard: no majority.
         assert_eq!(
-            decide(&v, &snapshot_stakes(&m), Some(&mh)),
+            decide(&v, &Electorate::of_snapshot(&m), Some(&mh)),
             Decision::Wait(Some(Backing {
                 run: "good".into(),
                 stake: 60 * u128::from(RAO_PER_TAO),
@@ -425,7 +455,7 @@ mod tests {
             NOW,
         );
         assert!(
-            matches!(decide(&v, &snapshot_stakes(&m), Some(&mh)), Decision::Adopt(b) if b.run == "good")
+            matches!(decide(&v, &Electorate::of_snapshot(&m), Some(&mh)), Decision::Adopt(b) if b.run == "good")
         );
         // Exactly half is not more than half.
         let even = snapshot(&[(1, 50, true), (2, 50, true)]);
@@ -442,7 +472,7 @@ mod tests {
             NOW,
         );
         assert!(matches!(
-            decide(&v, &snapshot_stakes(&even), Some(&eh)),
+            decide(&v, &Electorate::of_snapshot(&even), Some(&eh)),
             Decision::Wait(Some(_))
         ));
     }
@@ -464,17 +494,17 @@ mod tests {
             NOW,
         );
         assert!(
-            matches!(decide(&v, &snapshot_stakes(&m), Some(&mh)), Decision::Wait(Some(b)) if b.validators == 1)
+            matches!(decide(&v, &Electorate::of_snapshot(&m), Some(&mh)), Decision::Wait(Some(b)) if b.validators == 1)
         );
         // On the chain (no snapshot hash), only votes naming no snapshot count.
         assert!(matches!(
-            decide(&v, &snapshot_stakes(&m), None),
+            decide(&v, &Electorate::of_snapshot(&m), None),
             Decision::Wait(None)
         ));
         // A snapshot without validator stake can never decide.
         let none = snapshot(&[(1, 100, false)]);
         assert_eq!(
-            decide(&v, &snapshot_stakes(&none), Some(&mh)),
+            decide(&v, &Electorate::of_snapshot(&none), Some(&mh)),
             Decision::NoStake
         );
     }

@@ -144,20 +144,25 @@ async fn bound_hotkeys_elect_and_register_and_the_validator_sets_weights_on_chai
     let neurons = [
         neuron(0, &keys["v300"], 300, true),
         neuron(1, &keys["v200"], 200, true),
-        neuron(2, &keys["v-unbound"], 1000, true),
+        neuron(2, &keys["v-unbound"], 400, true),
         neuron(3, &keys["miner-0"], 0, false),
         neuron(4, &keys["miner-1"], 0, false),
         neuron(5, &keys["miner-2"], 0, false),
     ];
     let (replay, recorded) = chain(&fixtures, &neurons).await;
     let run = run_file(&dir);
+    let run_hash = RunConfig::from_toml_str(&std::fs::read_to_string(&run).unwrap())
+        .unwrap()
+        .hash()
+        .to_hex();
+    // The validators are given the run configuration; the miners are not: each fetches the
+    // one that validators with more than half of the chain's validator stake (300 + 200 of
+    // 900, bound by their hotkeys) advertise in their heartbeats.
     let common = args(&[
         "--subtensor",
         &replay.ws_url(),
         "--netuid",
         &NETUID.to_string(),
-        "--run",
-        run.to_str().unwrap(),
         "--stake-refresh-secs",
         "2",
         "--weights-min-blocks",
@@ -175,13 +180,20 @@ async fn bound_hotkeys_elect_and_register_and_the_validator_sets_weights_on_chai
         a
     };
 
-    let v300 = start_node(&dir, "v300", &as_str(&with_key("v300", &["--validator"])))
-        .await
-        .unwrap();
+    let v300 = start_node(
+        &dir,
+        "v300",
+        &as_str(&with_key(
+            "v300",
+            &["--validator", "--run", run.to_str().unwrap()],
+        )),
+    )
+    .await
+    .unwrap();
     let boot = v300.listen_addr();
     let mut nodes = vec![v300];
     for (name, extra) in [
-        ("v200", vec!["--validator"]),
+        ("v200", vec!["--validator", "--run", run.to_str().unwrap()]),
         ("miner-0", vec![]),
         ("miner-1", vec![]),
         ("miner-2", vec![]),
@@ -193,7 +205,13 @@ async fn bound_hotkeys_elect_and_register_and_the_validator_sets_weights_on_chai
         nodes.push(start_node(&dir, name, &as_str(&a)).await.unwrap());
     }
     let mut unbound = common.clone();
-    unbound.extend(args(&["--validator", "--bootstrap", &boot]));
+    unbound.extend(args(&[
+        "--validator",
+        "--run",
+        run.to_str().unwrap(),
+        "--bootstrap",
+        &boot,
+    ]));
     nodes.push(
         start_node(&dir, "v-unbound", &as_str(&unbound))
             .await
@@ -242,6 +260,15 @@ async fn bound_hotkeys_elect_and_register_and_the_validator_sets_weights_on_chai
     )
     .await
     .unwrap();
+
+    for node in nodes.iter().filter(|n| n.name.starts_with("miner")) {
+        assert!(
+            node.stdout_lines().contains(&format!("RUN {run_hash}")),
+            "{} adopted the validators' run: {:?}",
+            node.name,
+            node.stdout_lines()
+        );
+    }
 
     // What the orchestrator verified: every bound hotkey of the subnet, none for the unbound
     // validator, and none kept for the stranger's hotkey, which the subnet does not hold.

@@ -19,8 +19,10 @@ use bootstrap::{Metagraph, RunConfig};
 use p2p::{Event, Heartbeat, Multiaddr, PeerId, Verdict};
 use tokio::sync::mpsc;
 
-use crate::join::{decide, hex, snapshot_stakes, Backing, Decision, Vouches};
+use crate::join::{decide, hex, Backing, Decision, Electorate, Vouches};
 use crate::schedule::unix_ms;
+use crate::services::chain::api::{read_stake_once, StakeSource};
+use crate::services::consensus::api::{ChainBook, ChainStake};
 use crate::wire::messages::{self, JoinReply, JoinRequest, Service};
 use crate::wire::rpc;
 use crate::wire::topics::Topics;
@@ -54,6 +56,19 @@ pub(crate) struct JoinSpec {
     pub(crate) pinned_run: Option<String>,
     /// `--metagraph-hash`, hex.
     pub(crate) pinned_metagraph: Option<String>,
+    /// `--subtensor`: the stake comes from the chain, and only the run configuration is
+    /// fetched.
+    pub(crate) chain: Option<StakeSource>,
+}
+
+/// How long a joining node waits before it reads the chain again after a failed read.
+const CHAIN_RETRY: Duration = Duration::from_secs(5);
+
+/// The chain's side of a join: the subnet's neurons, and the bindings of the validators
+/// heard.
+struct ChainJoin {
+    book: ChainBook,
+    neurons: Option<Vec<bootstrap::chain::ChainNeuron>>,
 }
 
 /// What the join phase adopted.
@@ -79,6 +94,7 @@ enum Fetched {
     Summary(PeerId, Result<Summary, String>),
     Run(PeerId, String, Result<Box<RunConfig>, String>),
     Snapshot(PeerId, String, Result<Metagraph, String>),
+    Stake(Result<Box<ChainStake>, String>),
 }
 
 /// The join phase's state.
@@ -102,6 +118,7 @@ struct Joiner {
     /// The snapshot and run hash chosen, once chosen (the run configuration may still be on
     /// its way).
     chosen: Option<(Option<Metagraph>, String)>,
+    chain: Option<ChainJoin>,
 }
 
 /// Runs the join phase until the run configuration and the snapshot are adopted.
@@ -128,7 +145,15 @@ pub(crate) async fn join(
         tx,
         best: None,
         chosen: None,
+        chain: None,
     };
+    if let Some(source) = joiner.spec.chain.clone() {
+        joiner.chain = Some(ChainJoin {
+            book: ChainBook::new(source.netuid),
+            neurons: None,
+        });
+        tokio::spawn(read_chain(source, joiner.tx.clone()));
+    }
     tracing::info!(
         fetch_run = joiner.spec.run.is_none(),
         fetch_metagraph = joiner.spec.metagraph.is_none(),
@@ -198,9 +223,17 @@ impl Joiner {
         ) else {
             return;
         };
-        let heard = self
-            .vouches
-            .observe(&author, &beat, unix_ms(SystemTime::now()));
+        let now_ms = unix_ms(SystemTime::now());
+        let heard = self.vouches.observe(&author, &beat, now_ms);
+        if let (Some(chain), Some(binding), crate::join::Heard::Kept) =
+            (&mut self.chain, &beat.binding, heard)
+        {
+            if let Ok(peer) = author.as_str().parse::<PeerId>() {
+                if let Err(rejected) = chain.book.on_binding(&peer, binding, now_ms / 1000) {
+                    tracing::debug!(%peer, reason = crate::rules::Reason::label(&rejected), "joining: a validator's binding refused");
+                }
+            }
+        }
         tracing::trace!(peer = %author, ?heard, run_hash = %beat.run_hash, "joining: heartbeat");
     }
 
@@ -266,6 +299,22 @@ impl Joiner {
                     }
                 }
             }
+            Fetched::Stake(Ok(stake)) => {
+                if let Some(chain) = &mut self.chain {
+                    tracing::info!(
+                        block = stake.block,
+                        neurons = stake.neurons.len(),
+                        "joining: the subnet's stake read from the chain"
+                    );
+                    chain.neurons = Some(stake.neurons.clone());
+                    chain
+                        .book
+                        .on_stake(*stake, unix_ms(SystemTime::now()) / 1000);
+                }
+            }
+            Fetched::Stake(Err(error)) => {
+                tracing::warn!(%error, retry_in = ?CHAIN_RETRY, "joining: the chain's stake not read");
+            }
             Fetched::Snapshot(peer, hash, result) => {
                 self.in_flight.remove(&format!("metagraph {hash}"));
                 match result {
@@ -319,6 +368,29 @@ impl Joiner {
     #[allow(clippy::type_complexity)]
     fn choose(&mut self) -> anyhow::Result<Option<(Option<Metagraph>, String)>> {
         let given_run = self.spec.run.as_ref().map(|r| r.hash().to_hex());
+        if let Some(chain) = &self.chain {
+            let (Some(neurons), Some(bound)) = (&chain.neurons, chain.book.metagraph()) else {
+                return Ok(None);
+            };
+            let electorate = Electorate::of_chain(&bound, neurons);
+            return match decide(&self.vouches, &electorate, None) {
+                Decision::Adopt(backing) => {
+                    tracing::info!(
+                        run_hash = %backing.run,
+                        validators = backing.validators,
+                        stake_percent = format!("{:.1}", backing.percent()),
+                        "joining: validators with more than half of the chain's validator stake follow this run"
+                    );
+                    self.check_pin(&backing.run)?;
+                    Ok(Some((None, backing.run)))
+                }
+                Decision::Wait(best) => {
+                    self.best = best;
+                    Ok(None)
+                }
+                Decision::NoStake => Ok(None),
+            };
+        }
         // The snapshots to weigh the votes under: the given one, the pinned one, or every
         // one the validators advertise.
         let candidates: Vec<(String, Option<Metagraph>)> = match &self.spec.metagraph {
@@ -341,7 +413,11 @@ impl Joiner {
         };
         for (hash, snapshot) in candidates {
             let Some(snapshot) = snapshot else { continue };
-            let run_hash = match decide(&self.vouches, &snapshot_stakes(&snapshot), Some(&hash)) {
+            let run_hash = match decide(
+                &self.vouches,
+                &Electorate::of_snapshot(&snapshot),
+                Some(&hash),
+            ) {
                 Decision::Adopt(backing) => {
                     tracing::info!(
                         run_hash = %backing.run,
@@ -361,11 +437,7 @@ impl Joiner {
                     continue;
                 }
             };
-            if let Some(pin) = &self.spec.pinned_run {
-                if *pin != run_hash {
-                    bail!("the run's validators follow run configuration {run_hash}, not --run-hash {pin}");
-                }
-            }
+            self.check_pin(&run_hash)?;
             if self.spec.metagraph.is_none() && self.spec.pinned_metagraph.is_none() {
                 tracing::warn!(
                     metagraph_hash = %hash,
@@ -375,6 +447,16 @@ impl Joiner {
             return Ok(Some((Some(snapshot), run_hash)));
         }
         self.no_snapshot(given_run)
+    }
+
+    /// Refuses a majority run that is not `--run-hash`'s.
+    fn check_pin(&self, run_hash: &str) -> anyhow::Result<()> {
+        match &self.spec.pinned_run {
+            Some(pin) if pin != run_hash => bail!(
+                "the run's validators follow run configuration {run_hash}, not --run-hash {pin}"
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// A run that advertises no snapshot: after [`NO_SNAPSHOT_GRACE`] with no validator
@@ -388,6 +470,7 @@ impl Joiner {
             .subscribed_at
             .is_some_and(|t| t.elapsed() >= NO_SNAPSHOT_GRACE);
         if self.spec.metagraph.is_some()
+            || self.spec.chain.is_some()
             || self.spec.pinned_metagraph.is_some()
             || !quiet
             || !self.vouches.snapshots().is_empty()
@@ -508,6 +591,19 @@ impl Joiner {
             best_stake_percent = format!("{:.1}", self.best.as_ref().map(Backing::percent).unwrap_or(0.0)),
             "still joining: no run configuration has validators with more than half of the stake behind it yet"
         );
+    }
+}
+
+/// Reads the chain's stake until a read succeeds (or the join phase is over), every
+/// [`CHAIN_RETRY`].
+async fn read_chain(source: StakeSource, tx: mpsc::Sender<Fetched>) {
+    loop {
+        let read = read_stake_once(&source).await.map(Box::new);
+        let done = read.is_ok();
+        if tx.send(Fetched::Stake(read)).await.is_err() || done {
+            return;
+        }
+        tokio::time::sleep(CHAIN_RETRY).await;
     }
 }
 

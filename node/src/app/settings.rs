@@ -114,7 +114,7 @@ impl NodeSettings {
         let metagraph = load_metagraph(args)?;
         let hotkey = load_hotkey(&args.wallet)?;
         let chain = chain_source(&args.chain)?;
-        let join = join_spec(args, &run, metagraph.as_ref(), chain.is_some())?;
+        let join = join_spec(args, &run, metagraph.as_ref(), chain.as_ref())?;
         Ok(NodeSettings {
             run,
             metagraph,
@@ -290,8 +290,9 @@ fn join_spec(
     args: &NodeArgs,
     run: &RunConfig,
     metagraph: Option<&Metagraph>,
-    on_chain: bool,
+    chain: Option<&StakeSource>,
 ) -> anyhow::Result<Option<super::join::JoinSpec>> {
+    let on_chain = chain.is_some();
     let hex = |h: &[u8; 32]| crate::join::hex(h);
     let fetch_run = args.run.is_none() && !args.bootstrap.is_empty();
     let fetch_metagraph = metagraph.is_none() && !on_chain && !args.bootstrap.is_empty();
@@ -322,9 +323,6 @@ fn join_spec(
             _ => {}
         }
     }
-    if fetch_run && on_chain {
-        anyhow::bail!("--subtensor without --run: fetching the run configuration on a chain run is not built yet; pass the run's --run file");
-    }
     if !fetch_run && !fetch_metagraph {
         return Ok(None);
     }
@@ -333,6 +331,7 @@ fn join_spec(
         metagraph: metagraph.cloned(),
         pinned_run: args.run_hash.as_ref().map(hex),
         pinned_metagraph: args.metagraph_hash.as_ref().map(hex),
+        chain: chain.cloned(),
     }))
 }
 

@@ -314,7 +314,7 @@ impl ConsensusHandle {
     }
 }
 
-pub(crate) use super::chain_book::BindingRejected;
+pub(crate) use super::chain_book::{BindingRejected, ChainBook};
 
 /// Starting the service: its pure core, the plan store, and the task around it.
 pub(crate) use super::plan_store::PlanStore;
