@@ -562,6 +562,58 @@ mod tests {
     }
 
     #[test]
+    fn on_the_chain_unbound_validators_count_in_the_total_but_never_vote() {
+        use bootstrap::chain::{decode_neurons_lite, encode_neurons_lite, NeuronSpec};
+        // Three permitted validators (300, 200, 400 TAO); only the first two are bound to peers.
+        let spec = |uid: u16, tao: u64| NeuronSpec {
+            uid,
+            netuid: 9,
+            hotkey: [uid as u8 + 1; 32],
+            coldkey: [uid as u8 + 101; 32],
+            active: true,
+            stake: tao * RAO_PER_TAO,
+            validator_permit: true,
+            last_update: 0,
+        };
+        let neurons = decode_neurons_lite(&encode_neurons_lite(
+            &[spec(0, 300), spec(1, 200), spec(2, 400)],
+            false,
+        ))
+        .unwrap()
+        .neurons;
+        let peers = [peer(1), peer(2)];
+        let bound = Metagraph::from_chain(9, 1, &neurons, |hotkey| {
+            neurons
+                .iter()
+                .position(|n| &n.hotkey == hotkey)
+                .and_then(|i| peers.get(i).cloned())
+        })
+        .unwrap();
+        let electorate = Electorate::of_chain(&bound, &neurons);
+        assert_eq!(electorate.total, 900 * u128::from(RAO_PER_TAO));
+        assert_eq!(electorate.voters.len(), 2);
+        let mut v = Vouches::default();
+        v.observe(
+            &peer(1),
+            &beat(&peer(1), Role::Validator, 1, "good", None),
+            NOW,
+        );
+        // 300 of 900 is no majority, whoever else is silent.
+        assert!(matches!(
+            decide(&v, &electorate, None),
+            Decision::Wait(Some(_))
+        ));
+        v.observe(
+            &peer(2),
+            &beat(&peer(2), Role::Validator, 1, "good", None),
+            NOW,
+        );
+        assert!(
+            matches!(decide(&v, &electorate, None), Decision::Adopt(b) if b.stake == 500 * u128::from(RAO_PER_TAO))
+        );
+    }
+
+    #[test]
     fn a_node_serves_its_files_by_hash_and_nothing_else() {
         let run = RunConfig::default();
         let m = snapshot(&[(1, 100, true)]);

@@ -253,6 +253,17 @@ async fn stake_elects_the_orchestrator_and_failover_keeps_epochs_moving() {
         log.contains("stake_percent=\"80.0\""),
         "adopted with the 160 of 200 stake behind it: {log}"
     );
+    let status = newcomer.status().await.unwrap();
+    assert_eq!(
+        status["run_hash"].as_str(),
+        Some(honest.as_str()),
+        "{status}"
+    );
+    assert_eq!(
+        status["metagraph_hash"].as_str().map(str::to_string),
+        Some(hex::encode(metagraph.hash())),
+        "{status}"
+    );
     liar.kill().await.unwrap();
     others.push(newcomer);
 

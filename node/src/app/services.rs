@@ -173,6 +173,11 @@ pub(crate) async fn start(
     };
     let join_files = crate::join::JoinFiles::new(&served_run, settings.metagraph.as_ref())
         .context("the run's files for joining nodes")?;
+    let settings_run_hash = settings.run.hash().to_hex();
+    let settings_metagraph_hash = settings
+        .metagraph
+        .as_ref()
+        .map(|m| crate::join::hex(&m.hash()));
     let mut tasks = Tasks::default();
     let own_binding = binding.as_ref().map(|(b, _)| b);
     let consensus = start_consensus(
@@ -245,7 +250,9 @@ pub(crate) async fn start(
     });
     view.send_modify(|v| {
         v.listen_addrs
-            .extend(listened_while_joining.iter().map(ToString::to_string))
+            .extend(listened_while_joining.iter().map(ToString::to_string));
+        v.run_hash = settings_run_hash;
+        v.metagraph_hash = settings_metagraph_hash;
     });
     Ok(Node {
         peer_id: identity.peer_id,

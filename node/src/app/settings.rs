@@ -423,6 +423,94 @@ mod tests {
     }
 
     #[test]
+    fn a_node_with_bootstrap_fetches_what_it_was_not_given() {
+        let boot = format!("/ip4/127.0.0.1/tcp/1/p2p/{PEER}");
+        // Without --bootstrap there is nobody to fetch from: the built-in defaults.
+        assert!(NodeSettings::from_args(&args(&[])).unwrap().join.is_none());
+        let alone = NodeSettings::from_args(&args(&["--bootstrap", &boot])).unwrap();
+        let spec = alone.join.unwrap();
+        assert!(spec.run.is_none() && spec.metagraph.is_none() && spec.chain.is_none());
+        // Given a run file, only the snapshot is fetched; the given run must be the run's.
+        let dir = scratch("join");
+        let run_path = dir.join("run.toml");
+        let run = RunConfig {
+            seed: 7,
+            ..RunConfig::default()
+        };
+        std::fs::write(&run_path, run.to_toml_string().unwrap()).unwrap();
+        let run_flag = run_path.to_str().unwrap();
+        let given = NodeSettings::from_args(&args(&["--bootstrap", &boot, "--run", run_flag]))
+            .unwrap()
+            .join
+            .unwrap();
+        assert_eq!(given.run.map(|r| r.hash()), Some(run.hash()));
+        // On a chain run the stake is the chain's: only the run configuration is fetched.
+        let chain = NodeSettings::from_args(&args(&[
+            "--bootstrap",
+            &boot,
+            "--subtensor",
+            "ws://127.0.0.1:9944",
+            "--netuid",
+            "9",
+        ]))
+        .unwrap()
+        .join
+        .unwrap();
+        assert!(chain.chain.is_some() && chain.run.is_none() && chain.metagraph.is_none());
+        // With both, nothing is fetched.
+        let both = NodeSettings::from_args(&args(&[
+            "--bootstrap",
+            &boot,
+            "--run",
+            run_flag,
+            "--subtensor",
+            "ws://127.0.0.1:9944",
+            "--netuid",
+            "9",
+        ]))
+        .unwrap();
+        assert!(both.join.is_none());
+        // A pin is carried to the join, and a given file must hash to its pin.
+        let pin = run.hash().to_hex();
+        let pinned = NodeSettings::from_args(&args(&["--bootstrap", &boot, "--run-hash", &pin]))
+            .unwrap()
+            .join
+            .unwrap();
+        assert_eq!(pinned.pinned_run.as_deref(), Some(pin.as_str()));
+        assert!(NodeSettings::from_args(&args(&["--run", run_flag, "--run-hash", &pin])).is_ok());
+        let other = RunConfig::default().hash().to_hex();
+        let error = NodeSettings::from_args(&args(&["--run", run_flag, "--run-hash", &other]))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("--run-hash") && error.contains(&pin),
+            "{error}"
+        );
+        let error = NodeSettings::from_args(&args(&["--metagraph-hash", &pin]))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("--metagraph-hash needs"), "{error}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_pin_that_is_not_a_hash_is_refused_naming_the_flag() {
+        use clap::Parser;
+        for flag in ["--run-hash", "--metagraph-hash"] {
+            let error = crate::cli::Cli::try_parse_from(["iota-p2p", flag, "abc"])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                error.contains(flag) && error.contains("64 hex digits"),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
     fn a_node_is_a_miner_unless_told_to_validate() {
         let miner = NodeSettings::from_args(&args(&[])).unwrap();
         assert_eq!(miner.role, Role::Miner);

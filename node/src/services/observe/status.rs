@@ -17,6 +17,12 @@ use crate::services::data::api::DataHandle;
 pub(crate) struct NodeView {
     /// Addresses the node listens on, each ending in `/p2p/<peer id>`.
     pub(crate) listen_addrs: Vec<String>,
+    /// The hash of the run configuration the node follows (hex), what a joining node pins
+    /// with `--run-hash`.
+    pub(crate) run_hash: String,
+    /// The hash of the stake snapshot the node follows (hex; none with stake from the
+    /// chain), what a joining node pins with `--metagraph-hash`.
+    pub(crate) metagraph_hash: Option<String>,
     /// Peers whose heartbeats are fresh, sorted.
     pub(crate) live_peers: Vec<bootstrap::PeerIdStr>,
     /// The same peers, each as the run knows it: a validator with a permit, a miner of the
