@@ -105,6 +105,18 @@ pub(crate) struct NodeArgs {
     )]
     pub(crate) listen: Vec<Multiaddr>,
 
+    /// Address others can reach this node at (repeatable), as its operator knows it: a
+    /// public IP and port, a forwarded port. It is the only address the node advertises (its
+    /// listen addresses are then kept to itself), and it makes the node public: it keeps and
+    /// dials only global addresses of its peers, never private or loopback ones.
+    #[arg(
+        long = "external-address",
+        env = "IOTA_EXTERNAL_ADDRESS",
+        value_name = "MULTIADDR",
+        value_delimiter = ','
+    )]
+    pub(crate) external_address: Vec<Multiaddr>,
+
     /// Peer to join the network through (repeatable); must end in `/p2p/<peer id>`.
     #[arg(
         long = "bootstrap",

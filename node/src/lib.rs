@@ -19,7 +19,9 @@
 //!    bounded inbox every service's handle uses).
 //! 2. **Rules** — `rules`: what every message's rules answer with (a gossip verdict with a
 //!    typed reason, a request refusal) and the frame shapes the miner and the validator both
-//!    check; each message's own rules live in its service's `validate`.
+//!    check; each message's own rules live in its service's `validate`. `join`: which run
+//!    configuration and stake snapshot a node joining with `--bootstrap` alone adopts (the
+//!    validators' stake-weighted vote), and what every node serves to one.
 //! 3. **Services** (`services/<name>/`), each a task that owns its state behind a bounded
 //!    inbox and publishes what others may read as a watch value; its `api` holds its
 //!    messages, handle, views and typed reasons, the rest is its own:

@@ -141,6 +141,7 @@ const LAYERS: &[(&str, usize)] = &[
     ("fsio", 1),
     ("services::inbox", 1),
     ("rules", 2),
+    ("join", 2),
     ("services::consensus", 3),
     ("services::miner", 3),
     ("services::merge", 3),

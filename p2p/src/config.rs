@@ -51,6 +51,11 @@ pub struct Config {
     /// The same for all peers together (default [`DEFAULT_MAX_REQUEST_BYTES_TOTAL`]). At least
     /// `max_request_bytes_per_peer`.
     pub max_request_bytes_total: u64,
+    /// Addresses others can reach this node at, as its operator knows them (a public IP, a
+    /// forwarded port): added as the swarm's external addresses, and then the only addresses
+    /// identify advertises (the listen addresses are hidden). Any of them makes the node
+    /// public ([`crate::addresses::Reach`]). Default none.
+    pub external: Vec<Multiaddr>,
 }
 
 /// Default [`Config::max_frame_bytes`].
@@ -106,6 +111,7 @@ impl Default for Config {
             max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
             max_request_bytes_per_peer: DEFAULT_MAX_REQUEST_BYTES_PER_PEER,
             max_request_bytes_total: DEFAULT_MAX_REQUEST_BYTES_TOTAL,
+            external: Vec::new(),
         }
     }
 }

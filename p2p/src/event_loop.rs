@@ -36,6 +36,7 @@ use tokio::sync::{
 };
 use tracing::{debug, info, warn, Instrument};
 
+use crate::addresses::Reach;
 use crate::{
     behaviour::Behaviour,
     budget::Reservation,
@@ -101,6 +102,9 @@ pub fn spawn(
                 source,
             })?;
     }
+    for addr in &config.external {
+        swarm.add_external_address(addr.clone());
+    }
     for topic in &config.topics {
         swarm
             .behaviour_mut()
@@ -135,6 +139,7 @@ pub fn spawn(
         bootstrap: BootstrapSchedule::new(bootstrap, now),
         bootstrap_dials: HashMap::new(),
         discovery: DiscoverySchedule::new(config.discovery_interval, now),
+        reach: Reach::of(&config.listen, &config.external),
     };
     let span = tracing::info_span!("p2p", peer = %local);
     let task = runtime.spawn(event_loop.run().instrument(span));
@@ -181,6 +186,8 @@ pub(crate) struct EventLoop {
     /// peers do not count against the backoff.
     bootstrap_dials: HashMap<ConnectionId, PeerId>,
     discovery: DiscoverySchedule,
+    /// Which peer addresses this node keeps and dials.
+    reach: Reach,
 }
 
 impl EventLoop {

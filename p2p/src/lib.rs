@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+pub mod addresses;
 mod behaviour;
 mod binding;
 mod budget;

@@ -165,6 +165,10 @@ pub struct Metrics {
     /// `iota_bootstrap_dial_failures_total`: failed dials to a configured bootstrap peer; each
     /// is followed by a retry after a backoff.
     bootstrap_dial_failures: Counter,
+    /// `iota_peer_addresses_refused_total`: peer addresses (from identify or the DHT) not
+    /// kept or dialled: private or loopback ones in a public run, and those beyond
+    /// [`crate::addresses::MAX_PEER_ADDRS`] of one report.
+    addresses_refused: Counter,
 }
 
 impl Metrics {
@@ -232,6 +236,11 @@ impl Metrics {
             "Failed dials to configured bootstrap peers",
             m.bootstrap_dial_failures.clone(),
         );
+        registry.register(
+            "iota_peer_addresses_refused",
+            "Peer addresses not kept or dialled: private ones in a public run, or too many",
+            m.addresses_refused.clone(),
+        );
         m
     }
 
@@ -278,6 +287,16 @@ impl Metrics {
     /// Current value of `iota_gossip_messages_received_total`.
     pub fn gossip_received(&self) -> u64 {
         self.gossip_received.get()
+    }
+
+    /// Counts `n` peer addresses not kept or dialled.
+    pub(crate) fn addresses_refused(&self, n: usize) {
+        self.addresses_refused.inc_by(n as u64);
+    }
+
+    /// Current value of `iota_peer_addresses_refused_total`.
+    pub fn peer_addresses_refused(&self) -> u64 {
+        self.addresses_refused.get()
     }
 
     /// Current value of `iota_bootstrap_dial_failures_total`.

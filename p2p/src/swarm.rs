@@ -1,4 +1,5 @@
-//! Builds the swarm: TCP + Noise + Yamux transport and the configured [`Behaviour`].
+//! Builds the swarm: TCP + Noise + Yamux transport (behind the dial guard of
+//! [`crate::addresses`]) and the configured [`Behaviour`].
 //!
 //! Protocol parameters live here as documented constants so that every node of a run agrees
 //! on them.
@@ -7,13 +8,17 @@ use std::time::Duration;
 
 use libp2p::{
     connection_limits::{self, ConnectionLimits},
+    core::{upgrade, Transport},
     gossipsub, identify,
     identity::Keypair,
     kad, noise, ping, request_response, tcp, yamux, StreamProtocol, Swarm, SwarmBuilder,
 };
 
 use crate::{
-    behaviour::Behaviour, budget::ByteBudget, codec, rr, scoring, Config, Metrics, SpawnError,
+    addresses::{GuardedTransport, Reach},
+    behaviour::Behaviour,
+    budget::ByteBudget,
+    codec, rr, scoring, Config, Metrics, SpawnError,
 };
 
 /// Kademlia protocol name; nodes of other networks do not join our routing tables.
@@ -69,7 +74,9 @@ fn behaviour(key: &Keypair, config: &Config, metrics: &Metrics) -> Result<Behavi
 
     let identify = identify::Behaviour::new(
         identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), key.public())
-            .with_agent_version(format!("iota-p2p/{}", env!("CARGO_PKG_VERSION"))),
+            .with_agent_version(format!("iota-p2p/{}", env!("CARGO_PKG_VERSION")))
+            // With addresses the operator vouches for, advertise only those.
+            .with_hide_listen_addrs(!config.external.is_empty()),
     );
 
     let mut gossipsub = gossipsub::Behaviour::new(
@@ -134,15 +141,29 @@ pub(crate) fn build(
     let mut behaviour_error = None;
     let swarm = SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
-        .with_tcp(
-            tcp::Config::default().nodelay(true),
-            noise::Config::new,
-            // Defaults on purpose: libp2p-yamux 0.48 exposes only the stream limit, and with a
-            // patched yamux neither 64/256 KiB frames nor a 16 MiB initial window moved 16 MiB
-            // request throughput beyond run-to-run noise; the cost is CPU in ChaCha20-Poly1305
-            // and Noise's buffer copies (benches/transport.rs).
-            yamux::Config::default,
-        )
+        .with_other_transport(|key| {
+            // TCP, as `with_tcp` builds it, behind the dial guard of a public run.
+            let tcp = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true));
+            let guarded = GuardedTransport::new(
+                tcp,
+                Reach::of(&config.listen, &config.external),
+                &config.bootstrap,
+                metrics.clone(),
+            );
+            let noise = noise::Config::new(key)
+                .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(
+                guarded
+                    .upgrade(upgrade::Version::V1)
+                    .authenticate(noise)
+                    // Defaults on purpose: libp2p-yamux 0.48 exposes only the stream limit,
+                    // and with a patched yamux neither 64/256 KiB frames nor a 16 MiB initial
+                    // window moved 16 MiB request throughput beyond run-to-run noise; the
+                    // cost is CPU in ChaCha20-Poly1305 and Noise's buffer copies
+                    // (benches/transport.rs).
+                    .multiplex(yamux::Config::default()),
+            )
+        })
         .map_err(|e| SpawnError::Transport(e.to_string()))?
         .with_behaviour(|key| match behaviour(key, config, metrics) {
             Ok(b) => Ok(b),

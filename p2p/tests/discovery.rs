@@ -208,3 +208,74 @@ async fn bootstrap_address_without_peer_id_is_refused() {
     .unwrap_err();
     assert!(matches!(err, p2p::SpawnError::BootstrapWithoutPeerId(_)));
 }
+
+/// A public node (here: one given an external address) keeps only global addresses of its
+/// peers: the loopback addresses its bootstrap peer advertises and the DHT hands out are
+/// refused and counted, and it never dials a peer it knows only by such an address, while a
+/// local node next to it finds that peer. Everything listens on 127.0.0.1; the external
+/// address is a loopback port nobody listens on, so whoever dials it dials this host only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_node_refuses_private_addresses_and_never_dials_them() {
+    init_tracing();
+    let hub = spawn_node(config()).await;
+    let bootstrap = vec![hub.addr.clone()];
+    let spoke = spawn_node(Config {
+        bootstrap: bootstrap.clone(),
+        ..config()
+    })
+    .await;
+    let public = spawn_node(Config {
+        bootstrap: bootstrap.clone(),
+        external: vec!["/ip4/127.0.0.1/tcp/9".parse().unwrap()],
+        ..config()
+    })
+    .await;
+    let control = spawn_node(Config {
+        bootstrap,
+        ..config()
+    })
+    .await;
+    let spoke_id = spoke.peer_id();
+    let connected_to = |node: &TestNode, peer: PeerId| {
+        let client = node.client.clone();
+        async move { client.connected_peers().await.unwrap().contains(&peer) }
+    };
+
+    // The local control node, which learns of the spoke the same way, connects to it.
+    wait_for(
+        "the control node finds the spoke",
+        Duration::from_secs(30),
+        || async {
+            if connected_to(&control, spoke_id).await {
+                Ok(())
+            } else {
+                Err("not connected".to_string())
+            }
+        },
+    )
+    .await;
+    // The public node reached its bootstrap peer (an address its operator gave) and refused
+    // the loopback addresses it was told, its bootstrap peer's and the spoke's.
+    wait_for(
+        "the public node refuses addresses",
+        Duration::from_secs(30),
+        || async {
+            let refused = public.metrics.peer_addresses_refused();
+            if connected_to(&public, hub.peer_id()).await && refused >= 2 {
+                Ok(())
+            } else {
+                Err(format!("{refused} refused"))
+            }
+        },
+    )
+    .await;
+    assert!(
+        !connected_to(&public, spoke_id).await,
+        "the public node dialled the spoke's loopback address"
+    );
+    assert_eq!(
+        control.metrics.peer_addresses_refused(),
+        0,
+        "a local run keeps them all"
+    );
+}

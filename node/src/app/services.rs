@@ -280,6 +280,7 @@ fn network_config(settings: &NodeSettings, topics: Vec<String>, budgets: &Budget
     p2p::Config {
         listen: settings.network.listen.clone(),
         bootstrap: settings.network.bootstrap.clone(),
+        external: settings.network.external.clone(),
         topics,
         max_connections_total: budgets.p2p_connections,
         max_pending_incoming: budgets.pending_incoming,

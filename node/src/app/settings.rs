@@ -69,6 +69,8 @@ pub(crate) struct NetworkSettings {
     pub(crate) bootstrap: Vec<Multiaddr>,
     /// The peers those addresses name (every one does: the CLI refuses any other).
     pub(crate) bootstrap_peers: BTreeSet<PeerId>,
+    /// `--external-address`.
+    pub(crate) external: Vec<Multiaddr>,
 }
 
 /// A miner's compute.
@@ -133,6 +135,7 @@ impl NodeSettings {
                 listen: args.listen.clone(),
                 bootstrap: args.bootstrap.clone(),
                 bootstrap_peers: bootstrap_peers(&args.bootstrap),
+                external: args.external_address.clone(),
             },
             faults: faults(&args.fault),
             heartbeat: seconds(args.heartbeat_secs, "--heartbeat-secs")?,

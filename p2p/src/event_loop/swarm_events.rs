@@ -17,6 +17,7 @@ use libp2p::{
 use tracing::{debug, info, trace, warn};
 
 use super::EventLoop;
+use crate::addresses::admit;
 use crate::{
     behaviour::BehaviourEvent,
     client::{Event, GossipId, RequestId, Verdict},
@@ -151,6 +152,15 @@ impl EventLoop {
         if peer == *self.swarm.local_peer_id() || self.swarm.is_connected(&peer) {
             return;
         }
+        // A public node never dials a private or loopback address a peer or the DHT gave.
+        let offered = !addresses.is_empty();
+        let (addresses, dropped) = admit(addresses, self.reach);
+        if dropped > 0 {
+            self.metrics.addresses_refused(dropped);
+        }
+        if offered && addresses.is_empty() {
+            return;
+        }
         let opts = DialOpts::peer_id(peer)
             .addresses(addresses)
             .condition(PeerCondition::DisconnectedAndNotDialing)
@@ -161,16 +171,23 @@ impl EventLoop {
         }
     }
 
-    /// Kad learns peers that dialled us only from identify: add their listen addresses
-    /// (loopback included) when they speak our kad protocol.
+    /// Kad learns peers that dialled us only from identify: add their listen addresses when
+    /// they speak our kad protocol, those [`crate::addresses::admit`] keeps (all of a local
+    /// run's, loopback included; a public run's global ones; at most
+    /// [`crate::addresses::MAX_PEER_ADDRS`]).
     fn on_identify_event(&mut self, event: identify::Event) {
         if let identify::Event::Received { peer_id, info, .. } = event {
             if !info.protocols.contains(&KAD_PROTOCOL) {
                 trace!(peer = %peer_id, "peer does not speak our kad protocol");
                 return;
             }
+            let (kept, dropped) = admit(info.listen_addrs, self.reach);
+            if dropped > 0 {
+                self.metrics.addresses_refused(dropped);
+                debug!(peer = %peer_id, dropped, "advertised addresses not kept");
+            }
             let kad = &mut self.swarm.behaviour_mut().kad;
-            for addr in info.listen_addrs {
+            for addr in kept {
                 kad.add_address(&peer_id, addr);
             }
         }
