@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use iota_tests::{binary, scratch_dir, start_node, wait_for};
+use iota_tests::{binary, keygen, run_files, scratch_dir, start_node, wait_for};
 
 #[test]
 fn malformed_bootstrap_exits_nonzero_naming_the_flag() {
@@ -120,9 +120,13 @@ async fn unreachable_bootstrap_is_retried_and_the_node_keeps_running() {
     };
     let nobody = "12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN";
     let addr = format!("/ip4/127.0.0.1/tcp/{port}/p2p/{nobody}");
-    let node = start_node(&dir, "lonely", &["--bootstrap", &addr])
-        .await
-        .unwrap();
+    // With the run's files, so that it does not wait to fetch them from the run (a joining
+    // node serves no /status until it has joined).
+    let me = keygen(&dir, "lonely");
+    let mut args = run_files(&dir, &[(me, 0, false)], &bootstrap::RunConfig::default());
+    args.extend(["--bootstrap".to_string(), addr]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let node = start_node(&dir, "lonely", &args).await.unwrap();
 
     let log = node.log_path().to_path_buf();
     wait_for(

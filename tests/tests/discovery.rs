@@ -46,13 +46,28 @@ async fn eight_nodes_find_each_other_and_survive_losing_the_bootstrap_node() {
     let dir = scratch_dir("discovery");
     let first = start_node(&dir, "node-0", &[]).await.unwrap();
     let bootstrap = first.listen_addr();
-    let mut nodes = vec![first];
+    // The other seven at once: each joins through node 0, which follows a run without a stake
+    // snapshot, so each waits a few seconds for a validator to advertise one before it takes
+    // node 0's run configuration.
+    let mut starting = tokio::task::JoinSet::new();
     for i in 1..8 {
-        let node = start_node(&dir, &format!("node-{i}"), &["--bootstrap", &bootstrap])
-            .await
-            .unwrap();
-        nodes.push(node);
+        let (dir, bootstrap) = (dir.clone(), bootstrap.clone());
+        starting.spawn(async move {
+            let name = format!("node-{i}");
+            (
+                i,
+                start_node(&dir, &name, &["--bootstrap", &bootstrap]).await,
+            )
+        });
     }
+    let mut started = Vec::new();
+    while let Some(joined) = starting.join_next().await {
+        let (i, node) = joined.unwrap();
+        started.push((i, node.unwrap()));
+    }
+    started.sort_by_key(|(i, _)| *i);
+    let mut nodes = vec![first];
+    nodes.extend(started.into_iter().map(|(_, node)| node));
     let ids: Vec<String> = nodes.iter().map(|n| peer_id_of(&n.listen_addr())).collect();
     let all: BTreeSet<String> = ids.iter().cloned().collect();
     assert_eq!(all.len(), 8, "every node has its own peer id");

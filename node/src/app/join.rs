@@ -36,7 +36,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(15);
 /// How long after it first subscribed to a run's heartbeats a node that has heard no
 /// validator advertise a snapshot takes the run to have none (a run without stake, which
 /// elects no orchestrator: only discovery works in it).
-const NO_SNAPSHOT_GRACE: Duration = Duration::from_secs(5);
+const NO_SNAPSHOT_GRACE: Duration = Duration::from_secs(3);
 
 /// Most peers asked what run they are in.
 const MAX_ASKED: usize = 16;
