@@ -501,12 +501,7 @@ impl Joiner {
     }
 
     fn fetch_run(&mut self, hash: &str) {
-        let mut from: Vec<PeerId> = self
-            .vouches
-            .advertising_run(hash)
-            .iter()
-            .filter_map(|p| p.as_str().parse().ok())
-            .collect();
+        let mut from = peer_ids(&self.vouches.advertising_run(hash));
         from.extend(
             self.summaries
                 .iter()
@@ -528,12 +523,7 @@ impl Joiner {
     }
 
     fn fetch_snapshot(&mut self, hash: &str) {
-        let mut from: Vec<PeerId> = self
-            .vouches
-            .advertising_snapshot(hash)
-            .iter()
-            .filter_map(|p| p.as_str().parse().ok())
-            .collect();
+        let mut from = peer_ids(&self.vouches.advertising_snapshot(hash));
         from.extend(
             self.summaries
                 .iter()
@@ -592,6 +582,14 @@ impl Joiner {
             "still joining: no run configuration has validators with more than half of the stake behind it yet"
         );
     }
+}
+
+/// The libp2p peer ids of `peers`.
+fn peer_ids(peers: &[bootstrap::PeerIdStr]) -> Vec<PeerId> {
+    peers
+        .iter()
+        .filter_map(|p| p.as_str().parse().ok())
+        .collect()
 }
 
 /// Reads the chain's stake until a read succeeds (or the join phase is over), every

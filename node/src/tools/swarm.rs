@@ -706,6 +706,10 @@ async fn settled_weights(
     honest: &[bool],
 ) -> Vec<serde_json::Value> {
     let latest = std::cell::RefCell::new(Vec::new());
+    // Once the honest nodes have the last epoch's weights, the others get a little longer to
+    // hear them too: an adversary still in the run may be a gossip round behind, while one
+    // its peers' scoring cut off never catches up.
+    let honest_settled = std::cell::Cell::new(None::<std::time::Instant>);
     let waited = wait_for(
         "every node's consensus on the last epoch's weights",
         Duration::from_secs(30),
@@ -715,18 +719,28 @@ async fn settled_weights(
             for node in nodes {
                 statuses.push(node.status().await?);
             }
+            let is_behind = |s: &serde_json::Value| {
+                let heard = s["weights"]["validators"].as_array().map_or(0, Vec::len);
+                s["consensus_epoch"].as_u64().is_none_or(|e| e + 1 < epochs) || heard < validators
+            };
             let behind = statuses
                 .iter()
                 .zip(honest)
-                .filter(|(_, honest)| **honest)
-                .filter(|(s, _)| {
-                    let heard = s["weights"]["validators"].as_array().map_or(0, Vec::len);
-                    s["consensus_epoch"].as_u64().is_none_or(|e| e + 1 < epochs)
-                        || heard < validators
-                })
+                .filter(|(s, honest)| **honest && is_behind(s))
+                .count();
+            let others_behind = statuses
+                .iter()
+                .zip(honest)
+                .filter(|(s, honest)| !**honest && is_behind(s))
                 .count();
             *latest.borrow_mut() = statuses;
-            Ok((behind == 0, format!("{behind} node(s) behind")))
+            if behind > 0 {
+                return Ok((false, format!("{behind} node(s) behind")));
+            }
+            let since = honest_settled.get().unwrap_or_else(std::time::Instant::now);
+            honest_settled.set(Some(since));
+            let done = others_behind == 0 || since.elapsed() >= ADVERSARY_GRACE;
+            Ok((done, format!("{others_behind} adversary node(s) behind")))
         },
     )
     .await;
@@ -735,6 +749,9 @@ async fn settled_weights(
     }
     latest.into_inner()
 }
+
+/// How much longer than the honest nodes the others get to hear the last weights.
+const ADVERSARY_GRACE: Duration = Duration::from_secs(5);
 
 /// The run configuration's name for `preset`.
 fn model_preset(preset: training::Preset) -> anyhow::Result<ModelPreset> {
