@@ -41,6 +41,10 @@ const NO_SNAPSHOT_GRACE: Duration = Duration::from_secs(3);
 /// Most peers asked what run they are in.
 const MAX_ASKED: usize = 16;
 
+/// Most file requests a joining node sends (each peer is asked for a file once): past it, it
+/// waits on what it has, and says so every [`PROGRESS_EVERY`].
+const MAX_FETCHES: usize = 256;
+
 /// Most distinct run names whose heartbeats are followed (peers may name different runs).
 const MAX_RUN_NAMES: usize = 4;
 
@@ -401,7 +405,10 @@ impl Joiner {
                     None => self.vouches.snapshots(),
                 };
                 for hash in &wanted {
-                    if !self.snapshots.contains_key(hash) {
+                    // Snapshots are large (up to 16 MiB): at most MAX_SNAPSHOTS are held.
+                    if !self.snapshots.contains_key(hash)
+                        && self.snapshots.len() < crate::join::MAX_SNAPSHOTS
+                    {
                         self.fetch_snapshot(hash);
                     }
                 }
@@ -551,7 +558,7 @@ impl Joiner {
         F: FnOnce(p2p::Client, PeerId, mpsc::Sender<Fetched>, String) -> Fut,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
-        if self.in_flight.contains(&what) {
+        if self.in_flight.contains(&what) || self.tried.len() >= MAX_FETCHES {
             return;
         }
         let Some(peer) = from
@@ -579,6 +586,7 @@ impl Joiner {
             snapshots_fetched = self.snapshots.len(),
             best_run = self.best.as_ref().map(|b| b.run.as_str()).unwrap_or("none"),
             best_stake_percent = format!("{:.1}", self.best.as_ref().map(Backing::percent).unwrap_or(0.0)),
+            files_asked = self.tried.len(),
             "still joining: no run configuration has validators with more than half of the stake behind it yet"
         );
     }
