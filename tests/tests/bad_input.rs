@@ -124,7 +124,14 @@ async fn unreachable_bootstrap_is_retried_and_the_node_keeps_running() {
     // node serves no /status until it has joined).
     let me = keygen(&dir, "lonely");
     let mut args = run_files(&dir, &[(me, 0, false)], &bootstrap::RunConfig::default());
-    args.extend(["--bootstrap".to_string(), addr]);
+    // Told it is reachable at a loopback port nobody listens on: a public node, which still
+    // dials its operator's bootstrap address (a private one here).
+    args.extend([
+        "--bootstrap".to_string(),
+        addr,
+        "--external-address".to_string(),
+        "/ip4/127.0.0.1/tcp/9".to_string(),
+    ]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let node = start_node(&dir, "lonely", &args).await.unwrap();
 
@@ -154,6 +161,11 @@ async fn unreachable_bootstrap_is_retried_and_the_node_keeps_running() {
     let status = node.status().await.unwrap();
     assert_eq!(status["connected_peers"], 0);
     assert_eq!(status["role"], "miner");
+    assert_eq!(status["reachability"], "public", "{status}");
+    assert_eq!(
+        status["external_addrs"],
+        serde_json::json!(["/ip4/127.0.0.1/tcp/9"])
+    );
     let exit = node.stop(Duration::from_secs(10)).await.unwrap();
     assert!(exit.success(), "clean exit on SIGTERM: {exit}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -174,6 +174,17 @@ pub(crate) async fn start(
     let join_files = crate::join::JoinFiles::new(&served_run, settings.metagraph.as_ref())
         .context("the run's files for joining nodes")?;
     let settings_run_hash = settings.run.hash().to_hex();
+    let reachability =
+        match p2p::addresses::Reach::of(&settings.network.listen, &settings.network.external) {
+            p2p::addresses::Reach::Public => "public",
+            p2p::addresses::Reach::Local => "local",
+        };
+    let external_addrs: Vec<String> = settings
+        .network
+        .external
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     let settings_metagraph_hash = settings
         .metagraph
         .as_ref()
@@ -253,6 +264,8 @@ pub(crate) async fn start(
             .extend(listened_while_joining.iter().map(ToString::to_string));
         v.run_hash = settings_run_hash;
         v.metagraph_hash = settings_metagraph_hash;
+        v.reachability = reachability;
+        v.external_addrs = external_addrs;
     });
     Ok(Node {
         peer_id: identity.peer_id,

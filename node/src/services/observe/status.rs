@@ -23,6 +23,12 @@ pub(crate) struct NodeView {
     /// The hash of the stake snapshot the node follows (hex; none with stake from the
     /// chain), what a joining node pins with `--metagraph-hash`.
     pub(crate) metagraph_hash: Option<String>,
+    /// `public` (it listens on a global address or was given `--external-address`: it keeps
+    /// and dials only its peers' global addresses) or `local` (it keeps them all).
+    pub(crate) reachability: &'static str,
+    /// The addresses it was told others reach it at (`--external-address`), the only ones it
+    /// advertises when there are any.
+    pub(crate) external_addrs: Vec<String>,
     /// Peers whose heartbeats are fresh, sorted.
     pub(crate) live_peers: Vec<bootstrap::PeerIdStr>,
     /// The same peers, each as the run knows it: a validator with a permit, a miner of the
