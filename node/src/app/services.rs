@@ -223,6 +223,15 @@ pub(crate) async fn start(
         validator.as_ref(),
         &data,
     );
+    // What /status says of the node from its first answer on.
+    view.send_modify(|v| {
+        v.listen_addrs
+            .extend(listened_while_joining.iter().map(ToString::to_string));
+        v.run_hash = settings_run_hash;
+        v.metagraph_hash = settings_metagraph_hash;
+        v.reachability = reachability;
+        v.external_addrs = external_addrs;
+    });
     let http_limits = HttpLimits {
         max_connections: budgets.http_connections,
         ..HttpLimits::default()
@@ -258,14 +267,6 @@ pub(crate) async fn start(
         settings,
         dataset: data.serves(),
         advertised: join_files,
-    });
-    view.send_modify(|v| {
-        v.listen_addrs
-            .extend(listened_while_joining.iter().map(ToString::to_string));
-        v.run_hash = settings_run_hash;
-        v.metagraph_hash = settings_metagraph_hash;
-        v.reachability = reachability;
-        v.external_addrs = external_addrs;
     });
     Ok(Node {
         peer_id: identity.peer_id,
