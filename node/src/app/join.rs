@@ -41,9 +41,12 @@ const NO_SNAPSHOT_GRACE: Duration = Duration::from_secs(3);
 /// Most peers asked what run they are in.
 const MAX_ASKED: usize = 16;
 
-/// Most file requests a joining node sends (each peer is asked for a file once): past it, it
-/// waits on what it has, and says so every [`PROGRESS_EVERY`].
+/// Most (file, peer) pairs a joining node asks about: past it, it asks only those it asked
+/// before, and says how many every [`PROGRESS_EVERY`].
 const MAX_FETCHES: usize = 256;
+
+/// How long before a peer is asked again for a file (or a summary) it did not give.
+const ASK_AGAIN_AFTER: Duration = Duration::from_secs(10);
 
 /// Most distinct run names whose heartbeats are followed (peers may name different runs).
 const MAX_RUN_NAMES: usize = 4;
@@ -108,13 +111,16 @@ struct Joiner {
     spec: JoinSpec,
     vouches: Vouches,
     summaries: BTreeMap<PeerId, Summary>,
-    asked: BTreeSet<PeerId>,
+    /// When each peer was last asked for its summary.
+    asked: BTreeMap<PeerId, Instant>,
     heartbeat_topics: BTreeSet<String>,
     subscribed_at: Option<Instant>,
     runs: BTreeMap<String, RunConfig>,
     snapshots: BTreeMap<String, Metagraph>,
-    /// (what, peer) pairs already asked for a file, so no peer is asked twice.
-    tried: BTreeSet<(String, PeerId)>,
+    /// When each peer was last asked for each file: a peer is asked again only after
+    /// [`ASK_AGAIN_AFTER`], so a request that failed once (a peer not yet reachable, a
+    /// timeout) is retried, and none is asked in a loop.
+    tried: BTreeMap<(String, PeerId), Instant>,
     in_flight: BTreeSet<String>,
     listen: Vec<Multiaddr>,
     tx: mpsc::Sender<Fetched>,
@@ -138,12 +144,12 @@ pub(crate) async fn join(
         spec,
         vouches: Vouches::default(),
         summaries: BTreeMap::new(),
-        asked: BTreeSet::new(),
+        asked: BTreeMap::new(),
         heartbeat_topics: BTreeSet::new(),
         subscribed_at: None,
         runs: BTreeMap::new(),
         snapshots: BTreeMap::new(),
-        tried: BTreeSet::new(),
+        tried: BTreeMap::new(),
         in_flight: BTreeSet::new(),
         listen: Vec::new(),
         tx,
@@ -178,8 +184,14 @@ pub(crate) async fn join(
                 joiner.on_event(event).await;
             }
             Some(fetched) = rx.recv() => joiner.on_fetched(fetched).await,
-            _ = progress.tick() => joiner.log_progress(),
+            _ = progress.tick() => {
+                joiner.log_progress();
+                joiner.ask_again().await;
+            }
             _ = step.tick() => {
+                if joiner.summaries.is_empty() {
+                    joiner.ask_again().await;
+                }
                 if let Some(joined) = joiner.step()? {
                     return Ok(joined);
                 }
@@ -242,9 +254,16 @@ impl Joiner {
     }
 
     fn ask_summary(&mut self, peer: PeerId) {
-        if self.asked.len() >= MAX_ASKED || !self.asked.insert(peer) {
+        if self.summaries.contains_key(&peer) {
             return;
         }
+        let now = Instant::now();
+        match self.asked.get(&peer) {
+            Some(at) if now.duration_since(*at) < ASK_AGAIN_AFTER => return,
+            None if self.asked.len() >= MAX_ASKED => return,
+            _ => {}
+        }
+        self.asked.insert(peer, now);
         let (client, tx) = (self.client.clone(), self.tx.clone());
         tokio::spawn(async move {
             let summary = match ask(&client, peer, &JoinRequest::Summary).await {
@@ -558,16 +577,20 @@ impl Joiner {
         F: FnOnce(p2p::Client, PeerId, mpsc::Sender<Fetched>, String) -> Fut,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
-        if self.in_flight.contains(&what) || self.tried.len() >= MAX_FETCHES {
+        if self.in_flight.contains(&what) {
             return;
         }
+        let now = Instant::now();
         let Some(peer) = from
             .into_iter()
-            .find(|p| !self.tried.contains(&(what.clone(), *p)))
+            .find(|p| match self.tried.get(&(what.clone(), *p)) {
+                Some(at) => now.duration_since(*at) >= ASK_AGAIN_AFTER,
+                None => self.tried.len() < MAX_FETCHES,
+            })
         else {
             return;
         };
-        self.tried.insert((what.clone(), peer));
+        self.tried.insert((what.clone(), peer), now);
         self.in_flight.insert(what);
         tokio::spawn(task(
             self.client.clone(),
@@ -575,6 +598,16 @@ impl Joiner {
             self.tx.clone(),
             hash.to_string(),
         ));
+    }
+
+    /// Asks the connected peers that gave no summary yet (a request that failed, a peer that
+    /// connected before it served) again.
+    async fn ask_again(&mut self) {
+        if let Ok(peers) = self.client.connected_peers().await {
+            for peer in peers {
+                self.ask_summary(peer);
+            }
+        }
     }
 
     fn log_progress(&self) {
