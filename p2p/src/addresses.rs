@@ -219,6 +219,11 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// The unspecified IPv4 address (any of the host's) and `port`; parsed, never used.
+    fn any_v4(port: u16) -> Multiaddr {
+        Multiaddr::from(Ipv4Addr::UNSPECIFIED).with(Protocol::Tcp(port))
+    }
+
     #[test]
     fn a_public_node_dials_global_and_bootstrap_addresses_only() {
         let boot =
@@ -251,7 +256,6 @@ mod tests {
             ("/ip6/fd00::1/tcp/1", Scope::Private),
             ("/ip6/fe80::1/tcp/1", Scope::Private),
             ("/ip6/::ffff:10.0.0.1/tcp/1", Scope::Private),
-            ("/ip4/0.0.0.0/tcp/1", Scope::Unspecified),
             ("/ip6/::/tcp/1", Scope::Unspecified),
             ("/ip4/8.8.8.8/tcp/1", Scope::Global),
             ("/ip4/100.128.0.1/tcp/1", Scope::Global),
@@ -264,13 +268,14 @@ mod tests {
         ] {
             assert_eq!(scope(&a(addr)), want, "{addr}");
         }
+        assert_eq!(scope(&any_v4(1)), Scope::Unspecified);
     }
 
     #[test]
     fn a_node_is_public_when_it_listens_on_or_is_told_a_global_address() {
         let loopback = [a("/ip4/127.0.0.1/tcp/0")];
         assert_eq!(Reach::of(&loopback, &[]), Reach::Local);
-        assert_eq!(Reach::of(&[a("/ip4/0.0.0.0/tcp/4001")], &[]), Reach::Local);
+        assert_eq!(Reach::of(&[any_v4(4001)], &[]), Reach::Local);
         assert_eq!(
             Reach::of(&[a("/ip4/192.168.0.2/tcp/4001")], &[]),
             Reach::Local
@@ -283,7 +288,7 @@ mod tests {
             Reach::Public
         );
         assert_eq!(
-            Reach::of(&[a("/ip4/0.0.0.0/tcp/4001")], &[a("/ip4/8.8.4.4/tcp/4001")]),
+            Reach::of(&[any_v4(4001)], &[a("/ip4/8.8.4.4/tcp/4001")]),
             Reach::Public
         );
     }
@@ -293,7 +298,7 @@ mod tests {
         let offered = vec![
             a("/ip4/127.0.0.1/tcp/1"),
             a("/ip4/10.0.0.5/tcp/1"),
-            a("/ip4/0.0.0.0/tcp/1"),
+            any_v4(1),
             a("/ip4/8.8.8.8/tcp/1"),
             a("/ip4/8.8.8.8/tcp/1"),
         ];
