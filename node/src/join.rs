@@ -269,11 +269,6 @@ pub(crate) fn decide(
     }
 }
 
-/// A 64-digit lower-case hex hash, as heartbeats and the pins carry them.
-pub(crate) fn hex(hash: &[u8; 32]) -> String {
-    blake3::Hash::from_bytes(*hash).to_hex().to_string()
-}
-
 /// What a node in a run serves to joining nodes: the run's name, its configuration and its
 /// stake snapshot, each with its hash.
 #[derive(Clone, Debug)]
@@ -291,7 +286,8 @@ impl JoinFiles {
             run_name: run.run_name.clone(),
             run_hash: run.hash().to_hex(),
             run_toml: Arc::new(run.to_toml_string()?.into_bytes()),
-            metagraph: metagraph.map(|m| (hex(&m.hash()), Arc::new(m.to_json().into_bytes()))),
+            metagraph: metagraph
+                .map(|m| (hex::encode(m.hash()), Arc::new(m.to_json().into_bytes()))),
         })
     }
 
@@ -386,7 +382,7 @@ mod tests {
             (3, 10, true),
             (4, 1000, false),
         ]);
-        let mh = hex(&m.hash());
+        let mh = hex::encode(m.hash());
         let mut v = Vouches::default();
         assert_eq!(
             v.observe(
@@ -427,7 +423,7 @@ mod tests {
     #[test]
     fn a_minority_is_not_adopted_and_silence_votes_for_nothing() {
         let m = snapshot(&[(1, 100, true), (2, 50, true), (3, 60, true)]);
-        let mh = hex(&m.hash());
+        let mh = hex::encode(m.hash());
         let mut v = Vouches::default();
         v.observe(
             &peer(2),
@@ -459,7 +455,7 @@ mod tests {
         );
         // Exactly half is not more than half.
         let even = snapshot(&[(1, 50, true), (2, 50, true)]);
-        let eh = hex(&even.hash());
+        let eh = hex::encode(even.hash());
         let mut v = Vouches::default();
         v.observe(
             &peer(1),
@@ -480,7 +476,7 @@ mod tests {
     #[test]
     fn a_vote_counts_only_beside_the_snapshot_that_gives_the_stake() {
         let m = snapshot(&[(1, 100, true), (2, 50, true)]);
-        let mh = hex(&m.hash());
+        let mh = hex::encode(m.hash());
         let mut v = Vouches::default();
         // The big validator advertises the run with another snapshot: not a vote under this one.
         v.observe(
@@ -627,7 +623,7 @@ mod tests {
             JoinReply::Summary {
                 run_name: run.run_name.clone(),
                 run_hash: run.hash().to_hex(),
-                metagraph_hash: Some(hex(&m.hash())),
+                metagraph_hash: Some(hex::encode(m.hash())),
             }
         );
         let reply = ask(&JoinRequest::Run {
@@ -638,7 +634,7 @@ mod tests {
         let back = RunConfig::from_toml_str(std::str::from_utf8(toml).unwrap()).unwrap();
         assert_eq!(back.hash(), run.hash());
         let reply = ask(&JoinRequest::Metagraph {
-            hash: hex(&m.hash()),
+            hash: hex::encode(m.hash()),
         });
         let (_, json) = messages::decode::<JoinReply>(Service::Join, &reply).unwrap();
         assert_eq!(Metagraph::from_json_slice(json).unwrap().hash(), m.hash());
@@ -668,7 +664,7 @@ mod tests {
             &messages::encode(
                 Service::Join,
                 &JoinRequest::Metagraph {
-                    hash: hex(&m.hash()),
+                    hash: hex::encode(m.hash()),
                 },
                 &[],
             )

@@ -46,6 +46,14 @@ impl Reach {
             Reach::Local
         }
     }
+
+    /// `public` or `local`, as `/status` shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reach::Public => "public",
+            Reach::Local => "local",
+        }
+    }
 }
 
 /// What an address is reachable from.

@@ -93,7 +93,8 @@ pub fn spawn(
         }
     }
 
-    let mut swarm = swarm::build(keypair.clone(), &config, &metrics)?;
+    let reach = Reach::of(&config.listen, &config.external);
+    let mut swarm = swarm::build(keypair.clone(), &config, reach, &metrics)?;
     for addr in &config.listen {
         swarm
             .listen_on(addr.clone())
@@ -139,7 +140,7 @@ pub fn spawn(
         bootstrap: BootstrapSchedule::new(bootstrap, now),
         bootstrap_dials: HashMap::new(),
         discovery: DiscoverySchedule::new(config.discovery_interval, now),
-        reach: Reach::of(&config.listen, &config.external),
+        reach,
     };
     let span = tracing::info_span!("p2p", peer = %local);
     let task = runtime.spawn(event_loop.run().instrument(span));

@@ -136,6 +136,7 @@ fn behaviour(key: &Keypair, config: &Config, metrics: &Metrics) -> Result<Behavi
 pub(crate) fn build(
     keypair: Keypair,
     config: &Config,
+    reach: Reach,
     metrics: &Metrics,
 ) -> Result<Swarm<Behaviour>, SpawnError> {
     let mut behaviour_error = None;
@@ -144,12 +145,7 @@ pub(crate) fn build(
         .with_other_transport(|key| {
             // TCP, as `with_tcp` builds it, behind the dial guard of a public run.
             let tcp = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true));
-            let guarded = GuardedTransport::new(
-                tcp,
-                Reach::of(&config.listen, &config.external),
-                &config.bootstrap,
-                metrics.clone(),
-            );
+            let guarded = GuardedTransport::new(tcp, reach, &config.bootstrap, metrics.clone());
             let noise = noise::Config::new(key)
                 .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)?;
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(

@@ -19,7 +19,7 @@ use bootstrap::{Metagraph, RunConfig};
 use p2p::{Event, Heartbeat, Multiaddr, PeerId, Verdict};
 use tokio::sync::mpsc;
 
-use crate::join::{decide, hex, Backing, Decision, Electorate, Vouches};
+use crate::join::{decide, Backing, Decision, Electorate, Vouches};
 use crate::schedule::unix_ms;
 use crate::services::chain::api::{read_stake_once, StakeSource};
 use crate::services::consensus::api::{ChainBook, ChainStake};
@@ -129,6 +129,9 @@ struct Joiner {
     /// its way).
     chosen: Option<(Option<Metagraph>, String)>,
     chain: Option<ChainJoin>,
+    /// The hashes of `--run` and `--metagraph`, when given, computed once.
+    given_run_hash: Option<String>,
+    given_metagraph_hash: Option<String>,
 }
 
 /// Runs the join phase until the run configuration and the snapshot are adopted.
@@ -141,7 +144,6 @@ pub(crate) async fn join(
     let mut joiner = Joiner {
         client: client.clone(),
         me: client.local_peer_id(),
-        spec,
         vouches: Vouches::default(),
         summaries: BTreeMap::new(),
         asked: BTreeMap::new(),
@@ -156,6 +158,9 @@ pub(crate) async fn join(
         best: None,
         chosen: None,
         chain: None,
+        given_run_hash: spec.run.as_ref().map(|r| r.hash().to_hex()),
+        given_metagraph_hash: spec.metagraph.as_ref().map(|m| hex::encode(m.hash())),
+        spec,
     };
     if let Some(source) = joiner.spec.chain.clone() {
         joiner.chain = Some(ChainJoin {
@@ -370,7 +375,7 @@ impl Joiner {
                 }
             },
         };
-        let metagraph_hash = metagraph.as_ref().map(|m| hex(&m.hash()));
+        let metagraph_hash = metagraph.as_ref().map(|m| hex::encode(m.hash()));
         tracing::info!(
             run = %run.run_name,
             run_hash = %run_hash,
@@ -390,7 +395,6 @@ impl Joiner {
     /// The snapshot and the run configuration's hash to adopt, once known.
     #[allow(clippy::type_complexity)]
     fn choose(&mut self) -> anyhow::Result<Option<(Option<Metagraph>, String)>> {
-        let given_run = self.spec.run.as_ref().map(|r| r.hash().to_hex());
         if let Some(chain) = &self.chain {
             let (Some(neurons), Some(bound)) = (&chain.neurons, chain.book.metagraph()) else {
                 return Ok(None);
@@ -415,64 +419,68 @@ impl Joiner {
             };
         }
         // The snapshots to weigh the votes under: the given one, the pinned one, or every
-        // one the validators advertise.
-        let candidates: Vec<(String, Option<Metagraph>)> = match &self.spec.metagraph {
-            Some(given) => vec![(hex(&given.hash()), Some(given.clone()))],
-            None => {
-                let wanted = match &self.spec.pinned_metagraph {
-                    Some(pin) => vec![pin.clone()],
-                    None => self.vouches.snapshots(),
-                };
-                for hash in &wanted {
-                    // Snapshots are large (up to 16 MiB): at most MAX_SNAPSHOTS are held.
-                    if !self.snapshots.contains_key(hash)
-                        && self.snapshots.len() < crate::join::MAX_SNAPSHOTS
-                    {
-                        self.fetch_snapshot(hash);
-                    }
-                }
-                wanted
-                    .into_iter()
-                    .filter_map(|h| self.snapshots.get(&h).cloned().map(|m| (h, Some(m))))
-                    .collect()
-            }
+        // one the validators advertise (fetched first).
+        let hashes: Vec<String> = match (&self.given_metagraph_hash, &self.spec.pinned_metagraph) {
+            (Some(given), _) => vec![given.clone()],
+            (None, Some(pin)) => vec![pin.clone()],
+            (None, None) => self.vouches.snapshots(),
         };
-        for (hash, snapshot) in candidates {
-            let Some(snapshot) = snapshot else { continue };
-            let run_hash = match decide(
+        if self.spec.metagraph.is_none() {
+            for hash in &hashes {
+                // Snapshots are large (up to 16 MiB): at most MAX_SNAPSHOTS are held.
+                if !self.snapshots.contains_key(hash)
+                    && self.snapshots.len() < crate::join::MAX_SNAPSHOTS
+                {
+                    self.fetch_snapshot(hash);
+                }
+            }
+        }
+        let mut adopted = None;
+        for hash in &hashes {
+            let Some(snapshot) = self.snapshot_of(hash) else {
+                continue;
+            };
+            match decide(
                 &self.vouches,
-                &Electorate::of_snapshot(&snapshot),
-                Some(&hash),
+                &Electorate::of_snapshot(snapshot),
+                Some(hash),
             ) {
                 Decision::Adopt(backing) => {
-                    tracing::info!(
-                        run_hash = %backing.run,
-                        metagraph_hash = %hash,
-                        validators = backing.validators,
-                        stake_percent = format!("{:.1}", backing.percent()),
-                        "joining: validators with more than half of the stake follow this run"
-                    );
-                    backing.run
+                    adopted = Some((hash.clone(), backing));
+                    break;
                 }
-                Decision::Wait(best) => {
-                    self.best = best;
-                    continue;
-                }
+                Decision::Wait(best) => self.best = best,
                 Decision::NoStake => {
                     tracing::debug!(metagraph_hash = %hash, "joining: a snapshot without validator stake");
-                    continue;
                 }
-            };
-            self.check_pin(&run_hash)?;
-            if self.spec.metagraph.is_none() && self.spec.pinned_metagraph.is_none() {
-                tracing::warn!(
-                    metagraph_hash = %hash,
-                    "trusting the stake snapshot on first use: its own validators vouch for it, but nothing outside the network the bootstrap address leads to confirms it; pin it with --metagraph-hash {hash} if you know it"
-                );
             }
-            return Ok(Some((Some(snapshot), run_hash)));
         }
-        self.no_snapshot(given_run)
+        let Some((hash, backing)) = adopted else {
+            return self.no_snapshot();
+        };
+        tracing::info!(
+            run_hash = %backing.run,
+            metagraph_hash = %hash,
+            validators = backing.validators,
+            stake_percent = format!("{:.1}", backing.percent()),
+            "joining: validators with more than half of the stake follow this run"
+        );
+        self.check_pin(&backing.run)?;
+        if self.spec.metagraph.is_none() && self.spec.pinned_metagraph.is_none() {
+            tracing::warn!(
+                metagraph_hash = %hash,
+                "trusting the stake snapshot on first use: its own validators vouch for it, but nothing outside the network the bootstrap address leads to confirms it; pin it with --metagraph-hash {hash} if you know it"
+            );
+        }
+        Ok(Some((self.snapshot_of(&hash).cloned(), backing.run)))
+    }
+
+    /// The snapshot of `hash`: the given one, or one fetched.
+    fn snapshot_of(&self, hash: &str) -> Option<&Metagraph> {
+        match (&self.spec.metagraph, &self.given_metagraph_hash) {
+            (Some(given), Some(given_hash)) if given_hash == hash => Some(given),
+            _ => self.snapshots.get(hash),
+        }
     }
 
     /// Refuses a majority run that is not `--run-hash`'s.
@@ -488,10 +496,7 @@ impl Joiner {
     /// A run that advertises no snapshot: after [`NO_SNAPSHOT_GRACE`] with no validator
     /// advertising one, the run the peers name, when they agree.
     #[allow(clippy::type_complexity)]
-    fn no_snapshot(
-        &mut self,
-        given_run: Option<String>,
-    ) -> anyhow::Result<Option<(Option<Metagraph>, String)>> {
+    fn no_snapshot(&self) -> anyhow::Result<Option<(Option<Metagraph>, String)>> {
         let quiet = self
             .subscribed_at
             .is_some_and(|t| t.elapsed() >= NO_SNAPSHOT_GRACE);
@@ -509,7 +514,7 @@ impl Joiner {
             .values()
             .map(|s| s.run_hash.as_str())
             .collect();
-        let run_hash = match (&self.spec.pinned_run, &given_run) {
+        let run_hash = match (&self.spec.pinned_run, &self.given_run_hash) {
             (Some(pin), _) => pin.clone(),
             (None, Some(given)) => given.clone(),
             (None, None) if named.len() == 1 => named
@@ -712,7 +717,7 @@ async fn fetch_snapshot(
     )
     .await?;
     let snapshot = Metagraph::from_json_slice(&bytes).map_err(|e| e.to_string())?;
-    let got = hex(&snapshot.hash());
+    let got = hex::encode(snapshot.hash());
     if got != hash {
         return Err(format!("it hashes to {got}"));
     }

@@ -146,7 +146,6 @@ pub(crate) async fn start(
                 return Err(error.context(context));
             }
         };
-        crate::run_spec::check_trainable(&joined.run).context(context)?;
         settings.run = joined.run;
         if joined.metagraph.is_some() {
             settings.metagraph = joined.metagraph;
@@ -175,20 +174,14 @@ pub(crate) async fn start(
         .context("the run's files for joining nodes")?;
     let settings_run_hash = settings.run.hash().to_hex();
     let reachability =
-        match p2p::addresses::Reach::of(&settings.network.listen, &settings.network.external) {
-            p2p::addresses::Reach::Public => "public",
-            p2p::addresses::Reach::Local => "local",
-        };
+        p2p::addresses::Reach::of(&settings.network.listen, &settings.network.external).as_str();
     let external_addrs: Vec<String> = settings
         .network
         .external
         .iter()
         .map(ToString::to_string)
         .collect();
-    let settings_metagraph_hash = settings
-        .metagraph
-        .as_ref()
-        .map(|m| crate::join::hex(&m.hash()));
+    let settings_metagraph_hash = join_files.metagraph_hash().map(str::to_string);
     let mut tasks = Tasks::default();
     let own_binding = binding.as_ref().map(|(b, _)| b);
     let consensus = start_consensus(
@@ -197,6 +190,7 @@ pub(crate) async fn start(
         own_binding,
         &client,
         &topics,
+        settings_metagraph_hash.as_deref(),
         &mut tasks,
     );
     let merge = start_merge(&settings, &client, &mut metrics, &mut tasks);
@@ -341,6 +335,7 @@ fn start_consensus(
     binding: Option<&p2p::HotkeyBinding>,
     client: &p2p::Client,
     topics: &Topics,
+    metagraph_hash: Option<&str>,
     tasks: &mut Tasks,
 ) -> ConsensusHandle {
     let plan_store = settings.data_dir.as_deref().map(PlanStore::new);
@@ -357,11 +352,7 @@ fn start_consensus(
             orchestration.on_own_binding(binding, unix_ms(std::time::SystemTime::now()));
         }
     }
-    let metagraph_hash = settings
-        .metagraph
-        .as_ref()
-        .map(|m| crate::join::hex(&m.hash()));
-    tracing::info!(peer = %identity.peer_id, role = ?settings.role, run = %settings.run.run_name, run_hash = %orchestration.run_hash(), metagraph_hash = metagraph_hash.as_deref().unwrap_or("none"), "node started");
+    tracing::info!(peer = %identity.peer_id, role = ?settings.role, run = %settings.run.run_name, run_hash = %orchestration.run_hash(), metagraph_hash = metagraph_hash.unwrap_or("none"), "node started");
     let (consensus, task) = crate::services::consensus::api::spawn(ConsensusParts {
         orchestration,
         store: plan_store,

@@ -296,7 +296,7 @@ fn join_spec(
     chain: Option<&StakeSource>,
 ) -> anyhow::Result<Option<super::join::JoinSpec>> {
     let on_chain = chain.is_some();
-    let hex = |h: &[u8; 32]| crate::join::hex(h);
+    let hex = |h: &[u8; 32]| hex::encode(h);
     let fetch_run = args.run.is_none() && !args.bootstrap.is_empty();
     let fetch_metagraph = metagraph.is_none() && !on_chain && !args.bootstrap.is_empty();
     if let Some(pin) = &args.run_hash {
