@@ -132,6 +132,7 @@ pub enum Event {
 /// Instructions from [`Client`] to the event loop.
 #[derive(Debug)]
 pub(crate) enum Command {
+    Connectivity(oneshot::Sender<crate::nat::Connectivity>),
     ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
     ConnectedPeers(oneshot::Sender<Vec<PeerId>>),
     RoutingTablePeers(oneshot::Sender<Vec<PeerId>>),
@@ -167,6 +168,10 @@ pub(crate) enum Command {
     Respond {
         id: RequestId,
         data: Vec<u8>,
+        reply: oneshot::Sender<Result<(), ClientError>>,
+    },
+    ListenOn {
+        addr: Multiaddr,
         reply: oneshot::Sender<Result<(), ClientError>>,
     },
     Dial {
@@ -212,6 +217,14 @@ impl Client {
     /// [`Event::NewListenAddr`]).
     pub async fn listen_addrs(&self) -> Result<Vec<Multiaddr>, ClientError> {
         self.call(Command::ListenAddrs)
+            .await
+            .ok_or(ClientError::EventLoopStopped)
+    }
+
+    /// How the node is reached and reaches its peers: AutoNAT's verdict, external
+    /// addresses, relays, each connected peer's path, hole punches, its relay server's load.
+    pub async fn connectivity(&self) -> Result<crate::Connectivity, ClientError> {
+        self.call(Command::Connectivity)
             .await
             .ok_or(ClientError::EventLoopStopped)
     }
@@ -314,6 +327,15 @@ impl Client {
     /// Answers the inbound request `id` (from [`Event::Request`]).
     pub async fn respond(&self, id: RequestId, data: Vec<u8>) -> Result<(), ClientError> {
         self.call(|reply| Command::Respond { id, data, reply })
+            .await
+            .ok_or(ClientError::EventLoopStopped)?
+    }
+
+    /// Listens on `addr` besides the configured addresses; for a relay circuit
+    /// (`<relay address>/p2p/<relay>/p2p-circuit`), reserves a slot on that relay. A private
+    /// node does this by itself; this is for operators and tests that choose a relay.
+    pub async fn listen_on(&self, addr: Multiaddr) -> Result<(), ClientError> {
+        self.call(|reply| Command::ListenOn { addr, reply })
             .await
             .ok_or(ClientError::EventLoopStopped)?
     }

@@ -56,15 +56,62 @@ pub struct Config {
     /// identify advertises (the listen addresses are hidden). Any of them makes the node
     /// public ([`crate::addresses::Reach`]). Default none.
     pub external: Vec<Multiaddr>,
+    /// Limits of the circuit relay v2 server this node runs for peers behind NATs; `None`
+    /// runs none (default). A relay server is advertised only while the node has a confirmed
+    /// external address, so a private node never offers itself.
+    pub relay_server: Option<RelayLimits>,
+    /// Whether a relayed connection is upgraded to a direct one by hole punching (DCUtR;
+    /// default on). Off, traffic with a peer behind a NAT stays on the relay.
+    pub hole_punch: bool,
+}
+
+/// What a relay server grants to the peers behind NATs that use it. Every limit is enforced
+/// by the relay: a reservation or circuit beyond them is refused, and a circuit that reaches
+/// its byte or time limit is closed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RelayLimits {
+    /// Reservations held at once, all peers together.
+    pub max_reservations: usize,
+    /// Reservations one peer may hold at once.
+    pub max_reservations_per_peer: usize,
+    /// How long a reservation lasts before its holder must renew it.
+    pub reservation_duration: Duration,
+    /// Circuits open at once, all peers together.
+    pub max_circuits: usize,
+    /// Circuits open at once with one peer at either end.
+    pub max_circuits_per_peer: usize,
+    /// Longest a circuit stays open.
+    pub max_circuit_duration: Duration,
+    /// Most bytes a circuit carries, both directions together, before it is closed.
+    pub max_circuit_bytes: u64,
+}
+
+impl Default for RelayLimits {
+    /// Sized for a run of a few hundred nodes of which some dozens sit behind NATs: each
+    /// private node holds two reservations, and a circuit carries pipeline traffic only until
+    /// a hole punch replaces it, or for good when punching fails (then a stage's activations,
+    /// a few MiB a sample, pass until the byte limit closes the circuit and a new one opens).
+    fn default() -> Self {
+        RelayLimits {
+            max_reservations: 128,
+            max_reservations_per_peer: 2,
+            reservation_duration: Duration::from_secs(60 * 60),
+            max_circuits: 64,
+            max_circuits_per_peer: 8,
+            max_circuit_duration: Duration::from_secs(10 * 60),
+            max_circuit_bytes: 256 << 20,
+        }
+    }
 }
 
 /// Default [`Config::max_frame_bytes`].
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 << 20;
 
-/// Default [`Config::max_connections_per_peer`]: 2, one each way. Two nodes that discover each
-/// other at the same moment dial each other and end up with two connections; with a limit of
-/// 1 each side may keep its own dial and refuse the other's, closing both.
-pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 2;
+/// Default [`Config::max_connections_per_peer`]: 3. Two nodes that discover each other at the
+/// same moment dial each other and end up with two connections (with a limit of 1 each side
+/// may keep its own dial and refuse the other's, closing both); and a relayed connection to a
+/// peer behind a NAT stays open until the hole-punched one that replaces it is established.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 3;
 
 /// Default [`Config::max_connections_total`]: 512. Discovery dials every peer it learns of, so
 /// a node holds about one connection per other node; this is above the few hundred nodes a
@@ -112,6 +159,8 @@ impl Default for Config {
             max_request_bytes_per_peer: DEFAULT_MAX_REQUEST_BYTES_PER_PEER,
             max_request_bytes_total: DEFAULT_MAX_REQUEST_BYTES_TOTAL,
             external: Vec::new(),
+            relay_server: None,
+            hole_punch: true,
         }
     }
 }

@@ -75,6 +75,9 @@ pub enum ClientError {
     /// `subscribe`: gossipsub refused the subscription.
     #[error("subscribe failed")]
     Subscribe(#[source] gossipsub::SubscriptionError),
+    /// `listen_on`: the address cannot be listened on.
+    #[error("cannot listen on the address")]
+    Listen(#[source] libp2p::TransportError<std::io::Error>),
 }
 
 /// Why [`crate::Client::publish`] or [`crate::Client::publish_raw`] failed.

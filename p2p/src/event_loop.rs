@@ -37,6 +37,7 @@ use tokio::sync::{
 use tracing::{debug, info, warn, Instrument};
 
 use crate::addresses::Reach;
+use crate::nat::{Connectivity, NatState};
 use crate::{
     behaviour::Behaviour,
     budget::Reservation,
@@ -141,6 +142,8 @@ pub fn spawn(
         bootstrap_dials: HashMap::new(),
         discovery: DiscoverySchedule::new(config.discovery_interval, now),
         reach,
+        nat: NatState::new(config.relay_server.is_some()),
+        operator_external: !config.external.is_empty(),
     };
     let span = tracing::info_span!("p2p", peer = %local);
     let task = runtime.spawn(event_loop.run().instrument(span));
@@ -189,6 +192,10 @@ pub(crate) struct EventLoop {
     discovery: DiscoverySchedule,
     /// Which peer addresses this node keeps and dials.
     reach: Reach,
+    /// Reachability, relays, and how each peer is reached.
+    nat: NatState,
+    /// The operator gave external addresses: the relay server may serve from the start.
+    operator_external: bool,
 }
 
 impl EventLoop {
@@ -240,7 +247,32 @@ impl EventLoop {
         }
         if self.discovery.poll(now) {
             self.discover();
+            // Relays refused or lost earlier may be asked again.
+            self.reserve_relays(now);
         }
+    }
+
+    /// A private node listens through relays it reaches directly (see [`NatState`]); the
+    /// relay client reserves a slot when the listener starts.
+    fn reserve_relays(&mut self, now: Instant) {
+        for (relay, addr) in self.nat.relays_to_reserve(now) {
+            let circuit = without_peer_id(&addr)
+                .with(Protocol::P2p(relay))
+                .with(Protocol::P2pCircuit);
+            match self.swarm.listen_on(circuit.clone()) {
+                Ok(listener) => {
+                    info!(%relay, %circuit, "private: reserving a relay slot");
+                    self.nat.on_reserving(relay, listener);
+                }
+                Err(error) => warn!(%relay, %error, "cannot listen through relay"),
+            }
+        }
+    }
+
+    /// What [`Client::connectivity`] answers.
+    fn connectivity(&self) -> Connectivity {
+        self.nat
+            .snapshot(self.swarm.external_addresses().cloned().collect())
     }
 
     fn dial_bootstrap(&mut self, addr: Multiaddr, now: Instant) {
@@ -312,6 +344,9 @@ impl EventLoop {
 
     fn on_command(&mut self, command: Command) {
         match command {
+            Command::Connectivity(reply) => {
+                let _ = reply.send(self.connectivity());
+            }
             Command::ListenAddrs(reply) => {
                 let _ = reply.send(self.swarm.listeners().cloned().collect());
             }
@@ -369,6 +404,10 @@ impl EventLoop {
             Command::SetMembers { peers, reply } => {
                 self.swarm.behaviour_mut().rr.set_members(peers);
                 let _ = reply.send(());
+            }
+            Command::ListenOn { addr, reply } => {
+                let result = self.swarm.listen_on(addr).map(|_| ());
+                let _ = reply.send(result.map_err(ClientError::Listen));
             }
             Command::Dial { addr, reply } => {
                 let _ = reply.send(self.swarm.dial(addr).map_err(ClientError::Dial));

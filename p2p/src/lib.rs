@@ -1,6 +1,8 @@
 //! The libp2p layer of an iota-p2p node.
 //!
-//! One [`spawn`] call starts a node: a TCP + Noise + Yamux swarm running connection limits,
+//! One [`spawn`] call starts a node: a TCP + Noise + Yamux and QUIC swarm running connection
+//! limits, AutoNAT, relay circuits (a client always, a server when configured) with DCUtR hole
+//! punching ([`nat`]),
 //! Kademlia (`/iota/kad/1.0.0`, server mode), identify, ping, gossipsub (strict signing, every
 //! payload also in our own signed [`Envelope`], peer scoring on) and one request-response
 //! protocol (`/iota/rr/1.0.0`, length-prefixed frames with a size limit, request bodies
@@ -32,6 +34,7 @@ mod error;
 mod event_loop;
 mod liveness;
 mod metrics;
+pub mod nat;
 mod rr;
 mod scoring;
 mod swarm;
@@ -43,7 +46,7 @@ pub use binding::{
 pub use client::{Client, Event, GossipId, RequestId, Verdict};
 pub use codec::PROTOCOL as RR_PROTOCOL;
 pub use config::{
-    Config, DEFAULT_MAX_CONNECTIONS_PER_PEER, DEFAULT_MAX_CONNECTIONS_TOTAL,
+    Config, RelayLimits, DEFAULT_MAX_CONNECTIONS_PER_PEER, DEFAULT_MAX_CONNECTIONS_TOTAL,
     DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_PENDING_INCOMING, DEFAULT_MAX_REQUEST_BYTES_PER_PEER,
     DEFAULT_MAX_REQUEST_BYTES_TOTAL, DEFAULT_MAX_STREAMS_PER_CONNECTION,
 };
@@ -60,3 +63,4 @@ pub use liveness::{
     MAX_HEARTBEAT_BYTES,
 };
 pub use metrics::{Direction, DroppedEvent, Metrics, RejectReason, RequestRefusal};
+pub use nat::{Connectivity, Path, Reachability};

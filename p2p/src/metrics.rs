@@ -119,6 +119,26 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabels {
+    path: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransportLabels {
+    transport: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: &'static str,
 }
@@ -169,6 +189,26 @@ pub struct Metrics {
     /// kept or dialled: private or loopback ones in a public run, and those beyond
     /// [`crate::addresses::MAX_PEER_ADDRS`] of one report.
     addresses_refused: Counter,
+    /// `iota_reachability{state}`: 1 for what AutoNAT found (`unknown`, `public`, `private`),
+    /// 0 for the others.
+    reachability: Family<StateLabels, Gauge>,
+    /// `iota_peers_by_path{path}`: connected peers reached `direct` (at least one direct
+    /// connection) or only `relayed`.
+    peers_by_path: Family<PathLabels, Gauge>,
+    /// `iota_connections_established_total{transport}`: connections opened, by transport:
+    /// `quic`, `tcp`, or `relayed` (a circuit through a relay).
+    connections_established: Family<TransportLabels, Counter>,
+    /// `iota_hole_punches_total{result}`: DCUtR hole punches, `ok` or `failed`.
+    hole_punches: Family<ResultLabels, Counter>,
+    /// `iota_relay_reservations_held`: relays that hold a reservation for this node.
+    relay_reservations_held: Gauge,
+    /// `iota_relay_server_reservations`: peers holding a reservation on this node's relay.
+    relay_server_reservations: Gauge,
+    /// `iota_relay_server_circuits`: circuits open through this node's relay.
+    relay_server_circuits: Gauge,
+    /// `iota_relay_server_denied_total{kind}`: `reservation` or `circuit` requests this
+    /// node's relay refused (a limit reached, or no reservation).
+    relay_server_denied: Family<KindLabels, Counter>,
 }
 
 impl Metrics {
@@ -241,7 +281,114 @@ impl Metrics {
             "Peer addresses not kept or dialled: private ones in a public run, or too many",
             m.addresses_refused.clone(),
         );
+        registry.register(
+            "iota_reachability",
+            "1 for the node's reachability as AutoNAT found it, by state",
+            m.reachability.clone(),
+        );
+        registry.register(
+            "iota_peers_by_path",
+            "Connected peers reached directly or only through a relay, by path",
+            m.peers_by_path.clone(),
+        );
+        registry.register(
+            "iota_connections_established",
+            "Connections opened, by transport (quic, tcp, relayed)",
+            m.connections_established.clone(),
+        );
+        registry.register(
+            "iota_hole_punches",
+            "Hole punches (DCUtR), by result",
+            m.hole_punches.clone(),
+        );
+        registry.register(
+            "iota_relay_reservations_held",
+            "Relays holding a reservation for this node",
+            m.relay_reservations_held.clone(),
+        );
+        registry.register(
+            "iota_relay_server_reservations",
+            "Peers holding a reservation on this node's relay",
+            m.relay_server_reservations.clone(),
+        );
+        registry.register(
+            "iota_relay_server_circuits",
+            "Circuits open through this node's relay",
+            m.relay_server_circuits.clone(),
+        );
+        registry.register(
+            "iota_relay_server_denied",
+            "Reservation and circuit requests this node's relay refused, by kind",
+            m.relay_server_denied.clone(),
+        );
+        m.set_reachability(crate::nat::Reachability::Unknown);
         m
+    }
+
+    pub(crate) fn set_reachability(&self, now: crate::nat::Reachability) {
+        use crate::nat::Reachability;
+        for state in [
+            Reachability::Unknown,
+            Reachability::Public,
+            Reachability::Private,
+        ] {
+            self.reachability
+                .get_or_create(&StateLabels {
+                    state: state.as_str(),
+                })
+                .set(i64::from(state == now));
+        }
+    }
+
+    pub(crate) fn set_peers_by_path(&self, direct: usize, relayed: usize) {
+        for (path, n) in [("direct", direct), ("relayed", relayed)] {
+            self.peers_by_path
+                .get_or_create(&PathLabels { path })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    pub(crate) fn connection_established(&self, transport: &'static str) {
+        self.connections_established
+            .get_or_create(&TransportLabels { transport })
+            .inc();
+    }
+
+    pub(crate) fn hole_punched(&self, succeeded: bool) {
+        let result = if succeeded { "ok" } else { "failed" };
+        self.hole_punches
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Hole punches so far, (succeeded, failed).
+    pub fn hole_punches(&self) -> (u64, u64) {
+        let get = |result| {
+            self.hole_punches
+                .get_or_create(&ResultLabels { result })
+                .get()
+        };
+        (get("ok"), get("failed"))
+    }
+
+    pub(crate) fn set_relay_counts(&self, held: usize, served: usize, circuits: usize) {
+        let n = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        self.relay_reservations_held.set(n(held));
+        self.relay_server_reservations.set(n(served));
+        self.relay_server_circuits.set(n(circuits));
+    }
+
+    pub(crate) fn relay_denied(&self, kind: &'static str) {
+        self.relay_server_denied
+            .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+
+    /// Requests this node's relay refused, by kind (`reservation`, `circuit`).
+    pub fn relay_server_denied(&self, kind: &'static str) -> u64 {
+        self.relay_server_denied
+            .get_or_create(&KindLabels { kind })
+            .get()
     }
 
     /// Creates metrics that are not registered anywhere (tests, benches); same as `default()`.

@@ -1,5 +1,5 @@
-//! Builds the swarm: TCP + Noise + Yamux transport (behind the dial guard of
-//! [`crate::addresses`]) and the configured [`Behaviour`].
+//! Builds the swarm: TCP + Noise + Yamux and QUIC transports (both behind the dial guard of
+//! [`crate::addresses`]), relay circuits over either, and the configured [`Behaviour`].
 //!
 //! Protocol parameters live here as documented constants so that every node of a run agrees
 //! on them.
@@ -7,18 +7,21 @@
 use std::time::Duration;
 
 use libp2p::{
+    autonat,
     connection_limits::{self, ConnectionLimits},
     core::{upgrade, Transport},
-    gossipsub, identify,
+    dcutr, gossipsub, identify,
     identity::Keypair,
-    kad, noise, ping, request_response, tcp, yamux, StreamProtocol, Swarm, SwarmBuilder,
+    kad, noise, ping, quic, relay, request_response,
+    swarm::behaviour::toggle::Toggle,
+    tcp, yamux, StreamProtocol, Swarm, SwarmBuilder,
 };
 
 use crate::{
     addresses::{GuardedTransport, Reach},
     behaviour::Behaviour,
     budget::ByteBudget,
-    codec, rr, scoring, Config, Metrics, SpawnError,
+    codec, rr, scoring, Config, Metrics, RelayLimits, SpawnError,
 };
 
 /// Kademlia protocol name; nodes of other networks do not join our routing tables.
@@ -40,6 +43,49 @@ const MESH_OUTBOUND_MIN: usize = 1;
 /// Kademlia query timeout: our networks are small and local enough that 10 s is generous.
 const KAD_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// AutoNAT's first probe, this long after start: time for identify to bring the address a
+/// first peer sees us at (libp2p's default waits 15 s).
+const AUTONAT_BOOT_DELAY: Duration = Duration::from_secs(2);
+
+/// AutoNAT probes again this often while unsure, and every [`AUTONAT_REFRESH`] once sure.
+const AUTONAT_RETRY: Duration = Duration::from_secs(10);
+const AUTONAT_REFRESH: Duration = Duration::from_secs(5 * 60);
+
+/// A peer asked to dial us back is asked again only after this long.
+const AUTONAT_THROTTLE_SERVER: Duration = Duration::from_secs(5);
+
+/// AutoNAT dial-back requests served: at most this many from one peer per second, and 30 per
+/// second in all (libp2p's defaults). Each costs a dial.
+const AUTONAT_CLIENTS_PER_PEER: usize = 3;
+
+fn autonat_config(reach: Reach) -> autonat::Config {
+    autonat::Config {
+        boot_delay: AUTONAT_BOOT_DELAY,
+        retry_interval: AUTONAT_RETRY,
+        refresh_interval: AUTONAT_REFRESH,
+        throttle_server_period: AUTONAT_THROTTLE_SERVER,
+        throttle_clients_peer_max: AUTONAT_CLIENTS_PER_PEER,
+        // A public run probes and dials back only global addresses; a local run (every test,
+        // `local-swarm`) its loopback and private ones.
+        only_global_ips: reach == Reach::Public,
+        ..autonat::Config::default()
+    }
+}
+
+fn relay_config(limits: &RelayLimits) -> relay::Config {
+    relay::Config {
+        max_reservations: limits.max_reservations,
+        max_reservations_per_peer: limits.max_reservations_per_peer,
+        reservation_duration: limits.reservation_duration,
+        max_circuits: limits.max_circuits,
+        max_circuits_per_peer: limits.max_circuits_per_peer,
+        max_circuit_duration: limits.max_circuit_duration,
+        max_circuit_bytes: limits.max_circuit_bytes,
+        // libp2p's rate limits: per peer and per IP address, reservations and circuits.
+        ..relay::Config::default()
+    }
+}
+
 fn gossipsub_config() -> Result<gossipsub::Config, SpawnError> {
     gossipsub::ConfigBuilder::default()
         .validation_mode(gossipsub::ValidationMode::Strict)
@@ -60,7 +106,13 @@ fn gossipsub_config() -> Result<gossipsub::Config, SpawnError> {
         .map_err(|e| SpawnError::Gossipsub(e.to_string()))
 }
 
-fn behaviour(key: &Keypair, config: &Config, metrics: &Metrics) -> Result<Behaviour, SpawnError> {
+fn behaviour(
+    key: &Keypair,
+    relay_client: relay::client::Behaviour,
+    config: &Config,
+    reach: Reach,
+    metrics: &Metrics,
+) -> Result<Behaviour, SpawnError> {
     let peer_id = key.public().to_peer_id();
 
     let mut kad_config = kad::Config::new(KAD_PROTOCOL);
@@ -75,8 +127,12 @@ fn behaviour(key: &Keypair, config: &Config, metrics: &Metrics) -> Result<Behavi
     let identify = identify::Behaviour::new(
         identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), key.public())
             .with_agent_version(format!("iota-p2p/{}", env!("CARGO_PKG_VERSION")))
-            // With addresses the operator vouches for, advertise only those.
-            .with_hide_listen_addrs(!config.external.is_empty()),
+            // A public node advertises only its external addresses: those the operator gave,
+            // those AutoNAT confirmed, and relay circuits; never a listen address it has not
+            // seen reached. A local run advertises its listen addresses as well.
+            .with_hide_listen_addrs(reach == Reach::Public)
+            // Peers learn at once of a new relay circuit or a confirmed address.
+            .with_push_listen_addr_updates(true),
     );
 
     let mut gossipsub = gossipsub::Behaviour::new(
@@ -129,6 +185,15 @@ fn behaviour(key: &Keypair, config: &Config, metrics: &Metrics) -> Result<Behavi
         ping: ping::Behaviour::new(ping::Config::new()),
         gossipsub,
         rr,
+        autonat: autonat::Behaviour::new(peer_id, autonat_config(reach)),
+        relay_client,
+        relay: Toggle::from(
+            config
+                .relay_server
+                .as_ref()
+                .map(|limits| relay::Behaviour::new(peer_id, relay_config(limits))),
+        ),
+        dcutr: Toggle::from(config.hole_punch.then(|| dcutr::Behaviour::new(peer_id))),
     })
 }
 
@@ -161,12 +226,22 @@ pub(crate) fn build(
             )
         })
         .map_err(|e| SpawnError::Transport(e.to_string()))?
-        .with_behaviour(|key| match behaviour(key, config, metrics) {
-            Ok(b) => Ok(b),
-            Err(e) => {
-                let message = e.to_string();
-                behaviour_error = Some(e);
-                Err(message.into())
+        .with_other_transport(|key| {
+            // QUIC (TLS 1.3, its own multiplexing), behind the same guard.
+            let quic = quic::tokio::Transport::new(quic::Config::new(key));
+            GuardedTransport::new(quic, reach, &config.bootstrap, metrics.clone())
+        })
+        .map_err(|e| SpawnError::Transport(e.to_string()))?
+        .with_relay_client(noise::Config::new, yamux::Config::default)
+        .map_err(|e| SpawnError::Transport(e.to_string()))?
+        .with_behaviour(|key, relay_client| {
+            match behaviour(key, relay_client, config, reach, metrics) {
+                Ok(b) => Ok(b),
+                Err(e) => {
+                    let message = e.to_string();
+                    behaviour_error = Some(e);
+                    Err(message.into())
+                }
             }
         });
     let swarm = match (swarm, behaviour_error) {

@@ -6,7 +6,11 @@
 use std::time::Instant;
 
 use libp2p::{
-    connection_limits, gossipsub, identify, kad,
+    autonat, connection_limits,
+    core::ConnectedPoint,
+    dcutr, gossipsub, identify, kad,
+    multiaddr::Protocol,
+    relay,
     request_response::{self, Message},
     swarm::{
         dial_opts::{DialOpts, PeerCondition},
@@ -18,6 +22,7 @@ use tracing::{debug, info, trace, warn};
 
 use super::EventLoop;
 use crate::addresses::admit;
+use crate::nat::Reachability;
 use crate::{
     behaviour::BehaviourEvent,
     client::{Event, GossipId, RequestId, Verdict},
@@ -32,14 +37,27 @@ impl EventLoop {
         let now = Instant::now();
         match event {
             SwarmEvent::Behaviour(BehaviourEvent::Kad(e)) => self.on_kad_event(e, now),
-            SwarmEvent::Behaviour(BehaviourEvent::Identify(e)) => self.on_identify_event(e),
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(e)) => self.on_identify_event(e, now),
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(e)) => self.on_gossipsub_event(e),
             SwarmEvent::Behaviour(BehaviourEvent::Rr(e)) => self.on_rr_event(e),
             SwarmEvent::Behaviour(BehaviourEvent::Ping(_)) => {}
             SwarmEvent::Behaviour(BehaviourEvent::Limits(never)) => match never {},
+            SwarmEvent::Behaviour(BehaviourEvent::Autonat(e)) => self.on_autonat_event(e, now),
+            SwarmEvent::Behaviour(BehaviourEvent::RelayClient(e)) => self.on_relay_client_event(e),
+            SwarmEvent::Behaviour(BehaviourEvent::Relay(e)) => self.on_relay_event(e),
+            SwarmEvent::Behaviour(BehaviourEvent::Dcutr(e)) => self.on_dcutr_event(e),
             SwarmEvent::NewListenAddr { address, .. } => {
                 info!(%address, "listening");
+                if is_circuit(&address) {
+                    // Reachable through a relay: advertise it like a confirmed address.
+                    self.swarm.add_external_address(address.clone());
+                }
                 self.deliver(Event::NewListenAddr(address));
+            }
+            SwarmEvent::ExpiredListenAddr { address, .. } => {
+                if is_circuit(&address) {
+                    self.swarm.remove_external_address(&address);
+                }
             }
             SwarmEvent::ConnectionEstablished {
                 peer_id,
@@ -48,6 +66,24 @@ impl EventLoop {
                 endpoint,
                 ..
             } => {
+                let relayed = endpoint.is_relayed();
+                let dialled = match &endpoint {
+                    ConnectedPoint::Dialer { address, .. } if !relayed => Some(address.clone()),
+                    _ => None,
+                };
+                self.metrics
+                    .connection_established(transport_of(endpoint.get_remote_address(), relayed));
+                for stale in self
+                    .nat
+                    .on_established(peer_id, connection_id, relayed, dialled)
+                {
+                    // A direct connection replaces the relayed one: request-response spreads
+                    // requests over a peer's connections, and a relay's are limited.
+                    debug!(peer = %peer_id, "direct connection: closing the relayed one");
+                    self.swarm.close_connection(stale);
+                }
+                self.update_path_gauges();
+                self.reserve_relays(now);
                 self.bootstrap_dials.remove(&connection_id);
                 self.bootstrap.on_connected(&peer_id);
                 self.metrics
@@ -59,10 +95,13 @@ impl EventLoop {
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
+                connection_id,
                 num_established,
                 cause,
                 ..
             } => {
+                self.nat.on_closed(peer_id, connection_id);
+                self.update_path_gauges();
                 self.metrics
                     .set_connected_peers(self.swarm.connected_peers().count());
                 if num_established == 0 {
@@ -97,10 +136,122 @@ impl EventLoop {
             }
             SwarmEvent::ListenerError { error, .. } => warn!(%error, "listener error"),
             SwarmEvent::ListenerClosed {
-                addresses, reason, ..
-            } => warn!(?addresses, ?reason, "listener closed"),
+                listener_id,
+                addresses,
+                reason,
+            } => {
+                for address in addresses.iter().filter(|a| is_circuit(a)) {
+                    self.swarm.remove_external_address(address);
+                }
+                match self.nat.on_listener_closed(listener_id, now) {
+                    Some(relay) => {
+                        info!(%relay, ?reason, "relay circuit listener closed; will reserve again");
+                        self.update_path_gauges();
+                        self.reserve_relays(now);
+                    }
+                    None => warn!(?addresses, ?reason, "listener closed"),
+                }
+            }
             _ => {}
         }
+    }
+
+    /// AutoNAT's verdict changed: a private node reserves relay slots, a public one drops
+    /// them and offers its relay server (when it runs one).
+    fn on_autonat_event(&mut self, event: autonat::Event, now: Instant) {
+        let autonat::Event::StatusChanged { old, new } = event else {
+            return;
+        };
+        let reachability = match new {
+            autonat::NatStatus::Public(_) => Reachability::Public,
+            autonat::NatStatus::Private => Reachability::Private,
+            autonat::NatStatus::Unknown => Reachability::Unknown,
+        };
+        info!(?old, ?new, "reachability: {}", reachability.as_str());
+        self.nat.set_reachability(reachability);
+        self.metrics.set_reachability(reachability);
+        for listener in self.nat.listeners_to_drop() {
+            self.swarm.remove_listener(listener);
+        }
+        let serve = reachability == Reachability::Public || self.operator_external;
+        if let Some(server) = self.swarm.behaviour_mut().relay.as_mut() {
+            server.set_status(Some(if serve {
+                relay::Status::Enable
+            } else {
+                relay::Status::Disable
+            }));
+        }
+        self.reserve_relays(now);
+        self.update_path_gauges();
+    }
+
+    fn on_relay_client_event(&mut self, event: relay::client::Event) {
+        if let relay::client::Event::ReservationReqAccepted {
+            relay_peer_id,
+            renewal,
+            ..
+        } = event
+        {
+            if !renewal {
+                info!(relay = %relay_peer_id, "relay reservation accepted");
+            }
+            self.nat.on_reserved(relay_peer_id);
+            self.update_path_gauges();
+        } else {
+            trace!(?event, "relay client");
+        }
+    }
+
+    /// Our relay server's reservations and circuits, counted for `/metrics` and
+    /// [`crate::Connectivity`].
+    #[allow(deprecated)] // Only the variants we count are matched; the rest are logged.
+    fn on_relay_event(&mut self, event: relay::Event) {
+        match event {
+            relay::Event::ReservationReqAccepted { src_peer_id, .. } => {
+                self.nat.on_served(src_peer_id)
+            }
+            relay::Event::ReservationClosed { src_peer_id }
+            | relay::Event::ReservationTimedOut { src_peer_id } => {
+                self.nat.on_serve_ended(&src_peer_id)
+            }
+            relay::Event::ReservationReqDenied {
+                src_peer_id,
+                status,
+            } => {
+                debug!(peer = %src_peer_id, ?status, "relay reservation refused");
+                self.metrics.relay_denied("reservation");
+            }
+            relay::Event::CircuitReqAccepted { .. } => self.nat.on_circuit(true),
+            relay::Event::CircuitClosed { .. } => self.nat.on_circuit(false),
+            relay::Event::CircuitReqDenied {
+                src_peer_id,
+                dst_peer_id,
+                status,
+            } => {
+                debug!(src = %src_peer_id, dst = %dst_peer_id, ?status, "relay circuit refused");
+                self.metrics.relay_denied("circuit");
+            }
+            other => debug!(event = ?other, "relay server"),
+        }
+        self.update_path_gauges();
+    }
+
+    fn on_dcutr_event(&mut self, event: dcutr::Event) {
+        let ok = event.result.is_ok();
+        match &event.result {
+            Ok(_) => info!(peer = %event.remote_peer_id, "hole punch gave a direct connection"),
+            Err(error) => info!(peer = %event.remote_peer_id, %error, "hole punch failed"),
+        }
+        self.nat.on_hole_punch(ok);
+        self.metrics.hole_punched(ok);
+    }
+
+    fn update_path_gauges(&self) {
+        let (direct, relayed) = self.nat.path_counts();
+        self.metrics.set_peers_by_path(direct, relayed);
+        let (served, circuits) = self.nat.served_counts();
+        self.metrics
+            .set_relay_counts(self.nat.reserved_count(), served, circuits);
     }
 
     /// Counts a connection refused because a connection limit was reached.
@@ -175,8 +326,14 @@ impl EventLoop {
     /// they speak our kad protocol, those [`crate::addresses::admit`] keeps (all of a local
     /// run's, loopback included; a public run's global ones; at most
     /// [`crate::addresses::MAX_PEER_ADDRS`]).
-    fn on_identify_event(&mut self, event: identify::Event) {
+    fn on_identify_event(&mut self, event: identify::Event, now: Instant) {
         if let identify::Event::Received { peer_id, info, .. } = event {
+            if info.protocols.contains(&relay::HOP_PROTOCOL_NAME) {
+                self.nat.on_relay_candidate(peer_id);
+                self.reserve_relays(now);
+            } else {
+                self.nat.on_not_relay(&peer_id);
+            }
             if !info.protocols.contains(&KAD_PROTOCOL) {
                 trace!(peer = %peer_id, "peer does not speak our kad protocol");
                 return;
@@ -299,5 +456,21 @@ impl EventLoop {
             }
             request_response::Event::ResponseSent { .. } => {}
         }
+    }
+}
+
+/// Whether `addr` is a relay circuit (`.../p2p-circuit...`).
+fn is_circuit(addr: &Multiaddr) -> bool {
+    addr.iter().any(|p| p == Protocol::P2pCircuit)
+}
+
+/// The transport of a connection, for `iota_connections_established_total`.
+fn transport_of(remote: &Multiaddr, relayed: bool) -> &'static str {
+    if relayed {
+        "relayed"
+    } else if remote.iter().any(|p| matches!(p, Protocol::QuicV1)) {
+        "quic"
+    } else {
+        "tcp"
     }
 }
