@@ -94,14 +94,15 @@ pub(crate) struct MetagraphArgs {
 /// Options of a node.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct NodeArgs {
-    /// Address to listen on (repeatable). Loopback by default; pass a public address to take
-    /// part in a network beyond this machine.
+    /// Address to listen on (repeatable): TCP (`/ip4/<ip>/tcp/<port>`) and QUIC
+    /// (`/ip4/<ip>/udp/<port>/quic-v1`). Loopback, both transports, by default; pass public
+    /// addresses to take part in a network beyond this machine.
     #[arg(
         long = "listen",
         env = "IOTA_LISTEN",
         value_name = "MULTIADDR",
         value_delimiter = ',',
-        default_value = "/ip4/127.0.0.1/tcp/0"
+        default_value = "/ip4/127.0.0.1/tcp/0,/ip4/127.0.0.1/udp/0/quic-v1"
     )]
     pub(crate) listen: Vec<Multiaddr>,
 
@@ -116,6 +117,44 @@ pub(crate) struct NodeArgs {
         value_delimiter = ','
     )]
     pub(crate) external_address: Vec<Multiaddr>,
+
+    /// Run a circuit relay server for peers behind NATs: `auto` (on a validator), `on` or
+    /// `off`. It is offered only while the node is publicly reachable (AutoNAT confirmed it,
+    /// or `--external-address` was given), within the `--relay-*` limits.
+    #[arg(
+        long = "relay-server",
+        env = "IOTA_RELAY_SERVER",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub(crate) relay_server: RelayServer,
+
+    /// Relay server: most reservations held at once (each peer behind a NAT holds two, on
+    /// two relays).
+    #[arg(long = "relay-max-reservations", value_name = "N", default_value_t = 128,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) relay_max_reservations: u32,
+
+    /// Relay server: most circuits open at once.
+    #[arg(long = "relay-max-circuits", value_name = "N", default_value_t = 64,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) relay_max_circuits: u32,
+
+    /// Relay server: most MiB one circuit carries before it is closed (the peers open
+    /// another, within the relay's rate limits).
+    #[arg(long = "relay-circuit-mib", value_name = "MIB", default_value_t = 256,
+        value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub(crate) relay_circuit_mib: u64,
+
+    /// Relay server: longest a circuit stays open, in seconds.
+    #[arg(long = "relay-circuit-secs", value_name = "SECS", default_value_t = 600,
+        value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub(crate) relay_circuit_secs: u64,
+
+    /// Never replace a relayed connection by a hole-punched direct one (DCUtR): traffic
+    /// with peers behind NATs stays on the relays.
+    #[arg(long = "no-hole-punch", env = "IOTA_NO_HOLE_PUNCH")]
+    pub(crate) no_hole_punch: bool,
 
     /// Peer to join the network through (repeatable); must end in `/p2p/<peer id>`.
     #[arg(
@@ -299,6 +338,17 @@ pub(crate) struct WalletArgs {
 
 /// Faults a node can be told to commit, for tests of the others' defences (and of its own
 /// failure handling).
+/// `--relay-server`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum RelayServer {
+    /// On a validator, off on a miner.
+    Auto,
+    /// Always (offered only while publicly reachable).
+    On,
+    /// Never.
+    Off,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Fault {
     /// Publish an epoch plan every heartbeat, naming itself orchestrator.

@@ -289,6 +289,8 @@ fn network_config(settings: &NodeSettings, topics: Vec<String>, budgets: &Budget
         listen: settings.network.listen.clone(),
         bootstrap: settings.network.bootstrap.clone(),
         external: settings.network.external.clone(),
+        relay_server: settings.network.relay_server.clone(),
+        hole_punch: settings.network.hole_punch,
         topics,
         max_connections_total: budgets.p2p_connections,
         max_pending_incoming: budgets.pending_incoming,

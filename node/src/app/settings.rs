@@ -71,6 +71,10 @@ pub(crate) struct NetworkSettings {
     pub(crate) bootstrap_peers: BTreeSet<PeerId>,
     /// `--external-address`.
     pub(crate) external: Vec<Multiaddr>,
+    /// The relay server's limits (`--relay-server` and `--relay-*`); `None` runs none.
+    pub(crate) relay_server: Option<p2p::RelayLimits>,
+    /// Not `--no-hole-punch`.
+    pub(crate) hole_punch: bool,
 }
 
 /// A miner's compute.
@@ -136,6 +140,8 @@ impl NodeSettings {
                 bootstrap: args.bootstrap.clone(),
                 bootstrap_peers: bootstrap_peers(&args.bootstrap),
                 external: args.external_address.clone(),
+                relay_server: relay_limits(args),
+                hole_punch: !args.no_hole_punch,
             },
             faults: faults(&args.fault),
             heartbeat: seconds(args.heartbeat_secs, "--heartbeat-secs")?,
@@ -215,6 +221,23 @@ impl NodeSettings {
 }
 
 /// Miner unless `--validator`.
+/// The relay server a node runs: on a validator unless `--relay-server off`, on any node with
+/// `--relay-server on`.
+fn relay_limits(args: &NodeArgs) -> Option<p2p::RelayLimits> {
+    let on = match args.relay_server {
+        crate::cli::RelayServer::On => true,
+        crate::cli::RelayServer::Off => false,
+        crate::cli::RelayServer::Auto => args.validator,
+    };
+    on.then(|| p2p::RelayLimits {
+        max_reservations: usize::try_from(args.relay_max_reservations).unwrap_or(usize::MAX),
+        max_circuits: usize::try_from(args.relay_max_circuits).unwrap_or(usize::MAX),
+        max_circuit_bytes: args.relay_circuit_mib << 20,
+        max_circuit_duration: std::time::Duration::from_secs(args.relay_circuit_secs),
+        ..p2p::RelayLimits::default()
+    })
+}
+
 fn role(validator: bool) -> Role {
     if validator {
         Role::Validator
@@ -519,6 +542,38 @@ mod tests {
         assert_eq!(miner.role, Role::Miner);
         let validator = NodeSettings::from_args(&args(&["--validator"])).unwrap();
         assert_eq!(validator.role, Role::Validator);
+    }
+
+    #[test]
+    fn validators_run_a_relay_server_and_every_node_listens_on_tcp_and_quic() {
+        let miner = NodeSettings::from_args(&args(&[])).unwrap();
+        assert!(miner.network.relay_server.is_none());
+        assert!(miner.network.hole_punch);
+        let listen: Vec<String> = miner.network.listen.iter().map(|a| a.to_string()).collect();
+        assert_eq!(
+            listen,
+            ["/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"]
+        );
+        let validator = NodeSettings::from_args(&args(&["--validator"])).unwrap();
+        assert_eq!(
+            validator.network.relay_server,
+            Some(p2p::RelayLimits::default())
+        );
+        let off = args(&["--validator", "--relay-server", "off", "--no-hole-punch"]);
+        let off = NodeSettings::from_args(&off).unwrap();
+        assert!(off.network.relay_server.is_none() && !off.network.hole_punch);
+        let small = args(&["--relay-server", "on", "--relay-circuit-mib", "8"]);
+        let small = NodeSettings::from_args(&small).unwrap();
+        assert_eq!(
+            small.network.relay_server.map(|l| l.max_circuit_bytes),
+            Some(8 << 20)
+        );
+        use clap::Parser;
+        let error = crate::cli::Cli::try_parse_from(["iota-p2p", "--relay-circuit-mib", "0"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("--relay-circuit-mib"), "{error}");
     }
 
     #[test]

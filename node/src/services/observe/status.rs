@@ -88,8 +88,51 @@ pub(crate) struct Status {
     /// The process's peak resident memory so far, in bytes (Linux `VmHWM`; `null` where
     /// unknown). Host memory only: on CUDA the device's is not counted.
     pub(crate) peak_memory_bytes: Option<u64>,
+    /// How the node is reached and reaches its peers, from the network loop.
+    pub(crate) nat: NatStatus,
     #[serde(flatten)]
     pub(crate) view: NodeView,
+}
+
+/// `/status` `nat`: what AutoNAT found, the addresses the node advertises, the relays that
+/// hold a reservation for it, and how each connected peer is reached.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct NatStatus {
+    /// `unknown`, `public` (a peer dialled it back) or `private` (it listens through relays).
+    pub(crate) reachability: &'static str,
+    /// Addresses it advertises: confirmed by AutoNAT, given by the operator, relay circuits.
+    pub(crate) external_addrs: Vec<String>,
+    /// Relays holding a reservation for it.
+    pub(crate) relays: Vec<String>,
+    /// Every connected peer: `direct` or `relayed`.
+    pub(crate) peer_paths: std::collections::BTreeMap<String, &'static str>,
+    /// Hole punches that gave a direct connection, and those that failed.
+    pub(crate) hole_punches_succeeded: u64,
+    pub(crate) hole_punches_failed: u64,
+    /// Whether it runs a relay server, and what that holds now.
+    pub(crate) relay_server: bool,
+    pub(crate) relay_reservations: usize,
+    pub(crate) relay_circuits: usize,
+}
+
+impl From<p2p::Connectivity> for NatStatus {
+    fn from(c: p2p::Connectivity) -> Self {
+        NatStatus {
+            reachability: c.reachability.as_str(),
+            external_addrs: c.external_addrs.iter().map(ToString::to_string).collect(),
+            relays: c.relays.iter().map(ToString::to_string).collect(),
+            peer_paths: c
+                .peers
+                .iter()
+                .map(|(p, path)| (p.to_string(), path.as_str()))
+                .collect(),
+            hole_punches_succeeded: c.hole_punches_succeeded,
+            hole_punches_failed: c.hole_punches_failed,
+            relay_server: c.relay_server,
+            relay_reservations: c.relay_reservations,
+            relay_circuits: c.relay_circuits,
+        }
+    }
 }
 
 /// Builds [`Status`] snapshots from the network client and the shared [`NodeView`].
@@ -111,6 +154,7 @@ impl StatusSource {
     /// Asks the network loop for its peers and combines them with the node's view.
     pub(crate) async fn snapshot(&self) -> Result<Status, p2p::ClientError> {
         let connected = self.client.connected_peers().await?;
+        let nat = NatStatus::from(self.client.connectivity().await?);
         let mut routing: Vec<String> = self
             .client
             .routing_table_peers()
@@ -137,6 +181,7 @@ impl StatusSource {
             routing_table_peers: routing.len(),
             routing_table: routing,
             peak_memory_bytes: training::memory::peak_rss_bytes(),
+            nat,
             view,
         })
     }
@@ -198,6 +243,7 @@ mod tests {
             routing_table_peers: 0,
             routing_table: Vec::new(),
             peak_memory_bytes: Some(470_000_000),
+            nat: NatStatus::default(),
             view,
         };
         let json = serde_json::to_value(&status).unwrap();
