@@ -40,3 +40,21 @@ lib="$(.venv/bin/python -W ignore -c 'import os, torch; print(os.path.join(os.pa
 ln -sfn "$lib" .venv/torch-lib
 # torch-sys reads headers and libraries from here (LIBTORCH in .cargo/config.toml).
 ln -sfn "$(dirname "$lib")" .venv/torch
+
+# The namespace tests (tests/src/netns.rs) build their NATs with nftables inside the
+# namespaces they create; they need root, `ip` (iproute2) and `nft`.
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: not root: the network namespace tests (NAT traversal) will skip" >&2
+elif ! command -v nft >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing nftables for the network namespace tests (once)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y -qq --no-install-recommends nftables >/dev/null; then
+      apt-get update -qq >/dev/null
+      apt-get install -y -qq --no-install-recommends nftables >/dev/null
+    fi
+    command -v nft >/dev/null 2>&1 || { echo "setup: nftables did not install (no nft on PATH)" >&2; exit 1; }
+  else
+    echo "setup: no nft and no apt-get: install nftables for the network namespace tests" >&2
+  fi
+fi

@@ -654,6 +654,8 @@ async fn run_one(
             name: name.clone(),
             args,
             log: dir.join(format!("{name}.log")),
+            netns: None,
+            listen: None,
         };
         let node = NodeProcess::spawn(Path::new("ip"), spec, READY_TIMEOUT).await?;
         let announced = format!("LISTEN {listen}/p2p/{peer}");

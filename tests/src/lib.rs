@@ -1,10 +1,12 @@
-//! Multi-node tests of iota-p2p: real node processes on 127.0.0.1 ports.
+//! Multi-node tests of iota-p2p: real node processes on 127.0.0.1 ports, or in network
+//! namespaces behind NATs ([`netns`]).
 //!
 //! This library is the harness: it builds the `iota-p2p` binary once (same profile and target
 //! directory as the tests), starts nodes through the node's own launcher and waits on
 //! conditions with deadlines. The tests live in `tests/`.
 
 pub mod chain_replay;
+pub mod netns;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -70,6 +72,8 @@ pub async fn start_node(dir: &Path, name: &str, extra: &[&str]) -> anyhow::Resul
         name: name.to_string(),
         args,
         log: dir.join(format!("{name}.log")),
+        netns: None,
+        listen: None,
     };
     NodeProcess::spawn(binary(), spec, READY_TIMEOUT).await
 }

@@ -1,9 +1,16 @@
 //! Starts `iota-p2p` node processes on this machine and watches them through `/status`.
 //!
-//! Used by `local-swarm` and by the multi-node tests. Every node listens on 127.0.0.1 with an
-//! OS-chosen port and serves its metrics on 127.0.0.1 too; the launcher learns both from the
-//! `LISTEN` and `METRICS` lines the node prints. Every wait is bounded by a deadline, and a
-//! dropped [`NodeProcess`] kills its process.
+//! Used by `local-swarm` and by the multi-node tests. By default every node listens on
+//! 127.0.0.1 with an OS-chosen port and serves its metrics on 127.0.0.1 too; the launcher
+//! learns both from the `LISTEN` and `METRICS` lines the node prints. Every wait is bounded by
+//! a deadline, and a dropped [`NodeProcess`] kills its process.
+//!
+//! A node can also run in a network namespace ([`NodeSpec::netns`]), as
+//! `ip netns exec <namespace> <binary> …`, listening where [`NodeSpec::listen`] says. `ip`
+//! execs the binary in place, so the process the launcher holds (and signals, and kills) is
+//! the node itself. Its metrics address is still 127.0.0.1, that namespace's own loopback, so
+//! [`NodeProcess::status`] and [`NodeProcess::metrics`] ask from a fresh thread that enters
+//! the namespace first.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -24,6 +31,11 @@ pub struct NodeSpec {
     pub args: Vec<String>,
     /// File the node's stderr (its log) is written to.
     pub log: PathBuf,
+    /// Network namespace (a name under /var/run/netns) to run the node in, through
+    /// `ip netns exec`; `None` runs it in this process's namespace.
+    pub netns: Option<String>,
+    /// The `--listen` multiaddr; `None` is `/ip4/127.0.0.1/tcp/0`.
+    pub listen: Option<String>,
 }
 
 /// What a node printed on start.
@@ -43,6 +55,8 @@ pub struct NodeProcess {
     child: Child,
     announced: watch::Receiver<Announced>,
     log: PathBuf,
+    /// The network namespace it runs in, when not this process's.
+    netns: Option<String>,
 }
 
 impl NodeProcess {
@@ -55,14 +69,19 @@ impl NodeProcess {
     ) -> anyhow::Result<Self> {
         let log = std::fs::File::create(&spec.log)
             .with_context(|| format!("creating {}", spec.log.display()))?;
-        let mut child = Command::new(binary)
+        let mut command = match &spec.netns {
+            // `ip netns exec` enters the namespace and execs the binary (same pid).
+            Some(ns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", ns.as_str()]).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        let listen = spec.listen.as_deref().unwrap_or("/ip4/127.0.0.1/tcp/0");
+        let mut child = command
             .args(&spec.args)
-            .args([
-                "--listen",
-                "/ip4/127.0.0.1/tcp/0",
-                "--metrics",
-                "127.0.0.1:0",
-            ])
+            .args(["--listen", listen, "--metrics", "127.0.0.1:0"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
@@ -92,6 +111,7 @@ impl NodeProcess {
             child,
             announced,
             log: spec.log,
+            netns: spec.netns,
         };
         let deadline = Instant::now() + ready_timeout;
         loop {
@@ -151,15 +171,29 @@ impl NodeProcess {
         self.child.id()
     }
 
+    /// The network namespace the node runs in, when it was given one.
+    pub fn netns(&self) -> Option<&str> {
+        self.netns.as_deref()
+    }
+
+    /// `GET path` from the node's HTTP server, from inside its namespace when it has one.
+    async fn get(&self, path: &str) -> anyhow::Result<String> {
+        let url = format!("{}{path}", self.metrics_url());
+        match &self.netns {
+            Some(ns) => http_get_in(ns.clone(), url).await,
+            None => http_get(url).await,
+        }
+    }
+
     /// `GET /status` as JSON.
     pub async fn status(&self) -> anyhow::Result<serde_json::Value> {
-        let body = http_get(format!("{}/status", self.metrics_url())).await?;
+        let body = self.get("/status").await?;
         serde_json::from_str(&body).with_context(|| format!("{}: /status is not JSON", self.name))
     }
 
     /// `GET /metrics` as Prometheus text.
     pub async fn metrics(&self) -> anyhow::Result<String> {
-        http_get(format!("{}/metrics", self.metrics_url())).await
+        self.get("/metrics").await
     }
 
     /// Whether the process has exited (and with what).
@@ -208,14 +242,36 @@ fn terminate(pid: u32) {
 
 /// A plain `GET` with a short timeout, run off the async threads.
 pub async fn http_get(url: String) -> anyhow::Result<String> {
-    tokio::task::spawn_blocking(move || -> anyhow::Result<String> {
-        let response = ureq::get(&url)
-            .timeout(Duration::from_secs(5))
-            .call()
-            .with_context(|| format!("GET {url}"))?;
-        Ok(response.into_string()?)
-    })
-    .await?
+    tokio::task::spawn_blocking(move || blocking_get(&url)).await?
+}
+
+/// `GET url` with a 5 s timeout, on the calling thread.
+fn blocking_get(url: &str) -> anyhow::Result<String> {
+    let response = ureq::get(url)
+        .timeout(Duration::from_secs(5))
+        .call()
+        .with_context(|| format!("GET {url}"))?;
+    Ok(response.into_string()?)
+}
+
+/// [`http_get`] from inside network namespace `ns` (a name under /var/run/netns): on a fresh
+/// thread that enters it first, since a thread's network namespace is its own and a pooled
+/// thread must not be moved.
+pub async fn http_get_in(ns: String, url: String) -> anyhow::Result<String> {
+    let path = format!("/var/run/netns/{ns}");
+    let handle = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("get in {ns}"))
+        .spawn(move || {
+            let got = nix::sched::setns(&handle, nix::sched::CloneFlags::CLONE_NEWNET)
+                .with_context(|| format!("entering network namespace {ns}"))
+                .and_then(|()| blocking_get(&url));
+            let _ = tx.send(got);
+        })
+        .context("spawning a thread")?;
+    rx.await
+        .context("the GET's thread ended without an answer")?
 }
 
 /// Polls `check` every `every` until it returns `Ok(true)` or `deadline` passes. On timeout

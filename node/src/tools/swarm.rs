@@ -468,6 +468,8 @@ async fn start_nodes(
             name: name.clone(),
             args: node_args,
             log: out.join(format!("{name}.log")),
+            netns: None,
+            listen: None,
         };
         let node = NodeProcess::spawn(binary, spec, READY_TIMEOUT).await?;
         println!("  started {name:<12} {}", node.listen_addr());
