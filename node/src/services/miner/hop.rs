@@ -26,7 +26,7 @@ use training::StageHandle;
 use super::context::Ctx;
 use super::evidence::{Evidence, Gradients};
 use super::faults;
-use super::state::{Routing, Throughput};
+use super::state::Routing;
 use super::task::Note;
 use super::HOP_TIMEOUT;
 use crate::rules::Expect;
@@ -87,8 +87,8 @@ fn eval_reply(reply: &EvalReply) -> Vec<u8> {
     messages::encode(Service::Eval, reply, &[]).unwrap_or_default()
 }
 
-/// Picks a live replica of `stage` outside `tried`, weighted by measured throughput; the
-/// draw is seeded by (plan seed, sample, stage, attempt) so it can be checked.
+/// Picks a live replica of `stage` outside `tried`, weighted by measured throughput at `now`;
+/// the draw is seeded by (plan seed, sample, stage, attempt) so it can be checked.
 fn choose(
     routing: &Routing,
     plan: &EpochPlan,
@@ -96,6 +96,7 @@ fn choose(
     sample: u64,
     attempt: usize,
     tried: &BTreeSet<PeerIdStr>,
+    now: Instant,
 ) -> Option<PeerIdStr> {
     let candidates: Vec<PeerIdStr> = plan
         .miners_of(stage)
@@ -107,11 +108,15 @@ fn choose(
     }
     let weights: Vec<f64> = {
         let table = &routing.throughput;
-        // Unmeasured peers get the best measured weight, so they are tried early.
-        let best = table.values().map(Throughput::weight).fold(1.0, f64::max);
+        // Unmeasured peers (and failed ones due for another try) get the best measured
+        // weight, so they are tried early.
+        let best = table
+            .values()
+            .filter_map(|t| t.weight(now))
+            .fold(1.0, f64::max);
         candidates
             .iter()
-            .map(|p| table.get(p).map_or(best, Throughput::weight))
+            .map(|p| table.get(p).and_then(|t| t.weight(now)).unwrap_or(best))
             .collect()
     };
     let total: f64 = weights.iter().sum();
@@ -137,7 +142,15 @@ fn choose_now(
     tried: &BTreeSet<PeerIdStr>,
 ) -> Option<PeerIdStr> {
     let routing = ctx.views.routing.borrow();
-    choose(&routing, plan, stage, sample, attempt, tried)
+    choose(
+        &routing,
+        plan,
+        stage,
+        sample,
+        attempt,
+        tried,
+        Instant::now(),
+    )
 }
 
 /// What a replica answered to a forward: the loss, pathway and gradient frame.
@@ -635,9 +648,53 @@ pub(crate) async fn serve_eval(ctx: &Arc<Ctx>, body: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::collections::BTreeSet;
+    use std::time::{Duration, Instant};
 
-    use super::time_left;
+    use super::{choose, time_left};
+    use crate::services::miner::state::{Routing, Throughput, RETRY_FAILED_AFTER};
+
+    fn id(i: u8) -> bootstrap::PeerIdStr {
+        crate::wire::peer::of(
+            &p2p::identity::Keypair::ed25519_from_bytes([i; 32])
+                .unwrap()
+                .public()
+                .to_peer_id(),
+        )
+    }
+
+    #[test]
+    fn a_replica_that_failed_is_avoided_for_a_while_then_tried_again() {
+        let run = bootstrap::RunConfig::default();
+        let miners = (0..6).map(id).collect();
+        let plan = bootstrap::next_plan(&run, &id(100), None, None, &miners).unwrap();
+        let stage: Vec<_> = plan.miners_of(1).cloned().collect();
+        let (good, failed) = (stage[0].clone(), stage[1].clone());
+        let start = Instant::now();
+        let mut routing = Routing {
+            live: stage.clone(),
+            ..Routing::default()
+        };
+        routing
+            .throughput
+            .insert(good.clone(), Throughput::measured(0.05));
+        routing
+            .throughput
+            .insert(failed.clone(), Throughput::failed(start));
+        let picks = |now: Instant| {
+            (0..400u64)
+                .filter(|sample| {
+                    choose(&routing, &plan, 1, *sample, 0, &BTreeSet::new(), now)
+                        == Some(failed.clone())
+                })
+                .count()
+        };
+        // Weighed 30 s a hop against 0.05 s: about 1 in 600 samples.
+        assert!(picks(start) <= 4, "{} of 400 while avoided", picks(start));
+        // Then weighed as an unmeasured peer, like the best: about half.
+        let later = picks(start + RETRY_FAILED_AFTER);
+        assert!((120..=280).contains(&later), "{later} of 400 once due");
+    }
 
     #[test]
     fn a_sample_past_its_deadline_has_no_time_left() {

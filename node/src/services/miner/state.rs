@@ -8,7 +8,7 @@
 //! publishes the views other tasks read ([`InForce`], [`Routing`], [`MergeNews`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bootstrap::{EpochPlan, PeerIdStr};
 use training::StageHandle;
@@ -18,16 +18,46 @@ use super::lifecycle::{Lifecycle, LifecycleError, Overrun, Phase};
 use super::HOP_TIMEOUT;
 use crate::wire::messages::LossRecord;
 
+/// How long a peer that failed a hop is avoided before it is tried again as if unmeasured. A
+/// failure may be passing (a miner behind a NAT that has no relay slot yet, a restart): without
+/// a second chance a failed peer would be starved for the rest of the run, since only hops
+/// sent to it measure it again.
+pub(crate) const RETRY_FAILED_AFTER: Duration = Duration::from_secs(10);
+
 /// Measured speed of a peer: an exponentially weighted mean of its hop latency.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Throughput {
     mean_secs: f64,
+    /// Set when the peer failed a hop: from then on it counts as unmeasured again.
+    retry_at: Option<Instant>,
 }
 
 impl Throughput {
-    /// How strongly a hop prefers this peer.
-    pub(crate) fn weight(&self) -> f64 {
-        1.0 / self.mean_secs.max(1e-3)
+    /// How strongly a hop prefers this peer at `now`; `None` once a failed peer is due for
+    /// another try (it then weighs as an unmeasured peer).
+    pub(crate) fn weight(&self, now: Instant) -> Option<f64> {
+        match self.retry_at {
+            Some(at) if at <= now => None,
+            _ => Some(1.0 / self.mean_secs.max(1e-3)),
+        }
+    }
+
+    /// A peer measured at `secs` a hop.
+    #[cfg(test)]
+    pub(crate) fn measured(secs: f64) -> Throughput {
+        Throughput {
+            mean_secs: secs,
+            retry_at: None,
+        }
+    }
+
+    /// A peer that failed a hop at `at`.
+    #[cfg(test)]
+    pub(crate) fn failed(at: Instant) -> Throughput {
+        Throughput {
+            mean_secs: HOP_TIMEOUT.as_secs_f64(),
+            retry_at: Some(at + RETRY_FAILED_AFTER),
+        }
     }
 }
 
@@ -247,22 +277,37 @@ impl MinerState {
         self.routing.live = live;
     }
 
-    /// Records that `peer` answered a hop in `took`.
+    /// Records that `peer` answered a hop in `took`. The first answer after a failure starts
+    /// the mean afresh.
     pub(crate) fn observe(&mut self, peer: PeerIdStr, took: Duration) {
         let secs = took.as_secs_f64();
+        let fresh = Throughput {
+            mean_secs: secs,
+            retry_at: None,
+        };
         self.routing
             .throughput
             .entry(peer)
-            .and_modify(|t| t.mean_secs = 0.8 * t.mean_secs + 0.2 * secs)
-            .or_insert(Throughput { mean_secs: secs });
+            .and_modify(|t| {
+                *t = match t.retry_at {
+                    Some(_) => fresh,
+                    None => Throughput {
+                        mean_secs: 0.8 * t.mean_secs + 0.2 * secs,
+                        retry_at: None,
+                    },
+                }
+            })
+            .or_insert(fresh);
     }
 
-    /// Records that `peer` failed a hop (it counts as very slow until it answers again).
-    pub(crate) fn penalise(&mut self, peer: PeerIdStr) {
+    /// Records that `peer` failed a hop at `now`: it counts as very slow for
+    /// [`RETRY_FAILED_AFTER`], then as unmeasured until it answers again.
+    pub(crate) fn penalise(&mut self, peer: PeerIdStr, now: Instant) {
         self.routing.throughput.insert(
             peer,
             Throughput {
                 mean_secs: HOP_TIMEOUT.as_secs_f64(),
+                retry_at: Some(now + RETRY_FAILED_AFTER),
             },
         );
     }

@@ -271,7 +271,7 @@ impl Task {
                 self.publish.routing.send_replace(self.state.routing());
             }
             Note::HopFailed { peer } => {
-                self.state.penalise(peer);
+                self.state.penalise(peer, std::time::Instant::now());
                 self.publish.routing.send_replace(self.state.routing());
             }
             Note::Losses { epoch, records } => self.state.push_losses(epoch, records),
