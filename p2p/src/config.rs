@@ -107,11 +107,13 @@ impl Default for RelayLimits {
 /// Default [`Config::max_frame_bytes`].
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 << 20;
 
-/// Default [`Config::max_connections_per_peer`]: 3. Two nodes that discover each other at the
+/// Default [`Config::max_connections_per_peer`]: 4. Two nodes that discover each other at the
 /// same moment dial each other and end up with two connections (with a limit of 1 each side
-/// may keep its own dial and refuse the other's, closing both); and a relayed connection to a
-/// peer behind a NAT stays open until the hole-punched one that replaces it is established.
-pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 3;
+/// may keep its own dial and refuse the other's, closing both); a relayed connection to a peer
+/// behind a NAT stays open until the hole-punched one that replaces it is established; and an
+/// AutoNAT dial-back always opens a new connection, which, refused, reads as "not reachable"
+/// (measured: with 3, a public validator flipped to private within 20 s of a NAT test).
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 4;
 
 /// Default [`Config::max_connections_total`]: 512. Discovery dials every peer it learns of, so
 /// a node holds about one connection per other node; this is above the few hundred nodes a

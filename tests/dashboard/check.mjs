@@ -1,7 +1,8 @@
 // Opens a node's dashboard in headless Chromium and checks what it shows against the node's
 // own /status: every miner of the plan under its stage, each miner's own sample count read
-// from that miner's /status, the held-out loss curve gaining a point as an epoch passes, and the
-// latest held-out loss in nats per token and bits per byte. Leaves a screenshot. Used by the dashboard test
+// from that miner's /status, the node's reachability and each miner's path (direct), the
+// held-out loss curve gaining a point as an epoch passes, and the latest held-out loss in nats
+// per token and bits per byte. Leaves a screenshot. Used by the dashboard test
 // (tests/tests/dashboard.rs); exits non-zero saying what was not seen.
 //
 // Usage: node check.mjs <dashboard url> <expected.json> <screenshot.png>
@@ -42,6 +43,18 @@ try {
       peer,
       { timeout: 60000, polling: 500 },
     );
+  }
+  // The node's reachability (AutoNAT dials it back on 127.0.0.1: public) and how it reaches
+  // each miner (all connections direct on one host).
+  await page.waitForFunction(
+    () => /^reachability public · /.test(document.getElementById("reach").textContent),
+    null,
+    { timeout: 60000, polling: 500 },
+  );
+  for (const peer of expected.stage_map.flat()) {
+    await page
+      .locator(`#peers tr[data-peer="${peer}"] td.path`, { hasText: "direct" })
+      .waitFor({ timeout: 30000 });
   }
   const points = () => page.locator("circle.point-val").count();
   const before = await points();

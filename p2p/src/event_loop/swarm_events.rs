@@ -54,10 +54,8 @@ impl EventLoop {
                 }
                 self.deliver(Event::NewListenAddr(address));
             }
-            SwarmEvent::ExpiredListenAddr { address, .. } => {
-                if is_circuit(&address) {
-                    self.swarm.remove_external_address(&address);
-                }
+            SwarmEvent::ExpiredListenAddr { address, .. } if is_circuit(&address) => {
+                self.swarm.remove_external_address(&address);
             }
             SwarmEvent::ConnectionEstablished {
                 peer_id,

@@ -162,10 +162,13 @@ function drawPeers(status) {
   const body = document.querySelector("#peers tbody");
   body.replaceChildren();
   const urls = status.peer_dashboards || {};
+  const paths = (status.nat && status.nat.peer_paths) || {};
   for (const p of status.peers || []) {
     const row = el("tr", { "data-peer": p.peer_id });
     row.append(el("td", { class: "peer", title: p.peer_id }, short(p.peer_id)));
     row.append(el("td", { class: "kind" }, String(p.kind)));
+    // How this node reaches the peer: direct, relayed, or not connected now.
+    row.append(el("td", { class: "path" }, String(paths[p.peer_id] || "–")));
     const cell = el("td", { class: "url" });
     const url = p.kind === "unverified" ? undefined : urls[p.peer_id];
     if (typeof url === "string" && /^http:\/\/[0-9a-fA-F.:\[\]]+$/.test(url)) {
@@ -190,9 +193,23 @@ function drawValidators(status) {
   }
 }
 
+// The node's reachability as AutoNAT found it, the relays it listens through when private,
+// and what its own relay server holds.
+function reachText(nat) {
+  if (!nat) return "";
+  const parts = [`reachability ${nat.reachability}`];
+  if ((nat.relays || []).length) parts.push(`relays ${nat.relays.map(short).join(", ")}`);
+  parts.push(`hole punches ${nat.hole_punches_succeeded} ok, ${nat.hole_punches_failed} failed`);
+  if (nat.relay_server) {
+    parts.push(`relay server ${nat.relay_reservations} reservations, ${nat.relay_circuits} circuits`);
+  }
+  return parts.join(" · ");
+}
+
 function draw(status) {
   document.getElementById("role").textContent = status.role;
   document.getElementById("node").textContent = status.peer_id;
+  document.getElementById("reach").textContent = reachText(status.nat);
   document.getElementById("epoch").textContent = status.epoch ?? "–";
   document.getElementById("orchestrator").textContent =
     "orchestrator " + (status.is_orchestrator ? "this node" : short(status.orchestrator));
