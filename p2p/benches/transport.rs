@@ -1,11 +1,15 @@
 //! Request-response throughput against plain TCP, side by side, for 16 MiB payloads on
-//! loopback.
+//! loopback, over the node's two transports.
 //!
 //! Two nodes in one process: one requests with a 16 MiB payload, the other answers with an
-//! 8-byte acknowledgement; then the same exchange over a plain tokio TCP socket (u64 length
-//! prefix, payload, 8-byte ack). Both sides hand the receiver an owned `Vec` of the payload,
-//! so allocation is counted on both. Prints MB/s of each and, last,
-//! `RESULT transport rr_mb_s=<x> tcp_mb_s=<y> ratio=<x/y>`.
+//! 8-byte acknowledgement, over TCP + Noise + Yamux and then over QUIC; then the same exchange
+//! over a plain tokio TCP socket (u64 length prefix, payload, 8-byte ack). Both sides hand the
+//! receiver an owned `Vec` of the payload, so allocation is counted on both. Each transport
+//! also gets `HANDSHAKES` fresh connections timed from dial to established, and the process's
+//! CPU time (user + system, both nodes together) per MB moved. Prints MB/s of each and, last,
+//! `RESULT transport rr_mb_s=<x> tcp_mb_s=<y> ratio=<x/y>` (TCP + Noise + Yamux, as before)
+//! and `RESULT transport-quic quic_mb_s=<q> ratio_to_tcp_rr=<q/x> handshake_ms_tcp=…
+//! handshake_ms_quic=… cpu_s_per_gb_tcp=… cpu_s_per_gb_quic=…`.
 //!
 //! Run: `cargo bench -p p2p --bench transport`. `ROUNDS` and `WARMUP` can be overridden
 //! through the `TRANSPORT_ROUNDS` / `TRANSPORT_WARMUP` environment variables.
@@ -19,6 +23,9 @@ use tokio::{
 };
 
 const PAYLOAD_BYTES: usize = 16 << 20;
+
+/// Fresh connections timed per transport.
+const HANDSHAKES: usize = 20;
 const ACK_BYTES: usize = 8;
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -32,8 +39,67 @@ fn mb_per_s(rounds: usize, elapsed: Duration) -> f64 {
     (rounds * PAYLOAD_BYTES) as f64 / elapsed.as_secs_f64() / 1e6
 }
 
-async fn request_response(payload: &[u8], warmup: usize, rounds: usize) -> f64 {
+/// CPU time this process has used so far (user + system, every thread).
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes into the struct we own; RUSAGE_SELF is always valid.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// What one transport did: MB/s, CPU seconds per GB moved, median handshake.
+struct Measured {
+    mb_s: f64,
+    cpu_s_per_gb: f64,
+    handshake: Duration,
+}
+
+/// Median time from dialling `server_addr` to an established connection, over `n` fresh
+/// client nodes.
+async fn handshakes(server_addr: &p2p::Multiaddr, config: &Config, n: usize) -> Duration {
+    let server_id = match server_addr.iter().last() {
+        Some(Protocol::P2p(peer)) => peer,
+        _ => panic!("the server address names its peer"),
+    };
+    let mut times = Vec::new();
+    for _ in 0..n {
+        // The client listens on the server's transport too, on loopback: QUIC dials from its
+        // listening socket.
+        let (client, mut events, _task) = p2p::spawn(
+            Keypair::generate_ed25519(),
+            config.clone(),
+            Metrics::unregistered(),
+        )
+        .expect("spawn client");
+        let started = Instant::now();
+        client.dial(server_addr.clone()).await.expect("dial");
+        let connected = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match events.recv().await {
+                    Some(Event::PeerConnected(peer)) if peer == server_id => return,
+                    Some(_) => continue,
+                    None => panic!("client stopped"),
+                }
+            }
+        })
+        .await;
+        assert!(connected.is_ok(), "no connection within 10 s");
+        times.push(started.elapsed());
+        client.shutdown().await;
+    }
+    times.sort();
+    times[times.len() / 2]
+}
+
+async fn request_response(listen: &str, payload: &[u8], warmup: usize, rounds: usize) -> Measured {
     let config = Config {
+        listen: vec![listen.parse().expect("a valid listen address")],
         request_timeout: Duration::from_secs(60),
         ..Config::default()
     };
@@ -59,6 +125,7 @@ async fn request_response(payload: &[u8], warmup: usize, rounds: usize) -> f64 {
         }
     });
 
+    let handshake = handshakes(&server_addr, &config, HANDSHAKES).await;
     let (client, mut client_events, _client_task) = p2p::spawn(
         Keypair::generate_ed25519(),
         Config {
@@ -86,11 +153,17 @@ async fn request_response(payload: &[u8], warmup: usize, rounds: usize) -> f64 {
         }
     };
     run(warmup).await;
+    let cpu_before = cpu_time();
     let elapsed = run(rounds).await;
+    let cpu = cpu_time().saturating_sub(cpu_before);
     client.shutdown().await;
     server.shutdown().await;
     serve.abort();
-    mb_per_s(rounds, elapsed)
+    Measured {
+        mb_s: mb_per_s(rounds, elapsed),
+        cpu_s_per_gb: cpu.as_secs_f64() / ((rounds * PAYLOAD_BYTES) as f64 / 1e9),
+        handshake,
+    }
 }
 
 async fn plain_tcp(payload: &[u8], warmup: usize, rounds: usize) -> f64 {
@@ -153,12 +226,34 @@ async fn main() {
         tokio::runtime::Handle::current().metrics().num_workers()
     );
 
-    let rr = request_response(&payload, warmup, rounds).await;
-    println!("request-response (TCP+Noise+Yamux): {rr:.0} MB/s");
+    let on_tcp = request_response("/ip4/127.0.0.1/tcp/0", &payload, warmup, rounds).await;
+    let rr = on_tcp.mb_s;
+    println!(
+        "request-response (TCP+Noise+Yamux): {rr:.0} MB/s, {:.2} CPU s/GB, handshake {:.2} ms",
+        on_tcp.cpu_s_per_gb,
+        on_tcp.handshake.as_secs_f64() * 1e3
+    );
+    let on_quic = request_response("/ip4/127.0.0.1/udp/0/quic-v1", &payload, warmup, rounds).await;
+    println!(
+        "request-response (QUIC):            {:.0} MB/s, {:.2} CPU s/GB, handshake {:.2} ms",
+        on_quic.mb_s,
+        on_quic.cpu_s_per_gb,
+        on_quic.handshake.as_secs_f64() * 1e3
+    );
     let tcp = plain_tcp(&payload, warmup, rounds).await;
     println!("plain TCP:                          {tcp:.0} MB/s");
     println!(
         "RESULT transport rr_mb_s={rr:.1} tcp_mb_s={tcp:.1} ratio={:.3}",
         rr / tcp
+    );
+    println!(
+        "RESULT transport-quic quic_mb_s={:.1} ratio_to_tcp_rr={:.3} handshake_ms_tcp={:.2} \
+         handshake_ms_quic={:.2} cpu_s_per_gb_tcp={:.2} cpu_s_per_gb_quic={:.2}",
+        on_quic.mb_s,
+        on_quic.mb_s / rr,
+        on_tcp.handshake.as_secs_f64() * 1e3,
+        on_quic.handshake.as_secs_f64() * 1e3,
+        on_tcp.cpu_s_per_gb,
+        on_quic.cpu_s_per_gb
     );
 }

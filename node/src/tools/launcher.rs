@@ -1,9 +1,9 @@
 //! Starts `iota-p2p` node processes on this machine and watches them through `/status`.
 //!
 //! Used by `local-swarm` and by the multi-node tests. By default every node listens on
-//! 127.0.0.1 with an OS-chosen port and serves its metrics on 127.0.0.1 too; the launcher
-//! learns both from the `LISTEN` and `METRICS` lines the node prints. Every wait is bounded by
-//! a deadline, and a dropped [`NodeProcess`] kills its process.
+//! 127.0.0.1 (TCP and QUIC) with OS-chosen ports and serves its metrics on 127.0.0.1 too; the
+//! launcher learns both from the `LISTEN` and `METRICS` lines the node prints. Every wait is
+//! bounded by a deadline, and a dropped [`NodeProcess`] kills its process.
 //!
 //! A node can also run in a network namespace ([`NodeSpec::netns`]), as
 //! `ip netns exec <namespace> <binary> …`, listening where [`NodeSpec::listen`] says. `ip`
@@ -22,6 +22,10 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+/// Where a node listens unless its [`NodeSpec`] says otherwise: TCP and QUIC on 127.0.0.1,
+/// ports chosen by the OS.
+pub const LOOPBACK_LISTEN: &str = "/ip4/127.0.0.1/tcp/0,/ip4/127.0.0.1/udp/0/quic-v1";
+
 /// What to start: a name for logs, and the node's flags (besides `--listen`, `--metrics`).
 #[derive(Debug, Clone)]
 pub struct NodeSpec {
@@ -34,7 +38,8 @@ pub struct NodeSpec {
     /// Network namespace (a name under /var/run/netns) to run the node in, through
     /// `ip netns exec`; `None` runs it in this process's namespace.
     pub netns: Option<String>,
-    /// The `--listen` multiaddr; `None` is `/ip4/127.0.0.1/tcp/0`.
+    /// The `--listen` multiaddrs (comma-separated); `None` is TCP and QUIC on 127.0.0.1
+    /// ([`LOOPBACK_LISTEN`]), as the node's own default.
     pub listen: Option<String>,
 }
 
@@ -78,7 +83,7 @@ impl NodeProcess {
             }
             None => Command::new(binary),
         };
-        let listen = spec.listen.as_deref().unwrap_or("/ip4/127.0.0.1/tcp/0");
+        let listen = spec.listen.as_deref().unwrap_or(LOOPBACK_LISTEN);
         let mut child = command
             .args(&spec.args)
             .args(["--listen", listen, "--metrics", "127.0.0.1:0"])

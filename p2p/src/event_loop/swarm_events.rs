@@ -310,6 +310,10 @@ impl EventLoop {
         if offered && addresses.is_empty() {
             return;
         }
+        // QUIC first: the dials race, and on a real link QUIC's one-round-trip handshake
+        // usually wins over TCP's (SYN, then Noise and two protocol negotiations).
+        let mut addresses = addresses;
+        addresses.sort_by_key(|a| transport_of(a, false) != "quic");
         let opts = DialOpts::peer_id(peer)
             .addresses(addresses)
             .condition(PeerCondition::DisconnectedAndNotDialing)
