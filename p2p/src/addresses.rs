@@ -36,11 +36,15 @@ pub enum Reach {
 }
 
 impl Reach {
-    /// The reach of a node that listens on `listen` and was told it is reachable at
-    /// `external`. An unspecified address (`0.0.0.0`, `::`) says nothing: a node listening on
-    /// it is public only with an external address.
-    pub fn of(listen: &[Multiaddr], external: &[Multiaddr]) -> Reach {
-        if !external.is_empty() || listen.iter().any(|a| scope(a) == Scope::Global) {
+    /// The reach of a node that listens on `listen`, was told it is reachable at `external`
+    /// and joins through `bootstrap`. An unspecified address (`0.0.0.0`, `::`) says nothing.
+    /// A node that bootstraps through a global address takes part in a public run even when
+    /// it listens on a LAN address behind a NAT: its LAN addresses, and the ones its peers
+    /// give, mean nothing to the run, so it is public too (it reaches others by dialling out,
+    /// and is reached through relays and hole punching).
+    pub fn of(listen: &[Multiaddr], external: &[Multiaddr], bootstrap: &[Multiaddr]) -> Reach {
+        let global = |a: &Multiaddr| scope(a) == Scope::Global;
+        if !external.is_empty() || listen.iter().any(global) || bootstrap.iter().any(global) {
             Reach::Public
         } else {
             Reach::Local
@@ -280,23 +284,32 @@ mod tests {
     }
 
     #[test]
-    fn a_node_is_public_when_it_listens_on_or_is_told_a_global_address() {
+    fn a_node_is_public_when_it_listens_on_is_told_or_bootstraps_through_a_global_address() {
         let loopback = [a("/ip4/127.0.0.1/tcp/0")];
-        assert_eq!(Reach::of(&loopback, &[]), Reach::Local);
-        assert_eq!(Reach::of(&[any_v4(4001)], &[]), Reach::Local);
-        assert_eq!(
-            Reach::of(&[a("/ip4/192.168.0.2/tcp/4001")], &[]),
-            Reach::Local
-        );
+        assert_eq!(Reach::of(&loopback, &[], &[]), Reach::Local);
+        assert_eq!(Reach::of(&[any_v4(4001)], &[], &[]), Reach::Local);
+        let lan = [a("/ip4/192.168.0.2/tcp/4001")];
+        assert_eq!(Reach::of(&lan, &[], &[]), Reach::Local);
         assert_eq!(
             Reach::of(
                 &[a("/ip4/203.0.113.0/tcp/4001"), a("/ip4/8.8.4.4/tcp/4001")],
+                &[],
                 &[]
             ),
             Reach::Public
         );
         assert_eq!(
-            Reach::of(&[any_v4(4001)], &[a("/ip4/8.8.4.4/tcp/4001")]),
+            Reach::of(&[any_v4(4001)], &[a("/ip4/8.8.4.4/tcp/4001")], &[]),
+            Reach::Public
+        );
+        // A run on a LAN: a node bootstrapping through a LAN address stays local.
+        assert_eq!(
+            Reach::of(&lan, &[], &[a("/ip4/192.168.0.1/tcp/4001")]),
+            Reach::Local
+        );
+        // A miner behind a NAT joining a public run.
+        assert_eq!(
+            Reach::of(&lan, &[], &[a("/ip4/8.8.4.4/tcp/4001")]),
             Reach::Public
         );
     }

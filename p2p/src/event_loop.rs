@@ -94,7 +94,7 @@ pub fn spawn(
         }
     }
 
-    let reach = Reach::of(&config.listen, &config.external);
+    let reach = Reach::of(&config.listen, &config.external, &config.bootstrap);
     let mut swarm = swarm::build(keypair.clone(), &config, reach, &metrics)?;
     for addr in &config.listen {
         swarm

@@ -173,8 +173,12 @@ pub(crate) async fn start(
     let join_files = crate::join::JoinFiles::new(&served_run, settings.metagraph.as_ref())
         .context("the run's files for joining nodes")?;
     let settings_run_hash = settings.run.hash().to_hex();
-    let reachability =
-        p2p::addresses::Reach::of(&settings.network.listen, &settings.network.external).as_str();
+    let reachability = p2p::addresses::Reach::of(
+        &settings.network.listen,
+        &settings.network.external,
+        &settings.network.bootstrap,
+    )
+    .as_str();
     let external_addrs: Vec<String> = settings
         .network
         .external

@@ -23,8 +23,9 @@ pub(crate) struct NodeView {
     /// The hash of the stake snapshot the node follows (hex; none with stake from the
     /// chain), what a joining node pins with `--metagraph-hash`.
     pub(crate) metagraph_hash: Option<String>,
-    /// `public` (it listens on a global address or was given `--external-address`: it keeps
-    /// and dials only its peers' global addresses) or `local` (it keeps them all).
+    /// `public` (it listens on a global address, was given `--external-address` or
+    /// bootstraps through a global address: it keeps and dials only its peers' global
+    /// addresses) or `local` (it keeps them all).
     pub(crate) reachability: &'static str,
     /// The addresses it was told others reach it at (`--external-address`), the only ones it
     /// advertises when there are any.
