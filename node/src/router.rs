@@ -37,8 +37,8 @@ use self::reprocess::Reprocess;
 use crate::metrics::{NodeMetrics, PipelineMetrics};
 use crate::rules::{Reason, Verdict};
 use crate::services::consensus::api::{
-    heartbeat_verdict, waits_for_election, waits_for_plan, ConsensusHandle, HeartbeatRejected,
-    PipelineReason, PlanBook, PlanRejected,
+    heartbeat_verdict, waits_for_election, waits_for_metagraph, waits_for_plan, ConsensusHandle,
+    HeartbeatRejected, PipelineReason, PlanBook, PlanRejected,
 };
 use crate::services::data::api::DataHandle;
 use crate::services::inbox::ServiceGone;
@@ -312,6 +312,13 @@ impl Router {
             tracing::info!(%author, "plan from a validator this node does not yet see as the orchestrator: kept to check again");
             self.reprocess
                 .keep_plan(author, data, Instant::now().into_std());
+        } else if waits_for_metagraph(&verdict) {
+            // Refused, but perhaps only because this node's metagraph lacks its author or
+            // its miners (it just started): kept apart, and used only if it is accepted
+            // within the patience (see [`reprocess`]).
+            tracing::debug!(%author, reason = ?verdict.label(), "plan refused by a metagraph that may not be complete yet: kept to check again");
+            self.reprocess
+                .keep_plan_for_metagraph(author, data, Instant::now().into_std());
         }
         Ok(verdict)
     }
@@ -328,7 +335,9 @@ impl Router {
             if verdict == Verdict::Accept {
                 self.adopt_current().await?;
             } else if waits_for_election(&verdict) {
-                self.reprocess.keep_plan_again(kept);
+                self.reprocess.keep_plan_again(kept, false);
+            } else if waits_for_metagraph(&verdict) {
+                self.reprocess.keep_plan_again(kept, true);
             } else {
                 tracing::debug!(author = %kept.author, reason = ?verdict.label(), "kept plan checked again and dropped");
             }

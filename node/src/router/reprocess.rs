@@ -7,7 +7,12 @@
 //!   the next plan arrives;
 //! * plans of permitted validators this node does not yet see as the orchestrator (it just
 //!   started, or the election is changing hands): at most [`MAX_PENDING_PLANS`], each for at
-//!   most [`PENDING_PLAN_PATIENCE`], checked again on every tick.
+//!   most [`PENDING_PLAN_PATIENCE`], checked again on every tick;
+//! * plans whose author, or a miner they name, is not in this node's metagraph yet (it just
+//!   started and has not heard their heartbeats, or, with stake from the chain, not verified
+//!   their hotkey bindings): the same, in a queue of their own of at most [`MAX_METAGRAPH_PLANS`], one per
+//!   author, so that a stranger's plans never push out a permitted validator's. Their
+//!   verdict stays a rejection: only a plan that becomes acceptable in time is used.
 //!
 //! Pure: time is passed in.
 
@@ -29,6 +34,9 @@ const MAX_PENDING_PER_AUTHOR: usize = 32;
 /// knows (it just started, or the election is changing hands).
 const MAX_PENDING_PLANS: usize = 4;
 
+/// Plans refused by a metagraph that may not be complete yet, kept as long, one per author.
+const MAX_METAGRAPH_PLANS: usize = 4;
+
 /// How long such a plan is kept: a few heartbeats.
 const PENDING_PLAN_PATIENCE: Duration = Duration::from_secs(5);
 
@@ -41,6 +49,8 @@ pub(crate) struct KeptPlan {
     pub(crate) data: Vec<u8>,
     /// When it was first kept.
     pub(crate) at: Instant,
+    /// It was refused by a metagraph that may not be complete yet when last checked.
+    pub(crate) for_metagraph: bool,
 }
 
 /// The queues of what arrived too early.
@@ -50,6 +60,8 @@ pub(crate) struct Reprocess {
     /// How many of `gossip` each author holds.
     held: HashMap<PeerId, usize>,
     plans: VecDeque<KeptPlan>,
+    /// Plans refused by a metagraph that may not be complete yet.
+    metagraph_plans: VecDeque<KeptPlan>,
     /// A new plan was handed to the services since the gossip was last checked again.
     plan_arrived: bool,
 }
@@ -126,25 +138,65 @@ impl Reprocess {
             author,
             data,
             at: now,
+            for_metagraph: false,
         });
     }
 
-    /// Puts back a plan checked again that still waits for the election.
-    pub(crate) fn keep_plan_again(&mut self, plan: KeptPlan) {
-        self.plans.push_back(plan);
+    /// Keeps a plan refused by a metagraph that may not be complete yet, received at `now`: it replaces
+    /// that author's kept plan, and beyond [`MAX_METAGRAPH_PLANS`] the oldest goes.
+    pub(crate) fn keep_plan_for_metagraph(
+        &mut self,
+        author: PeerIdStr,
+        data: Vec<u8>,
+        now: Instant,
+    ) {
+        self.metagraph_plans.retain(|kept| kept.author != author);
+        if self.metagraph_plans.len() >= MAX_METAGRAPH_PLANS {
+            if let Some(oldest) = self.metagraph_plans.pop_front() {
+                tracing::debug!(author = %oldest.author, "kept plan dropped: too many waiting for the metagraph");
+            }
+        }
+        self.metagraph_plans.push_back(KeptPlan {
+            author,
+            data,
+            at: now,
+            for_metagraph: true,
+        });
+    }
+
+    /// Puts back a plan checked again that still waits: for the election, or, when
+    /// `for_metagraph`, for the metagraph to fill in.
+    pub(crate) fn keep_plan_again(&mut self, mut plan: KeptPlan, for_metagraph: bool) {
+        plan.for_metagraph = for_metagraph;
+        if for_metagraph {
+            self.metagraph_plans.push_back(plan);
+        } else {
+            self.plans.push_back(plan);
+        }
     }
 
     /// The kept plans to check again at `now`, taken out; those kept for longer than
     /// [`PENDING_PLAN_PATIENCE`] are dropped.
     pub(crate) fn plans_due(&mut self, now: Instant) -> Vec<KeptPlan> {
+        let waiting =
+            |plan: &KeptPlan| now.saturating_duration_since(plan.at) < PENDING_PLAN_PATIENCE;
         self.plans.retain(|plan| {
-            let waiting = now.saturating_duration_since(plan.at) < PENDING_PLAN_PATIENCE;
-            if !waiting {
+            let keep = waiting(plan);
+            if !keep {
                 tracing::warn!(author = %plan.author, "kept plan dropped: its author did not become the orchestrator here");
             }
-            waiting
+            keep
         });
-        self.plans.drain(..).collect()
+        self.metagraph_plans.retain(|plan| {
+            let keep = waiting(plan);
+            if !keep {
+                tracing::debug!(author = %plan.author, "kept plan dropped: the metagraph did not come to accept it");
+            }
+            keep
+        });
+        let mut due: Vec<KeptPlan> = self.plans.drain(..).collect();
+        due.extend(self.metagraph_plans.drain(..));
+        due
     }
 }
 
@@ -280,7 +332,7 @@ mod tests {
         assert_eq!(due.len(), MAX_PENDING_PLANS, "the oldest go first");
         assert_eq!(due[0].author, peer(2));
         for plan in due {
-            queue.keep_plan_again(plan);
+            queue.keep_plan_again(plan, false);
         }
         assert_eq!(
             queue
@@ -289,6 +341,44 @@ mod tests {
             MAX_PENDING_PLANS
         );
         queue.keep_plan(peer(9), vec![9], t0);
+        assert!(
+            queue.plans_due(t0 + PENDING_PLAN_PATIENCE).is_empty(),
+            "dropped after the patience"
+        );
+    }
+
+    #[test]
+    fn plans_of_for_metagraphs_are_kept_apart_one_per_author() {
+        let mut queue = Reprocess::default();
+        let t0 = Instant::now();
+        queue.keep_plan(peer(100), vec![100], t0);
+        // A stranger's many plans, and several strangers': never more than the queue's bound,
+        // one per author, and the permitted validator's plan stays.
+        for round in 0..3u8 {
+            for i in 0..(MAX_METAGRAPH_PLANS as u8 + 2) {
+                queue.keep_plan_for_metagraph(peer(i), vec![i, round], t0);
+            }
+        }
+        let due = queue.plans_due(t0 + Duration::from_secs(1));
+        assert_eq!(due.len(), 1 + MAX_METAGRAPH_PLANS);
+        assert_eq!(due[0].author, peer(100));
+        assert!(!due[0].for_metagraph);
+        let unknown: Vec<&KeptPlan> = due.iter().filter(|p| p.for_metagraph).collect();
+        assert_eq!(unknown.len(), MAX_METAGRAPH_PLANS);
+        assert_eq!(unknown[0].author, peer(2), "the oldest authors went");
+        assert_eq!(
+            unknown[0].data,
+            vec![2, 2],
+            "an author's newest plan is kept"
+        );
+        // Its author became a permitted validator that is not the orchestrator yet: the plan
+        // moves to the election's queue, keeping its age.
+        let moved = unknown[0].clone();
+        queue.keep_plan_again(moved, false);
+        let again = queue.plans_due(t0 + Duration::from_secs(2));
+        assert_eq!(again.len(), 1);
+        assert!(!again[0].for_metagraph);
+        queue.keep_plan_for_metagraph(peer(7), vec![7], t0);
         assert!(
             queue.plans_due(t0 + PENDING_PLAN_PATIENCE).is_empty(),
             "dropped after the patience"

@@ -333,6 +333,6 @@ pub(crate) use super::stats::RunStats;
 pub(crate) use super::plan_book::fixture;
 pub(crate) use super::plan_book::{stage_in, PlanBook};
 pub(crate) use super::validate::{
-    heartbeat_verdict, waits_for_election, waits_for_plan, Freshness, PipelineReason, PlanOutcome,
-    PlanRejected,
+    heartbeat_verdict, waits_for_election, waits_for_metagraph, waits_for_plan, Freshness,
+    PipelineReason, PlanOutcome, PlanRejected,
 };

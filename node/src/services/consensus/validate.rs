@@ -224,6 +224,20 @@ pub(crate) fn waits_for_election(verdict: &Verdict<PlanRejected>) -> bool {
     *verdict == Verdict::Ignore(PlanRejected::NotOrchestrator)
 }
 
+/// Whether a plan with this verdict may yet be its orchestrator's, once this node's
+/// metagraph has filled in: its author is no permitted validator here, or it names miners
+/// the metagraph does not hold, or there is no metagraph yet. A node that just started
+/// cannot tell these from a forgery until it hears the peers' heartbeats (and, with stake
+/// from the chain, verifies their hotkey bindings). The verdict stands; the router keeps
+/// such a plan apart for a while (see `reprocess`).
+pub(crate) fn waits_for_metagraph(verdict: &Verdict<PlanRejected>) -> bool {
+    matches!(
+        verdict,
+        Verdict::Reject(PlanRejected::NotOrchestrator | PlanRejected::UnregisteredMiners)
+            | Verdict::Ignore(PlanRejected::NoMetagraph)
+    )
+}
+
 /// Why pipeline gossip was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PipelineReason {

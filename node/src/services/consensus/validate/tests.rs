@@ -551,6 +551,21 @@ fn only_the_elected_orchestrator_may_publish_a_plan_and_permitted_validators_wai
     let forged = plan_verdict(not_orchestrator, false);
     assert_eq!(forged, Verdict::Reject(PlanRejected::NotOrchestrator));
     assert!(!waits_for_election(&forged));
+    // …or the orchestrator's, before this node, just started, heard its author: kept apart.
+    assert!(waits_for_metagraph(&forged));
+    assert!(!waits_for_metagraph(&waiting));
+    assert!(waits_for_metagraph(&plan_verdict(
+        PlanOutcome::Rejected(PlanRejected::NoMetagraph),
+        false
+    )));
+    assert!(waits_for_metagraph(&plan_verdict(
+        PlanOutcome::Rejected(PlanRejected::UnregisteredMiners),
+        true
+    )));
+    assert!(!waits_for_metagraph(&plan_verdict(
+        PlanOutcome::Rejected(PlanRejected::StaleEpoch),
+        false
+    )));
     // A replaced orchestrator's plan, or one judged without a metagraph: not malice.
     for reason in [PlanRejected::StaleEpoch, PlanRejected::NoMetagraph] {
         assert_eq!(
