@@ -482,6 +482,42 @@ impl Topology {
         .map(drop)
     }
 
+    /// Limits both directions of `host`'s link to `rate_mbit` Mbit/s: a token bucket on its
+    /// interface (what it sends) and one on the link's other end, its port on the wan bridge
+    /// or on its router's LAN bridge (what it receives). Each bucket holds 10 ms of the rate,
+    /// and at least one 64 KiB GSO packet, and queues at most 50 ms before it drops. A second
+    /// call replaces the limits.
+    pub fn shape_both(&self, host: &Host, rate_mbit: u32) -> anyhow::Result<()> {
+        ensure!(
+            self.created.contains(&host.ns),
+            "{} is not a host of this topology",
+            host.ns
+        );
+        ensure!(rate_mbit > 0, "a rate of 0 Mbit/s");
+        let bits = u64::from(rate_mbit) * 1_000_000;
+        let rate = format!("{bits}bit");
+        let burst = (bits / 8 / 100).max(64 << 10).to_string();
+        let [_, _, subnet, n] = host.addr.octets();
+        // The far end of the host's veth pair, as `add_link` named it.
+        let far = if subnet == 0 {
+            (self.wan(), format!("p{n}"))
+        } else {
+            (self.nat(usize::from(subnet))?.ns.clone(), format!("h{n}"))
+        };
+        for (ns, dev) in [(host.ns.clone(), HOST_DEV.to_string()), far] {
+            run(
+                "tc",
+                &[
+                    "-n", &ns, "qdisc", "replace", "dev", &dev, "root", "tbf", "rate", &rate,
+                    "burst", &burst, "latency", "50ms",
+                ],
+                None,
+            )
+            .with_context(|| format!("limiting {dev} in {ns} to {rate_mbit} Mbit/s"))?;
+        }
+        Ok(())
+    }
+
     /// The kind of NAT `nat`.
     pub fn nat_kind(&self, nat: usize) -> anyhow::Result<NatKind> {
         Ok(self.nat(nat)?.kind)
