@@ -53,7 +53,10 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, ensure, Context};
 use bootstrap::{LocalNeuron, Metagraph, ModelPreset, PeerIdStr, RunConfig, WireFormat};
-use iota_p2p::launcher::{wait_for, NodeProcess, NodeSpec};
+use iota_p2p::launcher::{
+    epoch_of, epoch_totals, machine_jiffies, process_jiffies, stop_all, wait_for, NodeProcess,
+    NodeSpec,
+};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// Every namespace this bench creates starts with this, then `<pid>-`.
@@ -475,37 +478,10 @@ fn num(row: &serde_json::Value, key: &str) -> Option<f64> {
     row[key].as_f64()
 }
 
-fn epoch_of(row: &serde_json::Value) -> u64 {
-    row["epoch"].as_u64().unwrap_or(u64::MAX)
-}
-
 /// Sums up the validator's epochs as `local-swarm`'s report does.
 fn summarise(rows: &[serde_json::Value], epochs: u64, wall: Duration) -> anyhow::Result<Outcome> {
+    let totals = epoch_totals(rows, epochs)?;
     let trained: Vec<&serde_json::Value> = rows.iter().filter(|r| epoch_of(r) < epochs).collect();
-    let sum = |key: &str| -> u64 { trained.iter().filter_map(|r| r[key].as_u64()).sum() };
-    let (tokens, samples, dropped) = (sum("tokens"), sum("samples"), sum("dropped"));
-    let first = trained
-        .iter()
-        .filter_map(|r| num(r, "first_record_s"))
-        .fold(f64::INFINITY, f64::min);
-    let last = trained
-        .iter()
-        .filter_map(|r| num(r, "last_record_s"))
-        .fold(0.0, f64::max);
-    ensure!(
-        last > first,
-        "the validator heard no span of loss records ({samples} samples)"
-    );
-    let measured: Vec<(u64, f64)> = rows
-        .iter()
-        .filter(|r| epoch_of(r) <= epochs)
-        .filter_map(|r| Some((epoch_of(r), num(r, "val_loss").filter(|l| l.is_finite())?)))
-        .collect();
-    let val_start = measured.iter().min_by_key(|(e, _)| *e).copied();
-    let val_end = measured.iter().max_by_key(|(e, _)| *e).copied();
-    let (Some(val_start), Some(val_end)) = (val_start, val_end) else {
-        bail!("no held-out loss was reported in {epochs} epochs");
-    };
     // Each miner reports its cumulative activation bytes at every merge: the latest is its
     // total.
     let mut latest: BTreeMap<String, u64> = BTreeMap::new();
@@ -519,69 +495,17 @@ fn summarise(rows: &[serde_json::Value], epochs: u64, wall: Duration) -> anyhow:
     let wire: u64 = latest.values().sum();
     let boundaries = u64::from(STAGES.saturating_sub(1)).max(1);
     Ok(Outcome {
-        tokens_per_s: tokens as f64 / (last - first),
-        val_start,
-        val_end,
-        bytes_per_sample_boundary: wire as f64 / (samples.max(1) * boundaries) as f64,
-        samples,
-        dropped,
-        span: last - first,
+        tokens_per_s: totals.tokens_per_s,
+        val_start: totals.val_start,
+        val_end: totals.val_end,
+        bytes_per_sample_boundary: wire as f64 / (totals.samples.max(1) * boundaries) as f64,
+        samples: totals.samples,
+        dropped: totals.dropped,
+        span: totals.span,
         wall,
         busiest: None,
         other_cpu: 0.0,
     })
-}
-
-/// CPU time (USER_HZ ticks since boot) the machine spent busy, and in all.
-fn machine_jiffies() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let ticks: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|t| t.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal (guest time is inside user).
-    let at = |i: usize| ticks.get(i).copied().unwrap_or(0);
-    let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
-    (busy, busy + at(3) + at(4))
-}
-
-/// User + system CPU time (USER_HZ ticks) of process `pid` (`self` for this one); 0 when
-/// it is gone.
-fn process_jiffies(pid: &str) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which may hold spaces: state is field 3, utime 14,
-    // stime 15.
-    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<u64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|t| t.parse().ok())
-        .collect();
-    fields.iter().sum()
-}
-
-/// Stops `nodes` (SIGTERM, then SIGKILL after the grace), all at once.
-async fn stop_all(nodes: &mut Vec<NodeProcess>) -> usize {
-    let mut stopping = tokio::task::JoinSet::new();
-    for node in nodes.drain(..) {
-        stopping.spawn(async move {
-            let name = node.name.clone();
-            node.stop(STOP_GRACE).await.map_err(|e| (name, e))
-        });
-    }
-    let mut failed = 0;
-    while let Some(joined) = stopping.join_next().await {
-        if let Ok(Err((name, error))) = joined {
-            failed += 1;
-            eprintln!("wan: {name}: {error:#}");
-        }
-    }
-    failed
 }
 
 /// Writes the run files, starts the nodes in their namespaces (pushing each into `nodes`),
@@ -740,7 +664,7 @@ async fn run_one(
             })
             .max_by_key(|l| l.bytes);
     }
-    let failed = stop_all(nodes).await;
+    let failed = stop_all(nodes, STOP_GRACE, "wan").await;
     ensure!(failed == 0, "{failed} node(s) did not stop cleanly");
     Ok(outcome)
 }
@@ -954,7 +878,7 @@ async fn main_async() -> anyhow::Result<()> {
     };
     if !nodes.is_empty() {
         println!("wan: stopping {} node(s)", nodes.len());
-        stop_all(&mut nodes).await;
+        stop_all(&mut nodes, STOP_GRACE, "wan").await;
     }
     topo.remove();
     outcome

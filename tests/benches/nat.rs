@@ -54,14 +54,17 @@
 //! skips the symmetric control) change it.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context};
 use bootstrap::{ModelPreset, RunConfig};
-use iota_tests::netns::{self, in_netns, Host, NatKind, Topology};
-use iota_tests::{binary, keygen, run_files, wait_for, NodeProcess, NodeSpec, READY_TIMEOUT};
+use iota_p2p::launcher::{
+    epoch_of, epoch_totals, machine_jiffies, process_jiffies, stop_all, EpochTotals,
+};
+use iota_tests::netns::{self, in_netns, start_on, Host, NatKind, Topology};
+use iota_tests::{binary, keygen, run_files, wait_for, NodeProcess};
 use p2p::multiaddr::Protocol;
 use p2p::{Multiaddr, PeerId};
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -157,15 +160,10 @@ fn kind_name(kind: NatKind) -> &'static str {
 }
 
 /// What the validator's epochs say of a scenario's training.
-#[derive(Debug, Clone)]
-struct Training {
-    tokens_per_s: f64,
-    val_start: (u64, f64),
-    val_end: (u64, f64),
-    samples: u64,
-    dropped: u64,
-    /// Seconds from the first to the last loss record.
-    span: f64,
+type Training = EpochTotals;
+
+fn num(row: &serde_json::Value, key: &str) -> Option<f64> {
+    row[key].as_f64()
 }
 
 /// A watched miner (one of the last two started) at the end of its scenario.
@@ -235,124 +233,6 @@ struct Outcome {
     /// Share of the machine's CPU time that processes other than this bench and its nodes
     /// used during the scenario (the machine may be shared).
     other_cpu: f64,
-}
-
-fn num(row: &serde_json::Value, key: &str) -> Option<f64> {
-    row[key].as_f64()
-}
-
-fn epoch_of(row: &serde_json::Value) -> u64 {
-    row["epoch"].as_u64().unwrap_or(u64::MAX)
-}
-
-/// Sums up the validator's epochs as `local-swarm`'s report does.
-fn summarise(rows: &[serde_json::Value], epochs: u64) -> anyhow::Result<Training> {
-    let trained: Vec<&serde_json::Value> = rows.iter().filter(|r| epoch_of(r) < epochs).collect();
-    let sum = |key: &str| -> u64 { trained.iter().filter_map(|r| r[key].as_u64()).sum() };
-    let (tokens, samples, dropped) = (sum("tokens"), sum("samples"), sum("dropped"));
-    let first = trained
-        .iter()
-        .filter_map(|r| num(r, "first_record_s"))
-        .fold(f64::INFINITY, f64::min);
-    let last = trained
-        .iter()
-        .filter_map(|r| num(r, "last_record_s"))
-        .fold(0.0, f64::max);
-    ensure!(
-        last > first,
-        "the validator heard no span of loss records ({samples} samples)"
-    );
-    let measured: Vec<(u64, f64)> = rows
-        .iter()
-        .filter(|r| epoch_of(r) <= epochs)
-        .filter_map(|r| Some((epoch_of(r), num(r, "val_loss").filter(|l| l.is_finite())?)))
-        .collect();
-    let val_start = measured.iter().min_by_key(|(e, _)| *e).copied();
-    let val_end = measured.iter().max_by_key(|(e, _)| *e).copied();
-    let (Some(val_start), Some(val_end)) = (val_start, val_end) else {
-        bail!("no held-out loss was reported in {epochs} epochs");
-    };
-    Ok(Training {
-        tokens_per_s: tokens as f64 / (last - first),
-        val_start,
-        val_end,
-        samples,
-        dropped,
-        span: last - first,
-    })
-}
-
-/// CPU time (USER_HZ ticks since boot) the machine spent busy, and in all.
-fn machine_jiffies() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let ticks: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|t| t.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal (guest time is inside user).
-    let at = |i: usize| ticks.get(i).copied().unwrap_or(0);
-    let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
-    (busy, busy + at(3) + at(4))
-}
-
-/// User + system CPU time (USER_HZ ticks) of process `pid` (`self` for this one); 0 when
-/// it is gone.
-fn process_jiffies(pid: &str) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which may hold spaces: utime is field 14, stime 15.
-    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<u64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|t| t.parse().ok())
-        .collect();
-    fields.iter().sum()
-}
-
-/// Stops `nodes` (SIGTERM, then SIGKILL after the grace), all at once; how many failed.
-async fn stop_all(nodes: &mut Vec<NodeProcess>) -> usize {
-    let mut stopping = tokio::task::JoinSet::new();
-    for node in nodes.drain(..) {
-        stopping.spawn(async move {
-            let name = node.name.clone();
-            node.stop(STOP_GRACE).await.map_err(|e| (name, e))
-        });
-    }
-    let mut failed = 0;
-    while let Some(joined) = stopping.join_next().await {
-        if let Ok(Err((name, error))) = joined {
-            failed += 1;
-            eprintln!("nat: {name}: {error:#}");
-        }
-    }
-    failed
-}
-
-/// Starts node `name` on `host`, listening on TCP and QUIC at the host's address.
-async fn start_on(
-    dir: &Path,
-    host: &Host,
-    name: &str,
-    extra: &[String],
-) -> anyhow::Result<NodeProcess> {
-    let mut args = vec![
-        "--data-dir".to_string(),
-        dir.join(name).display().to_string(),
-    ];
-    args.extend(extra.iter().cloned());
-    let spec = NodeSpec {
-        name: name.to_string(),
-        args,
-        log: dir.join(format!("{name}.log")),
-        netns: Some(host.ns.clone()),
-        listen: Some(format!("/ip4/{0}/tcp/0,/ip4/{0}/udp/0/quic-v1", host.addr)),
-    };
-    NodeProcess::spawn(binary(), spec, READY_TIMEOUT).await
 }
 
 fn run_config(knobs: &Knobs, scenario: &Scenario) -> RunConfig {
@@ -526,7 +406,7 @@ async fn run_scenario(knobs: &Knobs, scenario: Scenario) -> anyhow::Result<Outco
         );
     }
     let wall = started.elapsed();
-    let training = summarise(&rows, knobs.epochs)?;
+    let training = epoch_totals(&rows, knobs.epochs)?;
 
     // How the watched miners ended up reached.
     let mut statuses = BTreeMap::new();
@@ -578,7 +458,7 @@ async fn run_scenario(knobs: &Knobs, scenario: Scenario) -> anyhow::Result<Outco
         cpu.1.saturating_sub(cpu_before.1),
     );
     let other_cpu = busy.saturating_sub(ours) as f64 / total.max(1) as f64;
-    let failed = stop_all(&mut nodes).await;
+    let failed = stop_all(&mut nodes, STOP_GRACE, "nat").await;
     drop(topo);
     ensure!(failed == 0, "{failed} node(s) did not stop cleanly");
     println!(

@@ -564,6 +564,29 @@ impl Drop for Topology {
     }
 }
 
+/// Starts node `name` on `host` (data under `dir/name`, its log at `dir/name.log`),
+/// listening on TCP and QUIC at the host's address, with `extra` arguments.
+pub async fn start_on(
+    dir: &Path,
+    host: &Host,
+    name: &str,
+    extra: &[String],
+) -> anyhow::Result<iota_p2p::launcher::NodeProcess> {
+    let mut args = vec![
+        "--data-dir".to_string(),
+        dir.join(name).display().to_string(),
+    ];
+    args.extend(extra.iter().cloned());
+    let spec = iota_p2p::launcher::NodeSpec {
+        name: name.to_string(),
+        args,
+        log: dir.join(format!("{name}.log")),
+        netns: Some(host.ns.clone()),
+        listen: Some(format!("/ip4/{0}/tcp/0,/ip4/{0}/udp/0/quic-v1", host.addr)),
+    };
+    iota_p2p::launcher::NodeProcess::spawn(crate::binary(), spec, crate::READY_TIMEOUT).await
+}
+
 /// Runs `f` on a fresh thread that first enters network namespace `ns`; the sockets `f`
 /// creates belong to `ns`. Blocks until `f` returns; a panic in `f` becomes an error.
 pub fn in_netns<R: Send + 'static>(

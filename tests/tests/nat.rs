@@ -15,30 +15,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use bootstrap::RunConfig;
-use iota_p2p::launcher::{NodeProcess, NodeSpec};
-use iota_tests::netns::{self, Host, NatKind, Topology};
-use iota_tests::{binary, keygen, metric, run_files, scratch_dir, wait_for, READY_TIMEOUT};
+use iota_p2p::launcher::NodeProcess;
+use iota_tests::netns::{self, start_on, Host, NatKind, Topology};
+use iota_tests::{keygen, metric, run_files, scratch_dir, wait_for};
 
 const POLL: Duration = Duration::from_millis(500);
-
-/// Starts node `name` on `host`, listening on TCP and QUIC at the host's address.
-async fn start_on(dir: &std::path::Path, host: &Host, name: &str, extra: &[String]) -> NodeProcess {
-    let mut args = vec![
-        "--data-dir".to_string(),
-        dir.join(name).display().to_string(),
-    ];
-    args.extend(extra.iter().cloned());
-    let spec = NodeSpec {
-        name: name.to_string(),
-        args,
-        log: dir.join(format!("{name}.log")),
-        netns: Some(host.ns.clone()),
-        listen: Some(format!("/ip4/{0}/tcp/0,/ip4/{0}/udp/0/quic-v1", host.addr)),
-    };
-    NodeProcess::spawn(binary(), spec, READY_TIMEOUT)
-        .await
-        .unwrap()
-}
 
 fn run() -> RunConfig {
     RunConfig {
@@ -95,7 +76,9 @@ async fn miners_behind_nats_train_through_relays_and_hole_punches() {
         .cloned()
         .chain(["--validator".to_string()])
         .collect();
-    let validator = start_on(&dir, &validator_host, "validator", &validator_args).await;
+    let validator = start_on(&dir, &validator_host, "validator", &validator_args)
+        .await
+        .unwrap();
     let boot = validator.listen_addr();
     assert!(boot.contains("/tcp/"), "the first address is TCP: {boot}");
     let join = |extra: &[&str]| -> Vec<String> {
@@ -108,10 +91,18 @@ async fn miners_behind_nats_train_through_relays_and_hole_punches() {
 
     let mut miners: Vec<NodeProcess> = Vec::new();
     // The first public miner is the second relay.
-    miners.push(start_on(&dir, &public[0], "pub0", &join(&["--relay-server", "on"])).await);
-    miners.push(start_on(&dir, &public[1], "pub1", &join(&[])).await);
+    miners.push(
+        start_on(&dir, &public[0], "pub0", &join(&["--relay-server", "on"]))
+            .await
+            .unwrap(),
+    );
+    miners.push(
+        start_on(&dir, &public[1], "pub1", &join(&[]))
+            .await
+            .unwrap(),
+    );
     for (name, host) in &natted {
-        miners.push(start_on(&dir, host, name, &join(&[])).await);
+        miners.push(start_on(&dir, host, name, &join(&[])).await.unwrap());
     }
     let by_name = |name: &str| miners.iter().find(|m| m.name == name).unwrap();
 

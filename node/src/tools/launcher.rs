@@ -232,6 +232,124 @@ impl NodeProcess {
     }
 }
 
+/// What a validator's epoch table (`/status` `epochs`) says of a run's first `epochs`
+/// epochs, summed as `local-swarm`'s report sums them.
+#[derive(Debug, Clone, Copy)]
+pub struct EpochTotals {
+    /// Tokens, samples and dropped samples of those epochs.
+    pub tokens: u64,
+    /// Samples processed.
+    pub samples: u64,
+    /// Samples dropped.
+    pub dropped: u64,
+    /// Seconds from the first to the last loss record the validator heard in them.
+    pub span: f64,
+    /// `tokens / span`.
+    pub tokens_per_s: f64,
+    /// The earliest and the latest held-out loss reported (epoch, nats), up to epoch
+    /// `epochs` (its opening evaluation is the last trained epoch's result).
+    pub val_start: (u64, f64),
+    /// See `val_start`.
+    pub val_end: (u64, f64),
+}
+
+/// The epoch of a row of the epoch table; `u64::MAX` when it has none.
+pub fn epoch_of(row: &serde_json::Value) -> u64 {
+    row["epoch"].as_u64().unwrap_or(u64::MAX)
+}
+
+/// Sums up the first `epochs` epochs of a validator's epoch table; an error when the
+/// validator heard no span of loss records or no held-out loss in them.
+pub fn epoch_totals(rows: &[serde_json::Value], epochs: u64) -> anyhow::Result<EpochTotals> {
+    let num = |row: &serde_json::Value, key: &str| row[key].as_f64();
+    let trained: Vec<&serde_json::Value> = rows.iter().filter(|r| epoch_of(r) < epochs).collect();
+    let sum = |key: &str| -> u64 { trained.iter().filter_map(|r| r[key].as_u64()).sum() };
+    let (tokens, samples, dropped) = (sum("tokens"), sum("samples"), sum("dropped"));
+    let first = trained
+        .iter()
+        .filter_map(|r| num(r, "first_record_s"))
+        .fold(f64::INFINITY, f64::min);
+    let last = trained
+        .iter()
+        .filter_map(|r| num(r, "last_record_s"))
+        .fold(0.0, f64::max);
+    if last <= first {
+        bail!("the validator heard no span of loss records ({samples} samples)");
+    }
+    let measured: Vec<(u64, f64)> = rows
+        .iter()
+        .filter(|r| epoch_of(r) <= epochs)
+        .filter_map(|r| Some((epoch_of(r), num(r, "val_loss").filter(|l| l.is_finite())?)))
+        .collect();
+    let val_start = measured.iter().min_by_key(|(e, _)| *e).copied();
+    let val_end = measured.iter().max_by_key(|(e, _)| *e).copied();
+    let (Some(val_start), Some(val_end)) = (val_start, val_end) else {
+        bail!("no held-out loss was reported in {epochs} epochs");
+    };
+    Ok(EpochTotals {
+        tokens,
+        samples,
+        dropped,
+        span: last - first,
+        tokens_per_s: tokens as f64 / (last - first),
+        val_start,
+        val_end,
+    })
+}
+
+/// Stops `nodes` (SIGTERM, then SIGKILL after `grace`), all at once; how many did not stop
+/// cleanly, each said on stderr after `tag`.
+pub async fn stop_all(nodes: &mut Vec<NodeProcess>, grace: Duration, tag: &str) -> usize {
+    let mut stopping = tokio::task::JoinSet::new();
+    for node in nodes.drain(..) {
+        stopping.spawn(async move {
+            let name = node.name.clone();
+            node.stop(grace).await.map_err(|e| (name, e))
+        });
+    }
+    let mut failed = 0;
+    while let Some(joined) = stopping.join_next().await {
+        if let Ok(Err((name, error))) = joined {
+            failed += 1;
+            eprintln!("{tag}: {name}: {error:#}");
+        }
+    }
+    failed
+}
+
+/// CPU time (USER_HZ ticks since boot) the machine spent busy, and in all: what benches read
+/// before and after a run to tell how much of the machine other processes took.
+pub fn machine_jiffies() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let at = |i: usize| ticks.get(i).copied().unwrap_or(0);
+    let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
+    (busy, busy + at(3) + at(4))
+}
+
+/// User + system CPU time (USER_HZ ticks) of process `pid` (`self` for this one); 0 when
+/// it is gone.
+pub fn process_jiffies(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which may hold spaces: utime is field 14, stime 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    fields.iter().sum()
+}
+
 /// Sends SIGTERM to `pid`.
 fn terminate(pid: u32) {
     match i32::try_from(pid) {
@@ -311,5 +429,37 @@ pub fn peer_of(addr: &str) -> String {
     match addr.rsplit_once("/p2p/") {
         Some((_, peer)) => peer.to_string(),
         None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_totals_sum_the_trained_epochs_and_span_their_loss_records() {
+        let rows: Vec<serde_json::Value> = serde_json::from_str(
+            r#"[
+                {"epoch": 0, "tokens": 1000, "samples": 10, "dropped": 1,
+                 "first_record_s": 2.0, "last_record_s": 4.0, "val_loss": 5.5},
+                {"epoch": 1, "tokens": 3000, "samples": 30, "dropped": 0,
+                 "first_record_s": 5.0, "last_record_s": 7.0, "val_loss": 4.0},
+                {"epoch": 2, "tokens": 9000, "samples": 90, "dropped": 0,
+                 "first_record_s": 8.0, "last_record_s": 9.0, "val_loss": 3.0}
+            ]"#,
+        )
+        .unwrap();
+        let totals = epoch_totals(&rows, 2).unwrap();
+        assert_eq!(
+            (totals.tokens, totals.samples, totals.dropped),
+            (4000, 40, 1)
+        );
+        assert_eq!(totals.span, 5.0);
+        assert_eq!(totals.tokens_per_s, 800.0);
+        // Epoch 2's held-out loss is the evaluation that closed epoch 1.
+        assert_eq!((totals.val_start, totals.val_end), ((0, 5.5), (2, 3.0)));
+        let silent: Vec<serde_json::Value> =
+            serde_json::from_str(r#"[{"epoch": 0, "tokens": 10, "val_loss": 5.0}]"#).unwrap();
+        assert!(epoch_totals(&silent, 1).is_err(), "no loss records heard");
     }
 }
