@@ -131,12 +131,28 @@ async fn starts_from_the_latest_merge(
     if let Some(saved) = saved {
         assert_ne!(loaded, saved, "the stale checkpoint is not what it loaded");
     }
-    let rows = epochs(validator).await.unwrap();
-    let members = rows
-        .iter()
-        .find(|r| r["epoch"] == merged_epoch)
-        .and_then(|r| r["merged"][stage.as_str()].as_object().cloned())
-        .unwrap_or_default();
+    // The miner may fetch the snapshot before the merge's gossip reached the validator: wait
+    // (bounded) until the validator heard the hash of the stage's merge.
+    let merged_members = || async {
+        let rows = epochs(validator).await?;
+        Ok::<_, anyhow::Error>(
+            rows.iter()
+                .find(|r| r["epoch"] == merged_epoch)
+                .and_then(|r| r["merged"][stage.as_str()].as_object().cloned())
+                .unwrap_or_default(),
+        )
+    };
+    let heard = wait_for(
+        &format!("the validator hears the merge of epoch {merged_epoch}, stage {stage}"),
+        Duration::from_secs(15),
+        POLL,
+        || async {
+            let members = merged_members().await?;
+            Ok((!members.is_empty(), format!("{members:?}")))
+        },
+    )
+    .await;
+    let members = merged_members().await.unwrap();
     let merged: BTreeSet<String> = members
         .values()
         .filter_map(|h| h.as_str().map(str::to_string))
@@ -144,7 +160,7 @@ async fn starts_from_the_latest_merge(
     assert_eq!(
         merged,
         BTreeSet::from([loaded.clone()]),
-        "{}: loaded {loaded}: the merge of epoch {merged_epoch}, stage {stage} gossiped {merged:?}",
+        "{}: loaded {loaded}: the merge of epoch {merged_epoch}, stage {stage} gossiped {merged:?} ({heard:?})",
         miner.name
     );
     // A merge of two replicas or more was audited, and the validator confirmed its hash; one
