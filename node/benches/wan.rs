@@ -55,9 +55,8 @@ use anyhow::{anyhow, bail, ensure, Context};
 use bootstrap::{LocalNeuron, Metagraph, ModelPreset, PeerIdStr, RunConfig, WireFormat};
 use iota_p2p::launcher::{
     epoch_of, epoch_totals, machine_jiffies, process_jiffies, stop_all, wait_for, NodeProcess,
-    NodeSpec,
+    NodeSpec, StopSignals,
 };
-use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// Every namespace this bench creates starts with this, then `<pid>-`.
 const PREFIX: &str = "iota-wan-";
@@ -846,23 +845,9 @@ async fn bench(topo: &Topology, nodes: &mut Vec<NodeProcess>) -> anyhow::Result<
     Ok(())
 }
 
-/// The first of SIGINT, SIGTERM and SIGHUP.
-async fn interrupted(signals: &mut [(Signal, &'static str); 3]) -> &'static str {
-    let [(a, an), (b, bn), (c, cn)] = signals;
-    tokio::select! {
-        _ = a.recv() => an,
-        _ = b.recv() => bn,
-        _ = c.recv() => cn,
-    }
-}
-
 async fn main_async() -> anyhow::Result<()> {
     // Handlers first, so that a signal from here on ends in the cleanup below.
-    let mut signals = [
-        (signal(SignalKind::interrupt())?, "SIGINT"),
-        (signal(SignalKind::terminate())?, "SIGTERM"),
-        (signal(SignalKind::hangup())?, "SIGHUP"),
-    ];
+    let mut signals = StopSignals::install()?;
     remove_stale();
     let mut nodes: Vec<NodeProcess> = Vec::new();
     let mut topo = Topology::create(VALIDATORS + MINERS)?;
@@ -874,7 +859,7 @@ async fn main_async() -> anyhow::Result<()> {
     );
     let outcome = tokio::select! {
         result = bench(&topo, &mut nodes) => result,
-        name = interrupted(&mut signals) => Err(anyhow!("interrupted by {name}")),
+        name = signals.first() => Err(anyhow!("interrupted by {name}")),
     };
     if !nodes.is_empty() {
         println!("wan: stopping {} node(s)", nodes.len());

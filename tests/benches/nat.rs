@@ -61,13 +61,12 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, ensure, Context};
 use bootstrap::{ModelPreset, RunConfig};
 use iota_p2p::launcher::{
-    epoch_of, epoch_totals, machine_jiffies, process_jiffies, stop_all, EpochTotals,
+    epoch_of, epoch_totals, machine_jiffies, process_jiffies, stop_all, EpochTotals, StopSignals,
 };
 use iota_tests::netns::{self, in_netns, start_on, Host, NatKind, Topology};
 use iota_tests::{binary, keygen, run_files, wait_for, NodeProcess};
 use p2p::multiaddr::Protocol;
 use p2p::{Multiaddr, PeerId};
-use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// Miners of every scenario, and how many of them sit behind NATs in the NAT scenarios.
 const MINERS: usize = 6;
@@ -1011,26 +1010,12 @@ async fn bench() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The first of SIGINT, SIGTERM and SIGHUP.
-async fn interrupted(signals: &mut [(Signal, &'static str); 3]) -> &'static str {
-    let [(a, an), (b, bn), (c, cn)] = signals;
-    tokio::select! {
-        _ = a.recv() => an,
-        _ = b.recv() => bn,
-        _ = c.recv() => cn,
-    }
-}
-
 async fn main_async() -> anyhow::Result<()> {
-    let mut signals = [
-        (signal(SignalKind::interrupt())?, "SIGINT"),
-        (signal(SignalKind::terminate())?, "SIGTERM"),
-        (signal(SignalKind::hangup())?, "SIGHUP"),
-    ];
+    let mut signals = StopSignals::install()?;
     // On a signal the bench's future is dropped: its nodes, then its topology, with it.
     tokio::select! {
         result = bench() => result,
-        name = interrupted(&mut signals) => Err(anyhow!("interrupted by {name}")),
+        name = signals.first() => Err(anyhow!("interrupted by {name}")),
     }
 }
 

@@ -297,6 +297,33 @@ pub fn epoch_totals(rows: &[serde_json::Value], epochs: u64) -> anyhow::Result<E
     })
 }
 
+/// SIGINT, SIGTERM and SIGHUP, caught from when [`StopSignals::install`] is called: a bench
+/// waits on them beside its work, so that a signal ends in its cleanup (its nodes and
+/// namespaces dropped) rather than in a killed process.
+pub struct StopSignals([(tokio::signal::unix::Signal, &'static str); 3]);
+
+impl StopSignals {
+    /// Installs the handlers.
+    pub fn install() -> std::io::Result<StopSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(StopSignals([
+            (signal(SignalKind::interrupt())?, "SIGINT"),
+            (signal(SignalKind::terminate())?, "SIGTERM"),
+            (signal(SignalKind::hangup())?, "SIGHUP"),
+        ]))
+    }
+
+    /// The name of the first of them to arrive.
+    pub async fn first(&mut self) -> &'static str {
+        let [(a, an), (b, bn), (c, cn)] = &mut self.0;
+        tokio::select! {
+            _ = a.recv() => an,
+            _ = b.recv() => bn,
+            _ = c.recv() => cn,
+        }
+    }
+}
+
 /// Stops `nodes` (SIGTERM, then SIGKILL after `grace`), all at once; how many did not stop
 /// cleanly, each said on stderr after `tag`.
 pub async fn stop_all(nodes: &mut Vec<NodeProcess>, grace: Duration, tag: &str) -> usize {
