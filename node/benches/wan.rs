@@ -54,8 +54,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, ensure, Context};
 use bootstrap::{LocalNeuron, Metagraph, ModelPreset, PeerIdStr, RunConfig, WireFormat};
 use iota_p2p::launcher::{
-    epoch_of, epoch_totals, machine_jiffies, process_jiffies, stop_all, wait_for, NodeProcess,
-    NodeSpec, StopSignals,
+    epoch_of, epoch_totals, stop_all, wait_for, CpuWatch, NodeProcess, NodeSpec, StopSignals,
 };
 
 /// Every namespace this bench creates starts with this, then `<pid>-`.
@@ -541,7 +540,7 @@ async fn run_one(
         bench.samples
     );
     let counters_before = topo.counters();
-    let (cpu_before, self_before) = (machine_jiffies(), process_jiffies("self"));
+    let cpu_watch = CpuWatch::start();
     let started = tokio::time::Instant::now();
     let mut bootstrap = None::<String>;
     for (
@@ -636,19 +635,7 @@ async fn run_one(
     )
     .await?;
     let mut outcome = summarise(&rows.into_inner(), epochs, started.elapsed())?;
-    let cpu = machine_jiffies();
-    // The nodes started after `cpu_before`: all of their CPU time is inside the run.
-    let ours = process_jiffies("self").saturating_sub(self_before)
-        + nodes
-            .iter()
-            .filter_map(NodeProcess::pid)
-            .map(|pid| process_jiffies(&pid.to_string()))
-            .sum::<u64>();
-    let (busy, total) = (
-        cpu.0.saturating_sub(cpu_before.0),
-        cpu.1.saturating_sub(cpu_before.1),
-    );
-    outcome.other_cpu = busy.saturating_sub(ours) as f64 / total.max(1) as f64;
+    outcome.other_cpu = cpu_watch.others_share(nodes);
     if rate.bits.is_some() {
         let names: Vec<&str> = bench.keys.iter().map(|k| k.name.as_str()).collect();
         outcome.busiest = topo

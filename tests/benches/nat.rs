@@ -60,9 +60,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context};
 use bootstrap::{ModelPreset, RunConfig};
-use iota_p2p::launcher::{
-    epoch_of, epoch_totals, machine_jiffies, process_jiffies, stop_all, EpochTotals, StopSignals,
-};
+use iota_p2p::launcher::{epoch_of, epoch_totals, stop_all, CpuWatch, EpochTotals, StopSignals};
 use iota_tests::netns::{self, in_netns, start_on, Host, NatKind, Topology};
 use iota_tests::{binary, keygen, run_files, wait_for, NodeProcess};
 use p2p::multiaddr::Protocol;
@@ -316,7 +314,7 @@ async fn run_scenario(knobs: &Knobs, scenario: Scenario) -> anyhow::Result<Outco
     let files = run_files(&dir, &neurons, &run_config(knobs, &scenario));
 
     let started = Instant::now();
-    let (cpu_before, self_before) = (machine_jiffies(), process_jiffies("self"));
+    let cpu_watch = CpuWatch::start();
     let mut nodes: Vec<NodeProcess> = Vec::new();
     let mut validator_args = files.clone();
     validator_args.push("--validator".into());
@@ -444,19 +442,7 @@ async fn run_scenario(knobs: &Knobs, scenario: Scenario) -> anyhow::Result<Outco
         });
     }
 
-    let cpu = machine_jiffies();
-    // The nodes started after `cpu_before`: all of their CPU time is inside the scenario.
-    let ours = process_jiffies("self").saturating_sub(self_before)
-        + nodes
-            .iter()
-            .filter_map(NodeProcess::pid)
-            .map(|pid| process_jiffies(&pid.to_string()))
-            .sum::<u64>();
-    let (busy, total) = (
-        cpu.0.saturating_sub(cpu_before.0),
-        cpu.1.saturating_sub(cpu_before.1),
-    );
-    let other_cpu = busy.saturating_sub(ours) as f64 / total.max(1) as f64;
+    let other_cpu = cpu_watch.others_share(&nodes);
     let failed = stop_all(&mut nodes, STOP_GRACE, "nat").await;
     drop(topo);
     ensure!(failed == 0, "{failed} node(s) did not stop cleanly");

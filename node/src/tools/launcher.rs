@@ -344,9 +344,43 @@ pub async fn stop_all(nodes: &mut Vec<NodeProcess>, grace: Duration, tag: &str) 
     failed
 }
 
-/// CPU time (USER_HZ ticks since boot) the machine spent busy, and in all: what benches read
-/// before and after a run to tell how much of the machine other processes took.
-pub fn machine_jiffies() -> (u64, u64) {
+/// How much of the machine's CPU time processes other than a bench and its nodes took while
+/// it ran (the machine may be shared): started before the nodes, read before they stop.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuWatch {
+    /// The machine's busy and total ticks at the start.
+    machine: (u64, u64),
+    /// This process's ticks at the start.
+    own: u64,
+}
+
+impl CpuWatch {
+    /// Starts watching, before the nodes start.
+    pub fn start() -> CpuWatch {
+        CpuWatch {
+            machine: machine_jiffies(),
+            own: process_jiffies("self"),
+        }
+    }
+
+    /// The share (0 to 1) of the machine's CPU time since [`CpuWatch::start`] that neither
+    /// this process nor `nodes` (all started after it) used.
+    pub fn others_share(&self, nodes: &[NodeProcess]) -> f64 {
+        let machine = machine_jiffies();
+        let ours = process_jiffies("self").saturating_sub(self.own)
+            + nodes
+                .iter()
+                .filter_map(NodeProcess::pid)
+                .map(|pid| process_jiffies(&pid.to_string()))
+                .sum::<u64>();
+        let busy = machine.0.saturating_sub(self.machine.0);
+        let total = machine.1.saturating_sub(self.machine.1);
+        busy.saturating_sub(ours) as f64 / total.max(1) as f64
+    }
+}
+
+/// CPU time (USER_HZ ticks since boot) the machine spent busy, and in all.
+fn machine_jiffies() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let ticks: Vec<u64> = stat
         .lines()
@@ -364,7 +398,7 @@ pub fn machine_jiffies() -> (u64, u64) {
 
 /// User + system CPU time (USER_HZ ticks) of process `pid` (`self` for this one); 0 when
 /// it is gone.
-pub fn process_jiffies(pid: &str) -> u64 {
+fn process_jiffies(pid: &str) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name, which may hold spaces: utime is field 14, stime 15.
     let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
