@@ -37,7 +37,7 @@ pub(crate) async fn on_tick(
             .cloned()
             .chain(std::iter::once(me.clone()))
             .collect();
-        miner.tick(live_now.into_iter().collect()).await?;
+        miner.tick(std::sync::Arc::new(live_now)).await?;
     }
     router.retry_pending_plans().await?;
     consensus.tick().await?;

@@ -41,6 +41,9 @@ mod task;
 mod transition;
 mod validate;
 
+pub(crate) use hop::{choose as choose_replica, ATTEMPTS};
+pub(crate) use state::Routing;
+
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -48,13 +51,13 @@ use std::time::Duration;
 const JOIN_SLACK: Duration = Duration::from_secs(5);
 
 /// How long one hop (and everything after it) may take before the sender gives up.
-const HOP_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const HOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most samples this miner works on at once, all stages of its pathways included.
-const MAX_IN_FLIGHT: usize = 16;
+pub(crate) const MAX_IN_FLIGHT: usize = 16;
 /// Loss records per gossip message.
-const LOSS_BATCH: usize = 16;
+pub(crate) const LOSS_BATCH: usize = 16;
 /// Held-out batches evaluated at the start of each epoch.
-const VAL_BATCHES: usize = 16;
+pub(crate) const VAL_BATCHES: usize = 16;
 
 /// Most samples this miner's `stage` holds in flight at once, as its memory estimate counts
 /// them: a head draws its own samples, `head_window` at a time; a later stage holds what the

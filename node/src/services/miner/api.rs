@@ -145,7 +145,9 @@ pub(crate) enum MinerMsg {
         reply: oneshot::Sender<Vec<u8>>,
     },
     /// The clock: the peers live now; check deadlines, publish buffered loss records.
-    Tick { live: Vec<PeerIdStr> },
+    Tick {
+        live: std::sync::Arc<std::collections::BTreeSet<PeerIdStr>>,
+    },
     /// Stop training and wait up to `grace` for the compute thread.
     Shutdown {
         grace: std::time::Duration,
@@ -188,7 +190,10 @@ impl MinerHandle {
     }
 
     /// The clock tick.
-    pub(crate) async fn tick(&self, live: Vec<PeerIdStr>) -> Result<(), ServiceGone> {
+    pub(crate) async fn tick(
+        &self,
+        live: std::sync::Arc<std::collections::BTreeSet<PeerIdStr>>,
+    ) -> Result<(), ServiceGone> {
         send(&self.tx, "miner", MinerMsg::Tick { live }).await
     }
 

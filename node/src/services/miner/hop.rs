@@ -36,7 +36,7 @@ use crate::wire::messages::{
 use crate::wire::receipt::{self, Digest, Hop};
 
 /// Replicas tried for one hop before the sample is dropped.
-const ATTEMPTS: usize = 3;
+pub(crate) const ATTEMPTS: usize = 3;
 
 /// Time left until `deadline_ms` when it is `now_ms` (both ms since the Unix epoch), at
 /// most `cap`; `None` once the deadline has passed. A sample's deadline is set by its head
@@ -89,7 +89,7 @@ fn eval_reply(reply: &EvalReply) -> Vec<u8> {
 
 /// Picks a live replica of `stage` outside `tried`, weighted by measured throughput at `now`;
 /// the draw is seeded by (plan seed, sample, stage, attempt) so it can be checked.
-fn choose(
+pub(crate) fn choose(
     routing: &Routing,
     plan: &EpochPlan,
     stage: u32,
@@ -98,10 +98,9 @@ fn choose(
     tried: &BTreeSet<PeerIdStr>,
     now: Instant,
 ) -> Option<PeerIdStr> {
-    let candidates: Vec<PeerIdStr> = plan
+    let candidates: Vec<&PeerIdStr> = plan
         .miners_of(stage)
         .filter(|p| !tried.contains(*p) && routing.live.contains(*p))
-        .cloned()
         .collect();
     if candidates.is_empty() {
         return None;
@@ -116,7 +115,7 @@ fn choose(
             .fold(1.0, f64::max);
         candidates
             .iter()
-            .map(|p| table.get(p).and_then(|t| t.weight(now)).unwrap_or(best))
+            .map(|p| table.get(*p).and_then(|t| t.weight(now)).unwrap_or(best))
             .collect()
     };
     let total: f64 = weights.iter().sum();
@@ -125,11 +124,11 @@ fn choose(
     let mut x = rng.gen_range(0.0..total.max(f64::MIN_POSITIVE));
     for (peer, w) in candidates.iter().zip(&weights) {
         if x < *w {
-            return Some(peer.clone());
+            return Some((*peer).clone());
         }
         x -= w;
     }
-    candidates.last().cloned()
+    candidates.last().map(|p| (*p).clone())
 }
 
 /// [`choose`] on the routing in force now.
@@ -672,7 +671,7 @@ mod tests {
         let (good, failed) = (stage[0].clone(), stage[1].clone());
         let start = Instant::now();
         let mut routing = Routing {
-            live: stage.clone(),
+            live: std::sync::Arc::new(stage.iter().cloned().collect()),
             ..Routing::default()
         };
         routing

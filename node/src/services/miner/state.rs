@@ -8,6 +8,7 @@
 //! publishes the views other tasks read ([`InForce`], [`Routing`], [`MergeNews`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bootstrap::{EpochPlan, PeerIdStr};
@@ -75,10 +76,47 @@ pub(crate) struct InForce {
 /// What a hop chooses among: the live peers and their measured throughput.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Routing {
-    /// Peers live now (from heartbeats).
-    pub(crate) live: Vec<PeerIdStr>,
+    /// Peers live now (from heartbeats): a set shared with the tick that built it, so a
+    /// hop's lookup is logarithmic and publishing the routing copies no peer list.
+    pub(crate) live: Arc<BTreeSet<PeerIdStr>>,
     /// Measured speed per peer.
     pub(crate) throughput: HashMap<PeerIdStr, Throughput>,
+}
+
+impl Routing {
+    /// Records that `peer` answered a hop in `took`: an exponentially weighted mean (weight
+    /// 0.2 on the newest). The first answer after a failure starts the mean afresh.
+    pub(crate) fn observe(&mut self, peer: PeerIdStr, took: Duration) {
+        let secs = took.as_secs_f64();
+        let fresh = Throughput {
+            mean_secs: secs,
+            retry_at: None,
+        };
+        self.throughput
+            .entry(peer)
+            .and_modify(|t| {
+                *t = match t.retry_at {
+                    Some(_) => fresh,
+                    None => Throughput {
+                        mean_secs: 0.8 * t.mean_secs + 0.2 * secs,
+                        retry_at: None,
+                    },
+                }
+            })
+            .or_insert(fresh);
+    }
+
+    /// Records that `peer` failed a hop at `now`: it counts as very slow for
+    /// [`RETRY_FAILED_AFTER`], then as unmeasured until it answers again.
+    pub(crate) fn penalise(&mut self, peer: PeerIdStr, now: Instant) {
+        self.throughput.insert(
+            peer,
+            Throughput {
+                mean_secs: HOP_TIMEOUT.as_secs_f64(),
+                retry_at: Some(now + RETRY_FAILED_AFTER),
+            },
+        );
+    }
 }
 
 /// What a stage build waiting for a merge hash looks at (see [`super::snapshot::look`]).
@@ -273,43 +311,18 @@ impl MinerState {
     }
 
     /// The peers live now.
-    pub(crate) fn set_live(&mut self, live: Vec<PeerIdStr>) {
+    pub(crate) fn set_live(&mut self, live: Arc<BTreeSet<PeerIdStr>>) {
         self.routing.live = live;
     }
 
-    /// Records that `peer` answered a hop in `took`. The first answer after a failure starts
-    /// the mean afresh.
+    /// Records that `peer` answered a hop in `took` (see [`Routing::observe`]).
     pub(crate) fn observe(&mut self, peer: PeerIdStr, took: Duration) {
-        let secs = took.as_secs_f64();
-        let fresh = Throughput {
-            mean_secs: secs,
-            retry_at: None,
-        };
-        self.routing
-            .throughput
-            .entry(peer)
-            .and_modify(|t| {
-                *t = match t.retry_at {
-                    Some(_) => fresh,
-                    None => Throughput {
-                        mean_secs: 0.8 * t.mean_secs + 0.2 * secs,
-                        retry_at: None,
-                    },
-                }
-            })
-            .or_insert(fresh);
+        self.routing.observe(peer, took);
     }
 
-    /// Records that `peer` failed a hop at `now`: it counts as very slow for
-    /// [`RETRY_FAILED_AFTER`], then as unmeasured until it answers again.
+    /// Records that `peer` failed a hop at `now` (see [`Routing::penalise`]).
     pub(crate) fn penalise(&mut self, peer: PeerIdStr, now: Instant) {
-        self.routing.throughput.insert(
-            peer,
-            Throughput {
-                mean_secs: HOP_TIMEOUT.as_secs_f64(),
-                retry_at: Some(now + RETRY_FAILED_AFTER),
-            },
-        );
+        self.routing.penalise(peer, now);
     }
 
     /// The plan and stage in force.

@@ -241,7 +241,7 @@ impl Task {
     }
 
     /// The clock: deadlines, the live peers, buffered loss records, the status.
-    fn on_tick(&mut self, live: Vec<PeerIdStr>) {
+    fn on_tick(&mut self, live: std::sync::Arc<std::collections::BTreeSet<PeerIdStr>>) {
         if let Some(Overrun::Merge { epoch, late }) = self.state.tick(self.ctx.started.elapsed()) {
             tracing::warn!(
                 epoch,
