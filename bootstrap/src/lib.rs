@@ -36,7 +36,10 @@ mod run_config;
 #[cfg(test)]
 mod test_support;
 
-pub use assignment::{assign, stage_sizes, Assignment, AssignmentError};
+pub use assignment::{
+    assign, assign_by_capacity, bounded_capacity, head_quotas, stage_sizes, Assignment,
+    AssignmentError,
+};
 pub use election::{
     elect, tie_break_hash, Candidate, Decision, OrchestratorTracker, Phase, PlanRejected, Ranking,
     TrackerConfig, View, MIN_EPOCH_GAP,
@@ -48,8 +51,8 @@ pub use metagraph::{
 };
 pub use peer_id::{PeerIdError, PeerIdStr};
 pub use plan::{
-    next_plan, plan_seed, EpochPlan, InvalidPlan, NextPlanError, PlanDecodeError, PlanEncodeError,
-    MAX_PLAN_BYTES, MAX_PLAN_MINERS,
+    next_plan, next_plan_by_capacity, plan_seed, Announced, EpochPlan, InvalidPlan, NextPlanError,
+    PlanDecodeError, PlanEncodeError, MAX_PLAN_BYTES, MAX_PLAN_MINERS,
 };
 pub use run_config::{
     BottleneckKind, ModelPreset, ModelShape, RopeScalingShape, RopeType, RunConfig, RunConfigError,

@@ -16,11 +16,11 @@
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::assignment::{assign, Assignment, AssignmentError};
+use crate::assignment::{assign, assign_by_capacity, head_quotas, Assignment, AssignmentError};
 use crate::peer_id::PeerIdStr;
 use crate::run_config::{RunConfig, RunHash, MAX_STAGES};
 
@@ -62,6 +62,10 @@ pub struct EpochPlan {
     pub lr: f64,
     /// Samples each head-stage miner draws in the epoch.
     pub epoch_samples: u64,
+    /// Samples each head draws instead, when heads draw in proportion to their capacity
+    /// (never more than `epoch_samples`): see [`EpochPlan::samples_of`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_samples: Option<BTreeMap<PeerIdStr, u64>>,
 }
 
 /// A plan whose fields break their rules.
@@ -159,6 +163,54 @@ pub fn next_plan(
     last_epoch_seen: Option<u64>,
     live_miners: &BTreeSet<PeerIdStr>,
 ) -> Result<EpochPlan, NextPlanError> {
+    plan_with(
+        config,
+        orchestrator,
+        prev,
+        last_epoch_seen,
+        live_miners,
+        None,
+    )
+}
+
+/// What miners announced that placement by capacity balances.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Announced {
+    /// Samples a second each miner's stage computes.
+    pub capacity: BTreeMap<PeerIdStr, f64>,
+    /// Samples a second each head completed over its last epoch (its pathways' rate).
+    pub pathway_rate: BTreeMap<PeerIdStr, f64>,
+}
+
+/// [`next_plan`] placing miners by measured capacity: stages balanced by the samples per
+/// second their miners' stages compute ([`assign_by_capacity`]), and heads drawing in
+/// proportion to the rate their pathways carried ([`head_quotas`]).
+pub fn next_plan_by_capacity(
+    config: &RunConfig,
+    orchestrator: &PeerIdStr,
+    prev: Option<&EpochPlan>,
+    last_epoch_seen: Option<u64>,
+    live_miners: &BTreeSet<PeerIdStr>,
+    announced: &Announced,
+) -> Result<EpochPlan, NextPlanError> {
+    plan_with(
+        config,
+        orchestrator,
+        prev,
+        last_epoch_seen,
+        live_miners,
+        Some(announced),
+    )
+}
+
+fn plan_with(
+    config: &RunConfig,
+    orchestrator: &PeerIdStr,
+    prev: Option<&EpochPlan>,
+    last_epoch_seen: Option<u64>,
+    live_miners: &BTreeSet<PeerIdStr>,
+    announced: Option<&Announced>,
+) -> Result<EpochPlan, NextPlanError> {
     let run_hash = config.hash();
     if let Some(prev) = prev.filter(|p| p.run_hash != run_hash) {
         return Err(NextPlanError::OtherRun {
@@ -173,6 +225,20 @@ pub fn next_plan(
     let empty = Assignment::new();
     let previous = prev.map_or(&empty, |p| &p.assignment);
     let live_miners = &within_bound(previous, live_miners);
+    let (assignment, head_samples) = match announced {
+        None => (assign(previous, live_miners, config.stages)?, None),
+        Some(announced) => {
+            let assignment =
+                assign_by_capacity(previous, live_miners, &announced.capacity, config.stages)?;
+            let quotas = head_quotas(
+                &assignment,
+                live_miners,
+                &announced.pathway_rate,
+                config.epoch_samples,
+            );
+            (assignment, quotas)
+        }
+    };
     Ok(EpochPlan {
         run: config.run_name.clone(),
         run_hash,
@@ -180,11 +246,12 @@ pub fn next_plan(
         seed: plan_seed(config.seed, epoch),
         orchestrator: orchestrator.clone(),
         stages: config.stages,
-        assignment: assign(previous, live_miners, config.stages)?,
+        assignment,
         merge: None,
         inner_steps: config.inner_steps,
         lr: config.lr_at(epoch),
         epoch_samples: config.epoch_samples,
+        head_samples,
     })
 }
 
@@ -265,6 +332,20 @@ impl EpochPlan {
         if self.inner_steps == 0 {
             return invalid("inner_steps", "must be at least 1".to_owned());
         }
+        if let Some(quotas) = &self.head_samples {
+            if let Some((miner, _)) = quotas.iter().find(|(m, _)| self.stage_of(m) != Some(0)) {
+                return invalid("head_samples", format!("{miner} is not a head of the plan"));
+            }
+            if let Some((miner, n)) = quotas
+                .iter()
+                .find(|(_, &n)| n == 0 || n > self.epoch_samples)
+            {
+                return invalid(
+                    "head_samples",
+                    format!("{miner} draws {n}; from 1 to epoch_samples"),
+                );
+            }
+        }
         if self.epoch_samples == 0 {
             return invalid("epoch_samples", "must be at least 1".to_owned());
         }
@@ -298,6 +379,16 @@ impl EpochPlan {
         let plan: Self = serde_json::from_slice(bytes).map_err(PlanDecodeError::Json)?;
         plan.validate()?;
         Ok(plan)
+    }
+
+    /// Samples head `miner` draws in the epoch: its entry of `head_samples`, else
+    /// `epoch_samples`.
+    pub fn samples_of(&self, miner: &PeerIdStr) -> u64 {
+        self.head_samples
+            .as_ref()
+            .and_then(|q| q.get(miner))
+            .copied()
+            .unwrap_or(self.epoch_samples)
     }
 
     /// The stage of `miner`, if it takes part.

@@ -591,6 +591,8 @@ fn heartbeat_samples() -> Vec<Vec<u8>> {
             dashboard: stage.map(|_| "http://127.0.0.1:9100".to_string()),
             binding: None,
             dataset: None,
+            capacity: stage.map(|s| 1000 + s),
+            pathway_rate: None,
         }
         .to_bytes()
     })

@@ -359,6 +359,8 @@ mod tests {
             dashboard: None,
             binding: None,
             dataset: None,
+            capacity: None,
+            pathway_rate: None,
         }
     }
 

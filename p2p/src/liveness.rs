@@ -68,6 +68,17 @@ pub struct Heartbeat {
     /// The dataset (its manifest's blake3, hex) the sender holds whole and serves to peers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dataset: Option<String>,
+    /// Thousandths of a sample per second the sender's stage computes (forward and backward
+    /// of one sample), as it measured them: what an orchestrator that places miners by
+    /// capacity balances. The sender's word, so the orchestrator bounds it against the
+    /// others'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u32>,
+    /// Thousandths of a sample per second the sender, a head, completed over its last
+    /// epoch's training (its pathways' measured rate, latency included): what heads' draws
+    /// are proportioned by. The sender's word, bounded like `capacity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pathway_rate: Option<u32>,
 }
 
 /// Why [`Heartbeat::from_bytes`] failed.
@@ -207,6 +218,8 @@ mod tests {
             dashboard: None,
             binding: None,
             dataset: None,
+            capacity: None,
+            pathway_rate: None,
         }
     }
 

@@ -285,6 +285,8 @@ async fn a_replayed_heartbeat_does_not_keep_a_dead_orchestrator_elected() {
             dashboard: None,
             binding: None,
             dataset: None,
+            capacity: None,
+            pathway_rate: None,
         };
         let envelope = Envelope::seal(&key_a, &topic, beat.to_bytes()).unwrap();
         recorded.push(envelope.encode());

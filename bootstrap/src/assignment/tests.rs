@@ -134,3 +134,131 @@ proptest! {
         }
     }
 }
+
+fn capacities(entries: &[(u64, f64)]) -> BTreeMap<PeerIdStr, f64> {
+    entries.iter().map(|&(n, c)| (peer(n), c)).collect()
+}
+
+/// Sum of bounded capacity per stage.
+fn stage_capacity(a: &Assignment, announced: &BTreeMap<PeerIdStr, f64>, stages: u32) -> Vec<f64> {
+    let live: BTreeSet<PeerIdStr> = a.keys().cloned().collect();
+    let bounded = bounded_capacity(&live, announced);
+    let mut totals = vec![0.0; stages as usize];
+    for (m, &s) in a {
+        totals[s as usize] += bounded[m];
+    }
+    totals
+}
+
+#[test]
+fn with_equal_capacities_placement_by_capacity_is_placement_by_count() {
+    let equal = capacities(&(0..9).map(|n| (n, 2.0)).collect::<Vec<_>>());
+    let mut by_count = Assignment::new();
+    let mut by_capacity = Assignment::new();
+    // Miners arriving and leaving over several plans.
+    for live in [
+        miners(0..5),
+        miners(0..7),
+        miners([0, 2, 3, 5, 6]),
+        miners(0..9),
+    ] {
+        by_count = assign(&by_count, &live, 3).unwrap();
+        by_capacity = assign_by_capacity(&by_capacity, &live, &equal, 3).unwrap();
+        assert_eq!(by_count, by_capacity);
+    }
+}
+
+#[test]
+fn a_new_fast_miner_joins_the_stage_with_the_least_capacity_not_the_fewest_miners() {
+    // Stage 0 holds two slow miners, stage 1 one fast one.
+    let prev: Assignment = [(0, 0), (1, 0), (2, 1)]
+        .into_iter()
+        .map(|(n, s)| (peer(n), s))
+        .collect();
+    let announced = capacities(&[(0, 1.0), (1, 1.0), (2, 4.0), (3, 4.0)]);
+    let next = assign_by_capacity(&prev, &miners(0..4), &announced, 2).unwrap();
+    assert_eq!(next[&peer(3)], 0, "joins the two slow miners' stage");
+    assert_eq!(assign(&prev, &miners(0..4), 2).unwrap()[&peer(3)], 1);
+}
+
+#[test]
+fn a_stage_left_slow_gets_a_miner_moved_from_the_richest_and_no_more() {
+    // Stage 1 lost its fast miners: 1 + 1 against stage 0's 4 + 4 + 4.
+    let prev: Assignment = [(0, 0), (1, 0), (2, 0), (3, 1), (4, 1)]
+        .into_iter()
+        .map(|(n, s)| (peer(n), s))
+        .collect();
+    let announced = capacities(&[(0, 4.0), (1, 4.0), (2, 4.0), (3, 1.0), (4, 1.0)]);
+    let next = assign_by_capacity(&prev, &miners(0..5), &announced, 2).unwrap();
+    let moved: Vec<_> = (0..5)
+        .filter(|&n| next[&peer(n)] != prev[&peer(n)])
+        .collect();
+    assert_eq!(moved.len(), 1, "one move evens 12 : 2 into 8 : 6");
+    assert_eq!(stage_capacity(&next, &announced, 2), [8.0, 6.0]);
+    // The next plan, with nothing changed, moves nobody: 8 : 6 is not worth a fetch.
+    assert_eq!(
+        assign_by_capacity(&next, &miners(0..5), &announced, 2).unwrap(),
+        next
+    );
+}
+
+#[test]
+fn an_inflated_capacity_counts_for_at_most_four_medians() {
+    let live = miners(0..5);
+    let announced = capacities(&[(0, 1.0), (1, 1.0), (2, 1.0), (3, 1.0), (4, 1e9)]);
+    let bounded = bounded_capacity(&live, &announced);
+    assert_eq!(bounded[&peer(4)], CAPACITY_CAP);
+    // Nothing announced, NaN or 0: the median, or the floor.
+    let odd = capacities(&[(0, 2.0), (1, 2.0), (2, f64::NAN), (3, 0.0)]);
+    let bounded = bounded_capacity(&live, &odd);
+    assert_eq!(bounded[&peer(4)], 2.0);
+    assert_eq!(bounded[&peer(2)], 2.0 * CAPACITY_FLOOR);
+    assert_eq!(bounded[&peer(3)], 2.0 * CAPACITY_FLOOR);
+}
+
+#[test]
+fn heads_draw_in_proportion_to_their_pathways_and_the_fastest_draws_the_epoch() {
+    let a: Assignment = [(0, 0), (1, 0), (2, 0), (3, 1)]
+        .into_iter()
+        .map(|(n, s)| (peer(n), s))
+        .collect();
+    let live: BTreeSet<PeerIdStr> = a.keys().cloned().collect();
+    let rates = capacities(&[(0, 10.0), (1, 5.0), (2, 2.0)]);
+    let quotas = head_quotas(&a, &live, &rates, 100).unwrap();
+    assert_eq!(quotas.len(), 3, "heads only");
+    assert_eq!(quotas[&peer(0)], 100);
+    assert_eq!(quotas[&peer(1)], 50);
+    assert_eq!(quotas[&peer(2)], 20);
+    // Equal rates: the plan says nothing.
+    let equal = capacities(&[(0, 3.0), (1, 3.0), (2, 3.0)]);
+    assert_eq!(head_quotas(&a, &live, &equal, 100), None);
+    // A head that claims a huge rate cannot push the others below a quarter of the median.
+    let liar = capacities(&[(0, 1e9), (1, 5.0), (2, 5.0)]);
+    let quotas = head_quotas(&a, &live, &liar, 100).unwrap();
+    assert_eq!(quotas[&peer(0)], 100);
+    assert_eq!(quotas[&peer(1)], 25);
+}
+
+proptest! {
+    #[test]
+    fn placement_by_capacity_places_every_live_miner_once_and_fills_every_stage(
+        n in 0u64..40,
+        stages in 1u32..6,
+        caps in proptest::collection::vec(0.0f64..100.0, 40),
+        gone in proptest::collection::vec(any::<bool>(), 40),
+    ) {
+        let announced: BTreeMap<PeerIdStr, f64> =
+            (0..n).map(|i| (peer(i), caps[i as usize])).collect();
+        let first = assign_by_capacity(&Assignment::new(), &miners(0..n), &announced, stages).unwrap();
+        let live: BTreeSet<PeerIdStr> = (0..n).filter(|&i| !gone[i as usize]).map(peer).collect();
+        let next = assign_by_capacity(&first, &live, &announced, stages).unwrap();
+        prop_assert_eq!(next.keys().cloned().collect::<BTreeSet<_>>(), live.clone());
+        prop_assert!(next.values().all(|&s| s < stages));
+        if live.len() >= stages as usize {
+            prop_assert!(stage_sizes(&next, stages).iter().all(|&k| k > 0));
+        }
+        // Moves beyond refilling emptied stages are bounded.
+        let moved = live.iter().filter(|m| first[*m] != next[*m]).count();
+        prop_assert!(moved <= stages as usize + 1 + live.len() / 64, "{} moved", moved);
+    }
+}

@@ -62,6 +62,7 @@ fn plan_by(author: u64, epoch: u64) -> EpochPlan {
         inner_steps: config.inner_steps,
         lr: config.lr,
         epoch_samples: config.epoch_samples,
+        head_samples: None,
     }
 }
 

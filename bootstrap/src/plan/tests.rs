@@ -304,3 +304,45 @@ fn a_plan_must_carry_the_runs_own_settings() {
         assert_eq!(forged.matches_run(&config).unwrap_err().field, field);
     }
 }
+
+#[test]
+fn head_quotas_name_heads_and_stay_within_the_epoch() {
+    let run = RunConfig::default();
+    let live: BTreeSet<PeerIdStr> = (0..6).map(peer).collect();
+    let mut announced = Announced::default();
+    for (i, m) in live.iter().enumerate() {
+        announced.capacity.insert(m.clone(), 1.0);
+        announced.pathway_rate.insert(m.clone(), 1.0 + i as f64);
+    }
+    let plan = next_plan_by_capacity(&run, &peer(100), None, None, &live, &announced).unwrap();
+    let quotas = plan
+        .head_samples
+        .clone()
+        .expect("unequal heads draw unequally");
+    let heads: Vec<&PeerIdStr> = plan.miners_of(0).collect();
+    assert_eq!(quotas.keys().collect::<Vec<_>>(), heads);
+    assert!(heads
+        .iter()
+        .any(|h| plan.samples_of(h) == run.epoch_samples));
+    assert!(heads.iter().any(|h| plan.samples_of(h) < run.epoch_samples));
+    // Round trip, and the checks on a received plan.
+    let bytes = plan.to_json().unwrap();
+    assert_eq!(EpochPlan::from_json(&bytes).unwrap(), plan);
+    let mut not_head = plan.clone();
+    let tail = not_head.miners_of(2).next().unwrap().clone();
+    not_head.head_samples.as_mut().unwrap().insert(tail, 1);
+    assert_eq!(not_head.validate().unwrap_err().field, "head_samples");
+    let mut too_many = plan.clone();
+    *too_many
+        .head_samples
+        .as_mut()
+        .unwrap()
+        .values_mut()
+        .next()
+        .unwrap() = run.epoch_samples + 1;
+    assert_eq!(too_many.validate().unwrap_err().field, "head_samples");
+    // A plan by count says nothing of quotas, and a head draws the epoch's samples.
+    let by_count = next_plan(&run, &peer(100), None, None, &live).unwrap();
+    assert_eq!(by_count.head_samples, None);
+    assert_eq!(by_count.samples_of(heads[0]), run.epoch_samples);
+}

@@ -175,6 +175,8 @@ impl Heartbeats {
             dashboard: self.dashboard.clone(),
             binding: self.binding.as_ref().map(|(b, _)| b.clone()),
             dataset: self.dataset.clone(),
+            capacity: None,
+            pathway_rate: None,
         };
         if let Err(error) = self
             .client

@@ -336,3 +336,34 @@ pub(crate) use super::validate::{
     heartbeat_verdict, waits_for_election, waits_for_metagraph, waits_for_plan, Freshness,
     PipelineReason, PlanOutcome, PlanRejected,
 };
+
+/// How the orchestrator assigns miners to stages (the validator's `--placement`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Placement {
+    /// Balance each stage's miner count ([`bootstrap::assign`]).
+    #[default]
+    Count,
+    /// Balance each stage's capacity, the samples per second its miners announce in their
+    /// heartbeats, and let heads draw in proportion to theirs
+    /// ([`bootstrap::next_plan_by_capacity`]).
+    Throughput,
+}
+
+impl Placement {
+    /// The other rule.
+    pub(crate) fn other(self) -> Placement {
+        match self {
+            Placement::Count => Placement::Throughput,
+            Placement::Throughput => Placement::Count,
+        }
+    }
+
+    /// Its name on the command line and in reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Placement::Count => "count",
+            Placement::Throughput => "throughput",
+        }
+    }
+}

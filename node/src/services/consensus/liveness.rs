@@ -124,6 +124,8 @@ mod tests {
                 dashboard: url.map(str::to_string),
                 binding: None,
                 dataset: None,
+                capacity: None,
+                pathway_rate: None,
             };
             live.observe(peer, beat, now);
         }

@@ -17,8 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
 use bootstrap::{
-    next_plan, EpochPlan, Metagraph, OrchestratorTracker, PeerIdStr, RunConfig, RunHash,
-    TrackerConfig, View,
+    next_plan, next_plan_by_capacity, EpochPlan, Metagraph, OrchestratorTracker, PeerIdStr,
+    RunConfig, RunHash, TrackerConfig, View,
 };
 use p2p::{Heartbeat, Role};
 
@@ -31,8 +31,11 @@ use super::weights;
 use crate::rules::Reason;
 use crate::schedule::unix_ms;
 use crate::services::consensus::api::{
-    EpochProgress, HeartbeatRejected, PlanOutcome, PlanRejected,
+    EpochProgress, HeartbeatRejected, Placement, PlanOutcome, PlanRejected,
 };
+
+/// Weight of a miner's newest announced capacity in its smoothed figure.
+const CAPACITY_SMOOTHING: f64 = 0.3;
 
 /// The orchestration state of one node.
 pub(crate) struct Orchestration {
@@ -59,6 +62,12 @@ pub(crate) struct Orchestration {
     was_orchestrator: bool,
     weights: weights::WeightBook,
     consensus_weights: Option<crate::services::consensus::api::ConsensusWeights>,
+    /// How this node, as orchestrator, assigns miners to stages.
+    placement: Placement,
+    /// Each miner's announced capacity and each head's pathway rate (samples a second),
+    /// smoothed; bounded against the others' when a plan is made
+    /// ([`bootstrap::bounded_capacity`]).
+    announced: bootstrap::Announced,
 }
 
 impl Orchestration {
@@ -99,7 +108,14 @@ impl Orchestration {
             was_orchestrator: false,
             weights: weights::WeightBook::default(),
             consensus_weights: None,
+            placement: Placement::default(),
+            announced: bootstrap::Announced::default(),
         }
+    }
+
+    /// Sets how this node assigns miners to stages when it orchestrates.
+    pub(crate) fn set_placement(&mut self, placement: Placement) {
+        self.placement = placement;
     }
 
     /// Takes stake from subnet `netuid` of the chain (see [`chain`]) instead of a fixed
@@ -238,6 +254,16 @@ impl Orchestration {
                 if self.miners.insert(author.clone(), now).is_none() {
                     self.last_new_miner = Some(now);
                 }
+                let smooth = |table: &mut BTreeMap<PeerIdStr, f64>, milli: Option<u32>| {
+                    if let Some(c) = milli.map(|c| f64::from(c) / 1000.0) {
+                        table
+                            .entry(author.clone())
+                            .and_modify(|s| *s += CAPACITY_SMOOTHING * (c - *s))
+                            .or_insert(c);
+                    }
+                };
+                smooth(&mut self.announced.capacity, beat.capacity);
+                smooth(&mut self.announced.pathway_rate, beat.pathway_rate);
             }
         }
         Ok(())
@@ -287,6 +313,13 @@ impl Orchestration {
     fn prune(&mut self, now: Duration, wall_ms: u64) {
         let keep = self.run.heartbeat_timeout() * 2;
         self.miners.retain(|_, at| now.saturating_sub(*at) < keep);
+        let miners = &self.miners;
+        self.announced
+            .capacity
+            .retain(|m, _| miners.contains_key(m));
+        self.announced
+            .pathway_rate
+            .retain(|m, _| miners.contains_key(m));
         self.heartbeats.prune(wall_ms);
     }
 
@@ -475,13 +508,24 @@ impl Orchestration {
             .map(|(peer, _)| peer.clone())
             .collect();
         let last_seen = tracker.last_accepted_epoch();
-        let mut plan = match next_plan(
-            &self.run,
-            &self.me,
-            self.current.as_ref(),
-            last_seen,
-            &live_miners,
-        ) {
+        let planned = match self.placement {
+            Placement::Count => next_plan(
+                &self.run,
+                &self.me,
+                self.current.as_ref(),
+                last_seen,
+                &live_miners,
+            ),
+            Placement::Throughput => next_plan_by_capacity(
+                &self.run,
+                &self.me,
+                self.current.as_ref(),
+                last_seen,
+                &live_miners,
+                &self.announced,
+            ),
+        };
+        let mut plan = match planned {
             Ok(plan) => plan,
             Err(error) => {
                 tracing::warn!(%error, "cannot plan the next epoch");
@@ -599,6 +643,8 @@ mod tests {
             dashboard: None,
             binding: None,
             dataset: None,
+            capacity: None,
+            pathway_rate: None,
         }
     }
 
