@@ -71,6 +71,27 @@ pub(crate) enum Command {
     /// and the peer id a running node has verified for the hotkey. On dynamic-TAO runtimes
     /// the stake is the subnet's alpha (α), not TAO.
     Metagraph(MetagraphArgs),
+    /// Run scenario files of thousands of miners on virtual time: the protocol's own code
+    /// (election, plans, stage assignment, hop routing, butterfly plans, CLASP, Yuma) over
+    /// modelled links and GPUs, in minutes of wall time; writes a report per scenario.
+    Simulate(SimulateArgs),
+}
+
+/// Options of `simulate`.
+#[derive(Debug, Args)]
+pub(crate) struct SimulateArgs {
+    /// Scenario files (TOML), repeatable; without one, every `*.toml` of `scenarios/`.
+    #[arg(long, value_name = "FILE.toml")]
+    pub(crate) scenario: Vec<PathBuf>,
+    /// Directory for the reports (JSON, Markdown and an SVG per scenario).
+    #[arg(long, value_name = "DIR", default_value = "out/simulate")]
+    pub(crate) out: PathBuf,
+    /// Seed over the scenario's own.
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
+    /// Virtual seconds to simulate over the scenario's own `duration_secs`.
+    #[arg(long, value_parser = parse_positive_secs)]
+    pub(crate) duration_secs: Option<f64>,
 }
 
 /// Options of `metagraph`.

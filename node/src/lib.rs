@@ -73,7 +73,13 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// Parses the command line, runs what it asks for, and gives the process exit code.
 pub fn main_entry() -> std::process::ExitCode {
     let cli = cli::Cli::parse_args();
-    init_tracing();
+    // A simulation runs the protocol's code for thousands of virtual nodes: its per-node
+    // logs would drown the report, so it logs warnings only unless RUST_LOG says otherwise.
+    init_tracing(if matches!(cli.command, Some(cli::Command::Simulate(_))) {
+        "warn"
+    } else {
+        "info"
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -107,6 +113,9 @@ pub fn main_entry() -> std::process::ExitCode {
             }
             Some(cli::Command::Generate(args)) => {
                 tokio::task::spawn_blocking(move || generate(&args)).await?
+            }
+            Some(cli::Command::Simulate(args)) => {
+                tokio::task::spawn_blocking(move || tools::simulate::run(&args)).await?
             }
             Some(cli::Command::TrainLocal(args)) => {
                 tokio::task::spawn_blocking(move || train_local(&args)).await?
@@ -204,10 +213,10 @@ fn train_local(args: &cli::TrainLocalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Logs to stderr; `RUST_LOG` filters (default `info`).
-fn init_tracing() {
+/// Logs to stderr; `RUST_LOG` filters (default `default`).
+fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

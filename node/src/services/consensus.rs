@@ -22,3 +22,5 @@ mod stats;
 mod task;
 mod validate;
 mod weights;
+
+pub(crate) use state::Orchestration;

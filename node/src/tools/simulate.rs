@@ -1,0 +1,221 @@
+//! `iota-p2p simulate`: thousands of miners on virtual time, running the protocol's own code.
+//!
+//! A scenario file ([`scenario`]) names the miners (GPU class, link, stragglers), the
+//! validators, the run's configuration and the model's shape, churn and planted bad miners.
+//! The [`engine`] drives the node's pure code with modelled links ([`net`]) and compute
+//! ([`compute`]) on virtual time, deterministic from the seed; [`report`] writes what each
+//! scenario measured. See `scenarios/README.md` for the files we ship and
+//! docs/BENCHMARKS.md for what they gave.
+
+pub(crate) mod compute;
+mod engine;
+mod net;
+mod report;
+pub(crate) mod scenario;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+
+use crate::cli::SimulateArgs;
+pub(crate) use engine::Outcome;
+pub(crate) use report::Report;
+use scenario::Scenario;
+
+/// The directory of scenario files `simulate` runs when none is named.
+const SCENARIOS: &str = "scenarios";
+
+/// Runs the scenarios `args` names and writes their reports.
+pub(crate) fn run(args: &SimulateArgs) -> anyhow::Result<()> {
+    let files = if args.scenario.is_empty() {
+        every_scenario(Path::new(SCENARIOS))?
+    } else {
+        args.scenario.clone()
+    };
+    // Every file is read and checked before anything runs: a typo in the last one should
+    // not cost the minutes the first ones take.
+    let mut scenarios = Vec::new();
+    for file in &files {
+        let mut scenario = Scenario::load(file)?;
+        if let Some(seed) = args.seed {
+            scenario.seed = seed;
+        }
+        if let Some(secs) = args.duration_secs {
+            scenario.duration_secs = secs;
+        }
+        scenarios.push(scenario);
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let mut summary = String::from(
+        "| scenario | miners | tokens/s | of a perfect pipeline | of the same GPUs in one datacenter | throughput / count placement | epoch s | merge s | gossip KB per node per epoch | plan miners | failover s | CLASP recall / FPR | first limit |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n",
+    );
+    for scenario in &scenarios {
+        let report = run_scenario(scenario)?;
+        let base = args.out.join(&scenario.name);
+        std::fs::write(
+            base.with_extension("json"),
+            serde_json::to_vec_pretty(&report)?,
+        )?;
+        std::fs::write(base.with_extension("md"), report.markdown(scenario))?;
+        std::fs::write(base.with_extension("svg"), report.svg())?;
+        println!("{}", report.result_line());
+        summary.push_str(&summary_row(&report));
+    }
+    std::fs::write(args.out.join("summary.md"), &summary)?;
+    println!("simulate: reports in {}", args.out.display());
+    Ok(())
+}
+
+/// Every `*.toml` in `dir`, sorted.
+fn every_scenario(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(dir).with_context(|| {
+        format!(
+            "reading {} (run from the repository's root, or name files with --scenario)",
+            dir.display()
+        )
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("{} holds no scenario (*.toml)", dir.display());
+    }
+    Ok(files)
+}
+
+/// Runs one scenario and the comparisons it asks for.
+pub(crate) fn run_scenario(scenario: &Scenario) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let mut runs = vec![engine::simulate(scenario, scenario.placement, false)?];
+    if scenario.compare_placement {
+        runs.push(engine::simulate(
+            scenario,
+            scenario.placement.other(),
+            false,
+        )?);
+    }
+    if scenario.compare_datacenter {
+        runs.push(engine::simulate(scenario, scenario.placement, true)?);
+    }
+    Ok(Report {
+        scenario: scenario.name.clone(),
+        description: scenario.description.clone(),
+        seed: scenario.seed,
+        runs,
+        wall_secs: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn summary_row(report: &Report) -> String {
+    let m = report.main();
+    let ratio = |other: Option<&Outcome>| {
+        other.map_or("–".to_owned(), |o| {
+            format!("{:.3}", m.tokens_per_s / o.tokens_per_s.max(1e-9))
+        })
+    };
+    let datacenter = report.runs.iter().find(|r| r.datacenter);
+    let placement = report
+        .runs
+        .iter()
+        .find(|r| !r.datacenter && r.placement != m.placement)
+        .map_or("–".to_owned(), |other| {
+            let (count, thr) = if m.placement == "count" {
+                (m, other)
+            } else {
+                (other, m)
+            };
+            format!("{:.3}", thr.tokens_per_s / count.tokens_per_s.max(1e-9))
+        });
+    format!(
+        "| {} | {} | {:.0} | {:.3} | {} | {} | {:.2} | {:.2} | {:.1} | {} | {} | {} | {} |\n",
+        report.scenario,
+        m.miners_start,
+        m.tokens_per_s,
+        m.tokens_per_s / m.perfect_tokens_per_s.max(1e-9),
+        ratio(datacenter),
+        placement,
+        m.mean_epoch_secs,
+        m.mean_merge_secs,
+        m.gossip.total_bytes / 1e3,
+        m.plan_miners_max,
+        m.failover_secs
+            .map_or("–".to_owned(), |f| format!("{f:.2}")),
+        m.clasp.as_ref().map_or("–".to_owned(), |c| format!(
+            "{:.2} / {:.3}",
+            c.recall, c.false_positive_rate
+        )),
+        m.limits.first().map_or("none".to_owned(), |l| {
+            l.split(';').next().unwrap_or(l).to_owned()
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shipped() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(SCENARIOS)
+    }
+
+    #[test]
+    fn a_seed_gives_the_same_figures_and_another_seed_other_ones() {
+        let scenario = Scenario::load(&shipped().join("local-swarm.toml")).unwrap();
+        let first = engine::simulate(&scenario, scenario.placement, false).unwrap();
+        let again = engine::simulate(&scenario, scenario.placement, false).unwrap();
+        assert_eq!(first, again);
+        // The figures are of a run that trained: samples went through, within what the
+        // machine's cores could do, in epochs that each opened with a plan.
+        assert!(first.samples_done > 500, "{}", first.samples_done);
+        assert!(first.tokens_per_s > 0.0 && first.tokens_per_s < first.perfect_tokens_per_s);
+        assert!(first.epochs.len() >= 5, "{} epochs", first.epochs.len());
+        let other = Scenario {
+            seed: scenario.seed + 1,
+            ..scenario.clone()
+        };
+        let different = engine::simulate(&other, other.placement, false).unwrap();
+        assert_ne!(first.series, different.series);
+    }
+
+    #[test]
+    fn every_shipped_scenario_runs() {
+        let files = every_scenario(&shipped()).unwrap();
+        assert!(files.len() >= 8, "{files:?}");
+        for file in files {
+            let scenario = Scenario {
+                duration_secs: 20.0,
+                ..Scenario::load(&file).unwrap()
+            };
+            let report = run_scenario(&scenario).unwrap();
+            assert!(!report.runs.is_empty(), "{}", file.display());
+            assert!(report.svg().starts_with("<svg"));
+        }
+    }
+
+    #[test]
+    fn a_bad_scenario_is_refused_with_the_field_to_fix() {
+        let dir = std::env::temp_dir().join(format!("iota-sim-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cases = [
+            ("name = \"x\"\nduration_secs = 10\nminers = []\n[validators]\ncount = 1\n", "at least one miner"),
+            ("name = \"x\"\nduration_secs = -1\n[[miners]]\ncount = 1\n[validators]\ncount = 1\n", "duration_secs"),
+            ("name = \"x\"\nduration_secs = 10\n[[miners]]\ncount = 1\ngpu = \"tpu\"\n[validators]\ncount = 1\n", "tpu"),
+            ("name = \"x\"\nduration_secs = 10\n[[miners]]\ncount = 1\n[validators]\ncount = 1\n[run]\nstages = 0\n", "stages"),
+            ("name = \"x\"\nduration_secs = 10\nbogus = 1\n[[miners]]\ncount = 1\n[validators]\ncount = 1\n", "bogus"),
+        ];
+        for (text, expected) in cases {
+            let file = dir.join("bad.toml");
+            std::fs::write(&file, text).unwrap();
+            let error = format!("{:#}", Scenario::load(&file).unwrap_err());
+            assert!(error.contains(expected), "{expected:?} not in {error}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
