@@ -285,6 +285,12 @@ pub(crate) struct NodeArgs {
     #[arg(long, env = "IOTA_HEAD_WINDOW", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=8))]
     pub(crate) head_window: u64,
 
+    /// As orchestrator, how to assign miners to stages: `count` balances each stage's miner
+    /// count; `throughput` balances the samples a second its miners announce and lets heads
+    /// draw in proportion to what their pathways carried (see `iota-p2p simulate`).
+    #[arg(long, env = "IOTA_PLACEMENT", value_enum, default_value_t = crate::services::consensus::api::Placement::Count)]
+    pub(crate) placement: crate::services::consensus::api::Placement,
+
     /// Activation checkpointing: a miner's stage keeps only each block's input for the
     /// samples in flight and recomputes the blocks in their backward pass: less memory per
     /// sample for one more forward pass, the same gradients. This node's own choice, not
@@ -411,6 +417,9 @@ pub(crate) enum Fault {
     /// the plan is out, through pathways and at losses of its choosing, with receipts it
     /// signed itself (it cannot sign for the other hops) on half of them and none on the rest.
     Preclaim,
+    /// Compute every sample five times as slowly (the compute thread sleeps four times what
+    /// it computed): a slow GPU, for measuring placement by throughput.
+    Slow,
     /// As a validator, publish weights that give everything to the lowest uid it scored
     /// (a validator out of line with the others, whom consensus must discount).
     SkewWeights,
@@ -548,6 +557,10 @@ pub(crate) struct LocalSwarmArgs {
     /// Number of miner processes.
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) miners: u32,
+    /// How the validators assign miners to stages when they orchestrate: `count` or
+    /// `throughput` (see the node's `--placement`).
+    #[arg(long, value_enum, default_value_t = crate::services::consensus::api::Placement::Count)]
+    pub(crate) placement: crate::services::consensus::api::Placement,
     /// Number of validator processes (at least one: a validator orchestrates).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub(crate) validators: u32,
@@ -572,7 +585,7 @@ pub(crate) struct LocalSwarmArgs {
     pub(crate) timeout_secs: u64,
     /// Miners that misbehave: MODE[:COUNT], repeatable. Modes: noise, noise-grad, lazy,
     /// lazy-ulp, lie-loss, inflate, preclaim, dodge, inflate-samples, nan-merge, poison-merge,
-    /// poison-random, wrong-tokens (miners), skew-weights (a validator). Adversaries join in the order given.
+    /// poison-random, wrong-tokens, slow (miners), skew-weights (a validator). Adversaries join in the order given.
     /// The report shows what the validators made of them.
     #[arg(long, value_name = "MODE[:COUNT]", value_parser = parse_adversary)]
     pub(crate) adversary: Vec<Adversary>,
@@ -888,7 +901,7 @@ pub(crate) fn parse_adversary(text: &str) -> Result<Adversary, String> {
 
 /// The modes `--adversary` takes.
 pub(crate) const MODES: &str =
-    "noise, noise-grad, lazy, lazy-ulp, lie-loss, inflate, preclaim, inflate-samples, nan-merge, poison-merge, poison-random, dodge, wrong-tokens (miners), skew-weights (a validator)";
+    "noise, noise-grad, lazy, lazy-ulp, lie-loss, inflate, preclaim, inflate-samples, nan-merge, poison-merge, poison-random, dodge, wrong-tokens, slow (miners), skew-weights (a validator)";
 
 /// The `--fault` value of a miner misbehaviour (`None` for faults that are not one).
 pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
@@ -907,6 +920,7 @@ pub(crate) fn fault_name(fault: Fault) -> Option<&'static str> {
         Fault::PoisonRandom => Some("poison-random"),
         Fault::SkewWeights => Some("skew-weights"),
         Fault::WrongTokens => Some("wrong-tokens"),
+        Fault::Slow => Some("slow"),
         Fault::ForgePlans | Fault::HugeFrames | Fault::ComputeDies | Fault::LieJoin => None,
     }
 }

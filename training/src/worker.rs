@@ -47,6 +47,9 @@ pub struct WorkerConfig {
     pub threads: usize,
     /// Capacity of each command queue.
     pub queue: usize,
+    /// Every sample's compute takes this many times as long (the thread sleeps for the
+    /// difference): a slow GPU, for tests and benchmarks of placement. 1 in a real node.
+    pub slowdown: f64,
 }
 
 impl WorkerConfig {
@@ -60,7 +63,37 @@ impl WorkerConfig {
             run,
             threads: 1,
             queue: 32,
+            slowdown: 1.0,
         }
+    }
+}
+
+/// How fast this stage computes samples, counted by its compute thread and read from any
+/// handle without a message: the time spent on forward and backward passes, and the samples
+/// whose backward pass (or a tail's forward with its loss) finished.
+#[derive(Debug, Default)]
+pub struct Meter {
+    compute_nanos: std::sync::atomic::AtomicU64,
+    samples: std::sync::atomic::AtomicU64,
+}
+
+impl Meter {
+    fn add(&self, took: std::time::Duration, finished_sample: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.compute_nanos.fetch_add(nanos, Relaxed);
+        if finished_sample {
+            self.samples.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Samples a second this stage computes (forward and backward of one sample), once it
+    /// has finished at least `min_samples`.
+    pub fn samples_per_sec(&self, min_samples: u64) -> Option<f64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let samples = self.samples.load(Relaxed);
+        let secs = self.compute_nanos.load(Relaxed) as f64 / 1e9;
+        (samples >= min_samples.max(1) && secs > 0.0).then(|| samples as f64 / secs)
     }
 }
 
@@ -219,6 +252,7 @@ pub struct StageHandle {
     layout: StageLayout,
     num_params: usize,
     config: std::sync::Arc<StageConfig>,
+    meter: std::sync::Arc<Meter>,
 }
 
 impl std::fmt::Debug for Command {
@@ -276,6 +310,8 @@ impl StageHandle {
         let (ready_tx, ready_rx) = oneshot::channel();
         let name = format!("stage-{}", cfg.stage.index);
         let config = std::sync::Arc::new(cfg.stage.clone());
+        let meter = std::sync::Arc::new(Meter::default());
+        let thread_meter = meter.clone();
         let live = Live::enter();
         let join = thread::Builder::new()
             .name(name)
@@ -299,6 +335,7 @@ impl StageHandle {
                     stage,
                     cfg,
                     waiting_step: None,
+                    meter: thread_meter,
                 };
                 worker.run(urgent_rx, normal_rx);
             })
@@ -311,9 +348,15 @@ impl StageHandle {
                 layout,
                 num_params,
                 config,
+                meter,
             },
             join,
         ))
+    }
+
+    /// How fast the stage computes (see [`Meter`]).
+    pub fn meter(&self) -> &Meter {
+        &self.meter
     }
 
     /// What the stage holds and what crosses its boundaries.
@@ -488,6 +531,7 @@ struct Worker {
     /// A step asked for with a backward pass while other samples were in flight: its
     /// learning rate and since when it waits.
     waiting_step: Option<(f64, tokio::time::Instant)>,
+    meter: std::sync::Arc<Meter>,
 }
 
 impl Worker {
@@ -587,17 +631,33 @@ impl Worker {
         let _ = r.send(self.stage.step().map_err(Into::into));
     }
 
+    /// Counts one pass that took `took` (stretched by the slowdown first).
+    fn metered(&self, took: std::time::Duration, finished_sample: bool) {
+        let mut took = took;
+        if self.cfg.slowdown > 1.0 {
+            let extra = took.mul_f64(self.cfg.slowdown - 1.0);
+            thread::sleep(extra);
+            took += extra;
+        }
+        self.meter.add(took, finished_sample);
+    }
+
     fn handle(&mut self, cmd: Command) {
+        let started = std::time::Instant::now();
         match cmd {
             Command::Forward(id, input, r) => {
-                let _ = r.send(self.forward(id, input));
+                let result = self.forward(id, input);
+                self.metered(started.elapsed(), false);
+                let _ = r.send(result);
             }
             Command::ForwardLoss(input, targets, step_lr, r) => {
                 let result = self.forward_loss(input, targets);
+                self.metered(started.elapsed(), result.is_ok());
                 self.reply_then_step(result, r, step_lr);
             }
             Command::Backward(frame, step_lr, r) => {
                 let result = self.backward(&frame);
+                self.metered(started.elapsed(), result.is_ok());
                 self.reply_then_step(result, r, step_lr);
             }
             Command::DropSample(id, r) => {

@@ -56,6 +56,8 @@ pub(crate) struct Heartbeats {
     /// The run configuration and stake snapshot this node advertises to joining nodes (its
     /// own, unless it lies on purpose with the `lie-join` fault).
     pub(crate) advertised: crate::join::JoinFiles,
+    /// A miner's status: the capacity and pathway rate it announces.
+    pub(crate) miner: Option<watch::Receiver<crate::services::miner::api::MinerStatus>>,
 }
 
 /// Starts the heartbeat task.
@@ -157,6 +159,17 @@ impl Heartbeats {
         Ok(())
     }
 
+    /// A figure of the miner's status in thousandths, as heartbeats carry it.
+    fn announced(
+        &self,
+        figure: impl Fn(&crate::services::miner::api::MinerStatus) -> Option<f64>,
+    ) -> Option<u32> {
+        let status = self.miner.as_ref()?.borrow();
+        let value = figure(&status)?;
+        (value.is_finite() && value > 0.0)
+            .then(|| (value * 1000.0).round().min(f64::from(u32::MAX)) as u32)
+    }
+
     /// Publishes the `counter`-th heartbeat (and, with the `forge-plans` fault, a forged plan).
     async fn publish(&self, agreed: &ConsensusView, counter: u64) {
         let beat = Heartbeat {
@@ -175,8 +188,8 @@ impl Heartbeats {
             dashboard: self.dashboard.clone(),
             binding: self.binding.as_ref().map(|(b, _)| b.clone()),
             dataset: self.dataset.clone(),
-            capacity: None,
-            pathway_rate: None,
+            capacity: self.announced(|s| s.capacity),
+            pathway_rate: self.announced(|s| s.pathway_rate),
         };
         if let Err(error) = self
             .client

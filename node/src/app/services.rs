@@ -265,6 +265,7 @@ pub(crate) async fn start(
         settings,
         dataset: data.serves(),
         advertised: join_files,
+        miner: miner.as_ref().map(|m| m.status.clone()),
     });
     Ok(Node {
         peer_id: identity.peer_id,
@@ -352,6 +353,7 @@ fn start_consensus(
         settings.metagraph.clone(),
         plan_store.as_ref().and_then(PlanStore::load_or_warn),
     );
+    orchestration.set_placement(settings.placement);
     if let Some(source) = &settings.chain {
         orchestration = orchestration.stake_from_chain(source.netuid);
         if let Some(binding) = binding {

@@ -47,6 +47,8 @@ pub(crate) struct NodeSettings {
     pub(crate) faults: Faults,
     /// Time between heartbeats (`--heartbeat-secs`).
     pub(crate) heartbeat: Duration,
+    /// How this node assigns miners to stages when it orchestrates (`--placement`).
+    pub(crate) placement: crate::services::consensus::api::Placement,
     /// The node's identity and checkpoints (`--data-dir`).
     pub(crate) data_dir: Option<PathBuf>,
     /// What a miner computes on and how many samples a head keeps in flight.
@@ -145,6 +147,7 @@ impl NodeSettings {
             },
             faults: faults(&args.fault),
             heartbeat: seconds(args.heartbeat_secs, "--heartbeat-secs")?,
+            placement: args.placement,
             data_dir: args.data_dir.clone(),
             compute: ComputeSettings {
                 stage: crate::run_spec::Compute {
@@ -295,6 +298,7 @@ fn faults(list: &[Fault]) -> Faults {
             dodge: on(Fault::Dodge),
             preclaim: on(Fault::Preclaim),
             wrong_tokens: on(Fault::WrongTokens),
+            slow: on(Fault::Slow),
         },
         skew_weights: on(Fault::SkewWeights),
         forge_plans: on(Fault::ForgePlans),

@@ -176,6 +176,8 @@ struct Cast {
     validator_roles: std::collections::BTreeMap<String, String>,
     /// Flags every miner is started with beside its own (`--checkpoint-activations`).
     miner_flags: Vec<String>,
+    /// What every validator is started with besides its files (`--placement`).
+    validator_flags: Vec<String>,
 }
 
 impl Cast {
@@ -266,6 +268,7 @@ fn cast(args: &LocalSwarmArgs, out: &Path) -> anyhow::Result<(Cast, Vec<LocalNeu
         roles,
         validator_roles,
         miner_flags: miner_flags(args),
+        validator_flags: vec!["--placement".into(), args.placement.name().into()],
     };
     Ok((cast, neurons))
 }
@@ -452,6 +455,7 @@ async fn start_nodes(
                 files.run_path.display().to_string(),
                 "--validator".into(),
             ]);
+            node_args.extend(cast.validator_flags.iter().cloned());
         } else {
             node_args.extend(cast.miner_flags.iter().cloned());
         }

@@ -77,6 +77,8 @@ pub(crate) struct MinerFaults {
     /// A head sending (and computing on) the token ids of another sample than the one its
     /// sample id names.
     pub(crate) wrong_tokens: bool,
+    /// Every sample computed five times as slowly (`slow`).
+    pub(crate) slow: bool,
 }
 
 /// Where a miner is in its epoch.
@@ -128,6 +130,11 @@ pub(crate) struct MinerStatus {
     /// What the replica holds on the host beside its stage at most (its snapshot, a merge's
     /// working vectors, the weights frozen for spot checks), in bytes.
     pub(crate) host_memory_estimate_bytes: Option<u64>,
+    /// Samples a second the stage in force computes (forward and backward), as its compute
+    /// thread measured them: announced in heartbeats for placement by throughput.
+    pub(crate) capacity: Option<f64>,
+    /// As a head, the samples a second its last epoch completed (its pathways' rate).
+    pub(crate) pathway_rate: Option<f64>,
 }
 
 /// The miner service's inbox.

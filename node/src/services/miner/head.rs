@@ -13,6 +13,7 @@ use training::StageHandle;
 use super::context::Ctx;
 use super::evidence::{Evidence, Gradients};
 use super::hop::{now_ms, send_eval, send_forward, tokens_input};
+use super::task::Note;
 use super::{faults, VAL_BATCHES};
 use crate::run_spec::sample_id;
 use crate::wire::messages::{pack_sample, ForwardHeader, PipelineGossip};
@@ -59,7 +60,10 @@ pub(crate) async fn run_epoch(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandl
     let window = ctx.cfg.head_window.max(1);
     let mut in_flight = InFlight::default();
     let (mut done, mut dropped) = (0u64, 0u64);
-    for counter in 0..plan.epoch_samples {
+    let started = std::time::Instant::now();
+    // The plan may give this head fewer draws than the epoch's (placement by throughput);
+    // the counters stay those of the first draws, which validators accept.
+    for counter in 0..plan.samples_of(&ctx.me) {
         while in_flight.0.len() >= window {
             if let Some(Ok(ok)) = in_flight.0.join_next().await {
                 if ok {
@@ -86,6 +90,10 @@ pub(crate) async fn run_epoch(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandl
         dropped,
         "head finished its samples"
     );
+    let secs = started.elapsed().as_secs_f64();
+    if done > 0 && secs > 0.0 {
+        ctx.note(Note::PathwayRate(done as f64 / secs)).await;
+    }
     publish(
         &ctx,
         &topic,

@@ -6,6 +6,9 @@
 
 use std::sync::Arc;
 
+/// How many times slower a miner with the `slow` fault computes.
+const SLOW_FAULT_FACTOR: f64 = 5.0;
+
 use bootstrap::EpochPlan;
 use training::checkpoint::Manifest;
 use training::{StageHandle, StageState};
@@ -28,7 +31,10 @@ pub(crate) async fn build(
     stage_cfg.optimizer.lr = plan.lr;
     stage_cfg.max_in_flight = MAX_IN_FLIGHT * 2;
     stage_cfg.checkpoint_activations = ctx.cfg.checkpoint_activations;
-    let worker_cfg = crate::run_spec::worker_config(run, stage_cfg, ctx.frames.limits());
+    let mut worker_cfg = crate::run_spec::worker_config(run, stage_cfg, ctx.frames.limits());
+    if ctx.cfg.faults.slow {
+        worker_cfg.slowdown = SLOW_FAULT_FACTOR;
+    }
     let (handle, thread) = StageHandle::spawn(worker_cfg).await?;
     load(ctx, plan, stage, &handle).await?;
     // The previous stage's thread (if any) ends once its last handle is dropped; this

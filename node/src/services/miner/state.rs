@@ -19,6 +19,9 @@ use super::lifecycle::{Lifecycle, LifecycleError, Overrun, Phase};
 use super::HOP_TIMEOUT;
 use crate::wire::messages::LossRecord;
 
+/// Samples a stage computes before its measured capacity is announced.
+const MIN_METERED_SAMPLES: u64 = 4;
+
 /// How long a peer that failed a hop is avoided before it is tried again as if unmeasured. A
 /// failure may be passing (a miner behind a NAT that has no relay slot yet, a restart): without
 /// a second chance a failed peer would be starved for the rest of the run, since only hops
@@ -178,6 +181,8 @@ pub(crate) struct MinerState {
     param_count: u64,
     /// The memory the stage in force is estimated to need, in bytes.
     memory_estimate: MemoryEstimate,
+    /// As a head, the samples a second its last epoch completed.
+    pathway_rate: Option<f64>,
 }
 
 /// What the stage in force is estimated to need, in bytes.
@@ -351,6 +356,19 @@ impl MinerState {
             merged_epoch: self.merged_epoch,
             stage_memory_estimate_bytes: self.memory_estimate.stage,
             host_memory_estimate_bytes: self.memory_estimate.host,
+            capacity: self
+                .in_force
+                .worker
+                .as_ref()
+                .and_then(|w| w.meter().samples_per_sec(MIN_METERED_SAMPLES)),
+            pathway_rate: self.pathway_rate,
+        }
+    }
+
+    /// As a head, the samples a second its last epoch completed.
+    pub(crate) fn pathway_rate(&mut self, rate: f64) {
+        if rate.is_finite() && rate > 0.0 {
+            self.pathway_rate = Some(rate);
         }
     }
 }

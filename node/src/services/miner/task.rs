@@ -44,6 +44,8 @@ pub(crate) enum Note {
     TrainLoss(f32),
     /// A backward pass finished.
     BackwardDone,
+    /// As a head, the samples a second its last epoch completed.
+    PathwayRate(f64),
     /// A preparation asks what it starts from.
     Before(oneshot::Sender<Before>),
     /// A merge of `param_count` parameters starts: how many samples it weighs.
@@ -277,6 +279,7 @@ impl Task {
             Note::Losses { epoch, records } => self.state.push_losses(epoch, records),
             Note::TrainLoss(loss) => self.state.set_train_loss(loss),
             Note::BackwardDone => self.state.backward_done(),
+            Note::PathwayRate(rate) => self.state.pathway_rate(rate),
             Note::Before(reply) => {
                 let _ = reply.send(self.state.before());
             }
