@@ -13,8 +13,14 @@ const START_KEY: &str = "merge_start_unix_ms";
 pub(crate) const MERGE_DELAY: Duration = Duration::from_millis(1500);
 /// Shortest phase of a merge (commit, claims and collection take 1, 2 and 2 phases).
 const MIN_PHASE: Duration = Duration::from_secs(2);
-/// Bytes per second a phase is sized for, so large stages get longer phases.
-const PHASE_BYTES_PER_S: f64 = 40e6;
+/// Bytes per second a phase is sized for, so large stages get longer phases: the slowest
+/// upload a member is expected to have. The input phase (two phases long) moves twice the
+/// vector through each member's upload, so a member whose upload is at least this rate
+/// finishes in time. 8 MB/s is a 64 Mbit/s home uplink; 40 MB/s (the rate before) cut off
+/// the merges of a 1 B model's stages on 100 Mbit/s uplinks (`iota-p2p simulate`, scenarios
+/// mixed-256 and churn: inputs took 74-77 s against a 24 s budget, so partitions kept
+/// local values).
+const PHASE_BYTES_PER_S: f64 = 8e6;
 
 /// The `merge` field of a plan that opens an epoch at `now`: when the merge closing the
 /// previous epoch starts.
