@@ -91,22 +91,26 @@ fn every_scenario(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 /// Runs one scenario and the comparisons it asks for.
 pub(crate) fn run_scenario(scenario: &Scenario) -> anyhow::Result<Report> {
     let started = Instant::now();
-    let mut runs = vec![engine::simulate(scenario, scenario.placement, false)?];
+    let mut wanted = vec![(scenario.placement, false)];
     if scenario.compare_placement {
-        runs.push(engine::simulate(
-            scenario,
-            scenario.placement.other(),
-            false,
-        )?);
+        wanted.push((scenario.placement.other(), false));
     }
     if scenario.compare_datacenter {
-        runs.push(engine::simulate(scenario, scenario.placement, true)?);
+        wanted.push((scenario.placement, true));
+    }
+    let mut runs = Vec::new();
+    let mut costs = Vec::new();
+    for (placement, datacenter) in wanted {
+        let (outcome, cost) = engine::simulate_timed(scenario, placement, datacenter)?;
+        runs.push(outcome);
+        costs.push(cost);
     }
     Ok(Report {
         scenario: scenario.name.clone(),
         description: scenario.description.clone(),
         seed: scenario.seed,
         runs,
+        costs,
         wall_secs: started.elapsed().as_secs_f64(),
     })
 }
@@ -168,8 +172,12 @@ mod tests {
     #[test]
     fn a_seed_gives_the_same_figures_and_another_seed_other_ones() {
         let scenario = Scenario::load(&shipped().join("local-swarm.toml")).unwrap();
-        let first = engine::simulate(&scenario, scenario.placement, false).unwrap();
-        let again = engine::simulate(&scenario, scenario.placement, false).unwrap();
+        let first = engine::simulate_timed(&scenario, scenario.placement, false)
+            .unwrap()
+            .0;
+        let again = engine::simulate_timed(&scenario, scenario.placement, false)
+            .unwrap()
+            .0;
         assert_eq!(first, again);
         // The figures are of a run that trained: samples went through, within what the
         // machine's cores could do, in epochs that each opened with a plan.
@@ -180,7 +188,9 @@ mod tests {
             seed: scenario.seed + 1,
             ..scenario.clone()
         };
-        let different = engine::simulate(&other, other.placement, false).unwrap();
+        let different = engine::simulate_timed(&other, other.placement, false)
+            .unwrap()
+            .0;
         assert_ne!(first.series, different.series);
     }
 

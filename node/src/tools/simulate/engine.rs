@@ -58,6 +58,8 @@ const WALL_ORIGIN_SECS: u64 = 1_800_000_000;
 /// Most unknowns (miners summed over stages) CLASP is run with here: its fit is dense and
 /// cubic in them (see the report's limits).
 const CLASP_MAX_UNKNOWNS: usize = 1100;
+/// How often a request held at a receiver's epoch gate looks again.
+const GATE_POLL: f64 = 0.5;
 /// Points of the tokens/s series.
 const SERIES_POINTS: f64 = 120.0;
 
@@ -258,16 +260,31 @@ struct Merge {
     waiting: Vec<(usize, bool)>,
 }
 
+/// Wall-clock costs of one run's protocol code, kept apart from the figures (which a seed
+/// fixes; these depend on the machine).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub(crate) struct WallCosts {
+    /// The longest CLASP fit of one epoch, seconds, and its unknowns.
+    pub(crate) clasp_fit_secs_max: f64,
+    pub(crate) clasp_fit_unknowns: usize,
+    /// The whole run, seconds.
+    pub(crate) run_secs: f64,
+}
+
 /// Runs `scenario` with `placement`, its links replaced by datacenter ones when
-/// `datacenter`.
-pub(crate) fn simulate(
+/// `datacenter`; returns the figures and what the run cost in wall time.
+pub(crate) fn simulate_timed(
     scenario: &Scenario,
     placement: Placement,
     datacenter: bool,
-) -> anyhow::Result<Outcome> {
+) -> anyhow::Result<(Outcome, WallCosts)> {
+    let started = Instant::now();
     let mut sim = Sim::new(scenario, placement, datacenter)?;
     sim.run();
-    Ok(sim.outcome())
+    let mut costs = WallCosts::default();
+    let outcome = sim.outcome(&mut costs);
+    costs.run_secs = started.elapsed().as_secs_f64();
+    Ok((outcome, costs))
 }
 
 struct Sim<'a> {
@@ -633,6 +650,21 @@ impl<'a> Sim<'a> {
         let copies = self.sc.gossip.mesh.min(n.saturating_sub(1)) as f64;
         self.gossip.heartbeat_messages += n as f64 * copies;
         self.gossip.heartbeat_bytes += n as f64 * copies * size;
+        // Every node receives every heartbeat, about D times: past a tenth of a node's
+        // download, liveness alone crowds out the pipeline's traffic.
+        let per_sec = n as f64 * copies * size / HEARTBEAT;
+        let slowest_down = self.links.slowest_down();
+        if per_sec > 0.1 * slowest_down {
+            self.limit(
+                "heartbeats",
+                format!(
+                    "gossip: {n} nodes' heartbeats reach every node about {copies:.0} times, \
+                     {:.1} Mbit/s a node, {:.0} % of the slowest download",
+                    per_sec * 8.0 / 1e6,
+                    100.0 * per_sec / slowest_down
+                ),
+            );
+        }
         for (&v, orch) in self.orch.iter_mut() {
             if self.nodes[v].state != State::Alive {
                 continue;
@@ -1237,6 +1269,19 @@ impl<'a> Sim<'a> {
             && sample.plan.stage_of(&node.id) == Some(stage)
             && node.stage == Some(stage);
         let sender = *sample.path.last().unwrap_or(&sample.head);
+        // A receiver that holds the sample's plan and stage but is still merging or
+        // fetching its weights holds the request until its stage is in place (the node's
+        // epoch gate), up to the hop's timeout.
+        let sent = sample.sent_at.last().copied().unwrap_or(self.now);
+        let waits = self.alive(to)
+            && node.ready.is_none()
+            && sample.plan.stage_of(&node.id) == Some(stage)
+            && node.plan.as_ref().is_some_and(|p| p.epoch == sample.epoch)
+            && self.now - sent < HOP_TIMEOUT.as_secs_f64();
+        if waits {
+            self.at(self.now + GATE_POLL, Ev::Hop { to, sample: id });
+            return;
+        }
         if !self.alive(to) || !holds || node.in_flight >= MAX_IN_FLIGHT {
             // Refused (busy, not ready) or gone: the sender hears it a round trip later. A
             // refusal is not a failure of the peer; a peer that is gone is penalised.
@@ -1477,7 +1522,7 @@ impl<'a> Sim<'a> {
 
     // ---- figures -------------------------------------------------------------------------
 
-    fn fit_clasp(&mut self) {
+    fn fit_clasp(&mut self, costs: &mut WallCosts) {
         let bad: BTreeSet<u16> = self
             .nodes
             .iter()
@@ -1505,8 +1550,14 @@ impl<'a> Sim<'a> {
             if records.len() < 2 * unknowns {
                 continue;
             }
-            let Ok(estimate) = attribution::estimate(records, &attribution::Config::default())
-            else {
+            let fit = Instant::now();
+            let estimate = attribution::estimate(records, &attribution::Config::default());
+            let secs = fit.elapsed().as_secs_f64();
+            if secs > costs.clasp_fit_secs_max {
+                costs.clasp_fit_secs_max = secs;
+                costs.clasp_fit_unknowns = unknowns;
+            }
+            let Ok(estimate) = estimate else {
                 continue;
             };
             let (mut tp, mut bad_n, mut fp, mut honest_n) = (0, 0, 0, 0);
@@ -1561,9 +1612,9 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn outcome(mut self) -> Outcome {
+    fn outcome(mut self, costs: &mut WallCosts) -> Outcome {
         if self.sc.bad_miners.count > 0 {
-            self.fit_clasp();
+            self.fit_clasp(costs);
         }
         let start = self.first_plan.unwrap_or(0.0);
         let span = (self.end - start).max(1e-9);

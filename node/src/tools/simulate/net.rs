@@ -59,6 +59,14 @@ impl Links {
         landed
     }
 
+    /// The slowest download of any node, bytes a second.
+    pub(crate) fn slowest_down(&self) -> f64 {
+        self.links
+            .iter()
+            .map(|l| l.down)
+            .fold(f64::INFINITY, f64::min)
+    }
+
     /// One round trip between `a` and `b` with no payload.
     pub(crate) fn round_trip(&self, a: usize, b: usize) -> f64 {
         2.0 * (self.links[a].latency + self.links[b].latency)

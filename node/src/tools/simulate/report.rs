@@ -14,6 +14,8 @@ pub(crate) struct Report {
     pub(crate) description: String,
     pub(crate) seed: u64,
     pub(crate) runs: Vec<Outcome>,
+    /// What each run cost in wall time (not part of the seeded figures).
+    pub(crate) costs: Vec<super::engine::WallCosts>,
     pub(crate) wall_secs: f64,
 }
 
@@ -131,6 +133,15 @@ impl Report {
                 )),
                 r.bad_weight_share.map_or("–".to_owned(), |s| format!("{s:.4}")),
             );
+        }
+        for (r, c) in self.runs.iter().zip(&self.costs) {
+            if c.clasp_fit_unknowns > 0 {
+                let _ = writeln!(
+                    md,
+                    "\n{} run: the longest CLASP fit of an epoch took {:.2} s of wall time ({} unknowns); the run {:.1} s.",
+                    r.placement, c.clasp_fit_secs_max, c.clasp_fit_unknowns, c.run_secs
+                );
+            }
         }
         let m = self.main();
         let _ = writeln!(
