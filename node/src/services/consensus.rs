@@ -22,5 +22,3 @@ mod stats;
 mod task;
 mod validate;
 mod weights;
-
-pub(crate) use state::Orchestration;

@@ -41,9 +41,6 @@ mod task;
 mod transition;
 mod validate;
 
-pub(crate) use hop::{choose as choose_replica, ATTEMPTS};
-pub(crate) use state::Routing;
-
 use std::sync::Mutex;
 use std::time::Duration;
 

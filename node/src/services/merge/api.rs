@@ -222,3 +222,7 @@ impl std::fmt::Display for FindingKind {
 
 /// Starting the service.
 pub(crate) use super::task::spawn;
+
+/// The merge plan of a stage, as every member computes it (`iota-p2p simulate` derives a
+/// merge's traffic from it).
+pub(crate) use super::plan_of;

@@ -8,7 +8,7 @@
 //!   validators' weights (`on_weights`);
 //! * each hop's choice of replica ([`choose_replica`] over each miner's own [`Routing`],
 //!   which learns hop times and failures as the node's does);
-//! * each stage merge's butterfly plan ([`merge::plan_of`]) and its phase budget
+//! * each stage merge's butterfly plan ([`plan_of`]) and its phase budget
 //!   ([`schedule::phase_for`]), from which the merge's traffic and time are derived;
 //! * CLASP ([`attribution::estimate`]) over the epoch's loss records, and the chain weights
 //!   ([`attribution::to_chain`]) each validator publishes from it.
@@ -33,12 +33,12 @@ use super::compute::{GpuClass, ModelCost};
 use super::net::{spread, Link, Links};
 use super::scenario::{Group, Placement, Scenario};
 use crate::schedule::{phase_for, MERGE_DELAY};
-use crate::services::consensus::api::EpochProgress;
-use crate::services::consensus::Orchestration;
-use crate::services::merge;
-use crate::services::miner::{
+use crate::services::consensus::api::{EpochProgress, Orchestration};
+use crate::services::merge::api::plan_of;
+use crate::services::miner::api::{
     choose_replica, Routing, ATTEMPTS, HOP_TIMEOUT, LOSS_BATCH, MAX_IN_FLIGHT, VAL_BATCHES,
 };
+use crate::services::validator::api::SPOT_CHECK_MEAN_INTERVAL;
 
 /// The node's clock tick (consensus and pacing).
 const TICK: f64 = 0.25;
@@ -555,7 +555,7 @@ impl<'a> Sim<'a> {
         }
         if self.cores.is_some() {
             for v in self.validators.clone() {
-                let next = self.exp(crate::services::validator::spot::MEAN_INTERVAL.as_secs_f64());
+                let next = self.exp(SPOT_CHECK_MEAN_INTERVAL.as_secs_f64());
                 self.at(next, Ev::SpotCheck { node: v });
             }
         }
@@ -889,7 +889,7 @@ impl<'a> Sim<'a> {
         let secs = if members.len() < 2 {
             0.0
         } else {
-            match merge::plan_of(closed.seed, stage, &members, len) {
+            match plan_of(closed.seed, stage, &members, len) {
                 Ok(plan) => self.merge_secs(&plan, &members, len, slack),
                 Err(error) => {
                     self.limit(
@@ -920,7 +920,7 @@ impl<'a> Sim<'a> {
     /// not hold; each phase within its budget (past it, the merge keeps local values).
     fn merge_secs(
         &mut self,
-        plan: &merge::butterfly::Plan,
+        plan: &training::butterfly::Plan,
         members: &[PeerIdStr],
         len: usize,
         slack: f64,
@@ -1458,8 +1458,7 @@ impl<'a> Sim<'a> {
         let cost = &self.cost.stages[stage];
         let secs = (cost.forward_flops + cost.backward_flops) / self.nodes[v].flops;
         self.run_job(v, secs);
-        let next =
-            self.now + self.exp(crate::services::validator::spot::MEAN_INTERVAL.as_secs_f64());
+        let next = self.now + self.exp(SPOT_CHECK_MEAN_INTERVAL.as_secs_f64());
         self.at(next, Ev::SpotCheck { node: v });
     }
 
