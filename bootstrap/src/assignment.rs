@@ -49,12 +49,7 @@ pub fn assign(
     if !(1..=MAX_STAGES).contains(&stages) {
         return Err(AssignmentError::StageCount { stages });
     }
-    let mut members: Vec<BTreeSet<&PeerIdStr>> = vec![BTreeSet::new(); stage_index(stages)];
-    for (miner, &stage) in previous {
-        if stage < stages && live.contains(miner) {
-            members[stage_index(stage)].insert(miner);
-        }
-    }
+    let mut members = kept(previous, live, stages);
     let kept: BTreeSet<&PeerIdStr> = members.iter().flatten().copied().collect();
     for miner in live.iter().filter(|m| !kept.contains(m)) {
         let smallest = first_index_of(&members, |a, b| a < b);
@@ -70,11 +65,31 @@ pub fn assign(
             .expect("the largest stage holds at least two miners");
         members[empty].insert(mover);
     }
-    Ok(members
+    Ok(assignment_of(&members))
+}
+
+/// The miners of `previous` still live, by stage (stages at or past `stages` dropped).
+fn kept<'a>(
+    previous: &'a Assignment,
+    live: &BTreeSet<PeerIdStr>,
+    stages: u32,
+) -> Vec<BTreeSet<&'a PeerIdStr>> {
+    let mut members: Vec<BTreeSet<&PeerIdStr>> = vec![BTreeSet::new(); stage_index(stages)];
+    for (miner, &stage) in previous {
+        if stage < stages && live.contains(miner) {
+            members[stage_index(stage)].insert(miner);
+        }
+    }
+    members
+}
+
+/// The assignment that puts the miners of `members[s]` on stage `s`.
+fn assignment_of(members: &[BTreeSet<&PeerIdStr>]) -> Assignment {
+    members
         .iter()
         .zip(0u32..)
         .flat_map(|(miners, stage)| miners.iter().map(move |&m| (m.clone(), stage)))
-        .collect())
+        .collect()
 }
 
 /// Number of miners in each stage of `assignment` (stages at or past `stages` are not counted).
@@ -176,12 +191,7 @@ pub fn assign_by_capacity(
     }
     let capacity = bounded_capacity(live, announced);
     let cap = |m: &PeerIdStr| capacity.get(m).copied().unwrap_or(1.0);
-    let mut members: Vec<BTreeSet<&PeerIdStr>> = vec![BTreeSet::new(); stage_index(stages)];
-    for (miner, &stage) in previous {
-        if stage < stages && live.contains(miner) {
-            members[stage_index(stage)].insert(miner);
-        }
-    }
+    let mut members = kept(previous, live, stages);
     let total = |set: &BTreeSet<&PeerIdStr>| set.iter().map(|m| cap(m)).sum::<f64>();
     let kept: BTreeSet<&PeerIdStr> = members.iter().flatten().copied().collect();
     for miner in live.iter().filter(|m| !kept.contains(m)) {
@@ -221,11 +231,7 @@ pub fn assign_by_capacity(
         members[most].remove(mover);
         members[least].insert(mover);
     }
-    Ok(members
-        .iter()
-        .zip(0u32..)
-        .flat_map(|(miners, stage)| miners.iter().map(move |&m| (m.clone(), stage)))
-        .collect())
+    Ok(assignment_of(&members))
 }
 
 /// Samples each head draws in an epoch of `epoch_samples` a head, in proportion to the rate
