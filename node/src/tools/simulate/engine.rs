@@ -884,8 +884,15 @@ impl<'a> Sim<'a> {
             .cloned()
             .collect();
         let len = self.cost.stages[stage as usize].params;
-        let start = self.now + delay;
-        let slack = (MERGE_DELAY.as_secs_f64() - delay).max(0.0);
+        // A member's merge starts from a snapshot of its weights, which its compute thread
+        // takes once the pass it is on is done: the merge waits for the busiest member.
+        let snapshot = members
+            .iter()
+            .map(|m| self.nodes[self.index[m]].busy_until)
+            .fold(0.0, f64::max);
+        let start = (self.now + delay).max(snapshot);
+        let waited = start - self.now;
+        let slack = (MERGE_DELAY.as_secs_f64() - waited).max(0.0);
         let secs = if members.len() < 2 {
             0.0
         } else {
@@ -904,7 +911,7 @@ impl<'a> Sim<'a> {
             }
         };
         let entry = self.merge_secs.entry(epoch).or_insert(0.0);
-        *entry = entry.max(delay + secs);
+        *entry = entry.max(waited + secs);
         self.merges.insert(
             (epoch, stage),
             Merge {
