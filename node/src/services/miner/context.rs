@@ -193,6 +193,11 @@ impl Ctx {
         let _ = self.notes.send(note).await;
     }
 
+    /// Reports to the miner's task if its inbox has room; drops the report otherwise.
+    pub(crate) fn try_note(&self, note: Note) {
+        let _ = self.notes.try_send(note);
+    }
+
     /// Asks the miner's task and waits for its answer.
     pub(crate) async fn ask<R>(
         &self,

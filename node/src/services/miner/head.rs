@@ -90,10 +90,6 @@ pub(crate) async fn run_epoch(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandl
         dropped,
         "head finished its samples"
     );
-    let secs = started.elapsed().as_secs_f64();
-    if done > 0 && secs > 0.0 {
-        ctx.note(Note::PathwayRate(done as f64 / secs)).await;
-    }
     publish(
         &ctx,
         &topic,
@@ -104,6 +100,13 @@ pub(crate) async fn run_epoch(ctx: Arc<Ctx>, plan: EpochPlan, worker: StageHandl
         },
     )
     .await;
+    // The rate this head's pathways carried, for its heartbeats. Never waited on: the
+    // miner's task may be busy ending this very epoch, and a lost figure costs nothing (the
+    // next epoch's replaces it).
+    let secs = started.elapsed().as_secs_f64();
+    if done > 0 && secs > 0.0 {
+        ctx.try_note(Note::PathwayRate(done as f64 / secs));
+    }
 }
 
 /// The head's samples in flight. When the epoch's loop is dropped (a newer plan stops it),
