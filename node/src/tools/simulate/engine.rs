@@ -748,9 +748,9 @@ impl<'a> Sim<'a> {
             .count()
     }
 
-    fn median_link(&self) -> Link {
-        // Node 0's link is as good a representative as any in a scenario of groups; use
-        // the first miner's, whose group is the largest in every scenario we ship.
+    /// The link gossip spread is timed by: the first miner's (the first group is the largest
+    /// in every scenario we ship), not a median over nodes.
+    fn gossip_link(&self) -> Link {
         self.links
             .link(self.sc.validators.count.min(self.nodes.len() - 1))
     }
@@ -790,7 +790,7 @@ impl<'a> Sim<'a> {
             bytes.len() as f64 + ENVELOPE,
             n,
             self.sc.gossip.mesh,
-            &self.median_link(),
+            &self.gossip_link(),
         );
         self.gossip.plan_bytes += (bytes.len() as f64 + ENVELOPE) * copies as f64;
         self.gossip.total_messages += copies as f64;
@@ -963,7 +963,7 @@ impl<'a> Sim<'a> {
                 .fold(0.0, f64::max)
         };
         let phase = phase_for(len).as_secs_f64();
-        let link = self.median_link();
+        let link = self.gossip_link();
         let commit_bytes = 100.0 + 32.0 * plan.partitions() as f64;
         let (commit, copies) = spread(
             commit_bytes + ENVELOPE,
@@ -1701,9 +1701,6 @@ impl<'a> Sim<'a> {
                 unknowns_max: self.unknowns_max,
             }
         });
-        if clasp.is_none() && self.unknowns_max > CLASP_MAX_UNKNOWNS {
-            // Recorded in the limits.
-        }
         let bad_weight_share = (!self.bad_weight.is_empty())
             .then(|| self.bad_weight.iter().sum::<f64>() / self.bad_weight.len() as f64);
         Outcome {
