@@ -44,7 +44,9 @@
 //! `IOTA_BENCH_EPOCHS` (default 3), `IOTA_BENCH_SAMPLES` (samples per head per epoch,
 //! default 50), `IOTA_BENCH_RATES` (comma-separated `tc` rates, `none` for an unlimited link;
 //! default `100mbit,1gbit`), `IOTA_BENCH_BEST` (`BOTTLENECK:WIRE` of the most compressed
-//! setting, default `1:bf16`) and `IOTA_BENCH_TIMEOUT_SECS` (per run, default 600) change it.
+//! setting, default `1:bf16`) and `IOTA_BENCH_TIMEOUT_SECS` (per run, default 600) change it;
+//! `IOTA_BENCH_KEEP_LOGS=1` keeps the nodes' logs (with `RUST_LOG=…miner::task=debug`, their
+//! epoch phases give each merge's duration).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -828,7 +830,11 @@ async fn bench(topo: &Topology, nodes: &mut Vec<NodeProcess>) -> anyhow::Result<
         "the held-out loss did not fall in: {}",
         untrained.join(", ")
     );
-    let _ = std::fs::remove_dir_all(&base);
+    if std::env::var_os("IOTA_BENCH_KEEP_LOGS").is_some() {
+        println!("node logs kept in {}", base.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&base);
+    }
     Ok(())
 }
 
