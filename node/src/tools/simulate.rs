@@ -184,6 +184,15 @@ mod tests {
         assert!(first.samples_done > 500, "{}", first.samples_done);
         assert!(first.tokens_per_s > 0.0 && first.tokens_per_s < first.perfect_tokens_per_s);
         assert!(first.epochs.len() >= 5, "{} epochs", first.epochs.len());
+        // Every miner's lifecycle took every event in order and no merge ran late; the
+        // validator's spot checks fetched evidence (a stage's weights, about 1 MB a check,
+        // about one check a second).
+        assert_eq!((first.lifecycle_refused, first.merge_overruns), (0, 0));
+        assert!(
+            (0.3e6..3e6).contains(&first.spot_check_bytes_per_s),
+            "{}",
+            first.spot_check_bytes_per_s
+        );
         let other = Scenario {
             seed: scenario.seed + 1,
             ..scenario.clone()

@@ -219,7 +219,8 @@ impl MinerHandle {
 pub(crate) use super::validate::PipelineRequests;
 
 /// What `iota-p2p simulate` drives of a miner: a hop's choice of replica over the table the
-/// miner keeps, and the bounds a miner's pipeline works within.
+/// miner keeps, its epoch lifecycle, and the bounds a miner's pipeline works within.
 pub(crate) use super::hop::{choose as choose_replica, ATTEMPTS};
+pub(crate) use super::lifecycle::{Lifecycle, LifecycleError, Overrun};
 pub(crate) use super::state::Routing;
 pub(crate) use super::{HOP_TIMEOUT, LOSS_BATCH, MAX_IN_FLIGHT, VAL_BATCHES};

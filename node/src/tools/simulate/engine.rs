@@ -8,13 +8,18 @@
 //!   validators' weights (`on_weights`);
 //! * each hop's choice of replica ([`choose_replica`] over each miner's own [`Routing`],
 //!   which learns hop times and failures as the node's does);
+//! * each miner's epoch [`Lifecycle`] (planned, merging with the node's deadline, training,
+//!   draining; `tick` every 250 ms reports merges past their deadline): a request reaching
+//!   a miner still planned or merging for the sample's epoch waits at its gate;
 //! * each stage merge's butterfly plan ([`plan_of`]) and its phase budget
 //!   ([`schedule::phase_for`]), from which the merge's traffic and time are derived;
 //! * CLASP ([`attribution::estimate`]) over the epoch's loss records, and the chain weights
 //!   ([`attribution::to_chain`]) each validator publishes from it.
 //!
-//! What is modelled instead: bytes on links ([`super::net`]), compute time
-//! ([`super::compute`]), the loss of a sample (a decaying curve plus seeded noise, plus what
+//! What is modelled instead: bytes on links ([`super::net`], yamux's stream windows
+//! included), compute time ([`super::compute`]), a merge's own work (a core-time a byte,
+//! fitted on one live run), spot checks (the evidence fetched through the checked miner's
+//! upload, then recomputed on the validator's compute thread), the loss of a sample (a decaying curve plus seeded noise, plus what
 //! a bad miner on its pathway adds), and gossip (delivered after [`super::net::spread`]'s
 //! delay, counted by copies). Nothing reads a clock or draws unseeded randomness: a seed
 //! gives the same figures.
@@ -32,11 +37,12 @@ use rand_chacha::ChaCha8Rng;
 use super::compute::{GpuClass, ModelCost};
 use super::net::{spread, Link, Links};
 use super::scenario::{Group, Placement, Scenario};
-use crate::schedule::{phase_for, MERGE_DELAY};
+use crate::schedule::{merge_budget, phase_for, MERGE_DELAY};
 use crate::services::consensus::api::{EpochProgress, Orchestration};
 use crate::services::merge::api::plan_of;
 use crate::services::miner::api::{
-    choose_replica, Routing, ATTEMPTS, HOP_TIMEOUT, LOSS_BATCH, MAX_IN_FLIGHT, VAL_BATCHES,
+    choose_replica, Lifecycle, LifecycleError, Overrun, Phase, Routing, ATTEMPTS, HOP_TIMEOUT,
+    LOSS_BATCH, MAX_IN_FLIGHT, VAL_BATCHES,
 };
 use crate::services::validator::api::SPOT_CHECK_MEAN_INTERVAL;
 
@@ -53,6 +59,12 @@ const LOSS_RECORD: f64 = 200.0;
 const LOSS_RECORD_HOP: f64 = 150.0;
 /// Bytes a merge value takes on the wire (f32).
 const MERGE_VALUE_BYTES: f64 = 4.0;
+/// A merge member's own work a byte of its stage's vector (snapshot, hashing partitions,
+/// framing, verifying and averaging inputs, the checkpoint after it), core-seconds. Fitted
+/// on one live run where the link costs almost nothing (the limited-link benchmark at
+/// 1 Gbit/s, default setting: the longest merge of an epoch 0.104 s, of which 0.014 s is the
+/// transfer, six members on two cores); the other settings are predicted with it.
+const MERGE_CORE_S_PER_BYTE: f64 = 0.017e-6;
 /// The wall clock of virtual second 0.
 const WALL_ORIGIN_SECS: u64 = 1_800_000_000;
 /// Most unknowns (miners summed over stages) CLASP is run with here: its fit is dense and
@@ -89,6 +101,13 @@ pub(crate) struct Outcome {
     pub(crate) clasp: Option<ClaspFigures>,
     /// Share of the Yuma consensus weight that went to planted bad miners.
     pub(crate) bad_weight_share: Option<f64>,
+    /// Spot-check evidence a validator fetched, bytes a second.
+    pub(crate) spot_check_bytes_per_s: f64,
+    /// Events the miners' lifecycles refused as out of order (an older epoch's transition
+    /// ending late, which the node logs and ignores).
+    pub(crate) lifecycle_refused: u64,
+    /// Merges a miner's lifecycle reported past their deadline.
+    pub(crate) merge_overruns: u64,
     pub(crate) limits: Vec<String>,
     pub(crate) series: Vec<(f64, f64)>,
     pub(crate) events: Vec<(f64, String)>,
@@ -224,6 +243,8 @@ struct Node {
     plan: Option<Arc<EpochPlan>>,
     stage: Option<u32>,
     ready: Option<u64>,
+    /// The miner's epoch lifecycle, driven as the miner's task drives it.
+    lifecycle: Lifecycle,
     routing: Routing,
     busy_until: f64,
     in_flight: usize,
@@ -311,6 +332,11 @@ struct Sim<'a> {
     plan_bytes: BTreeMap<u64, Arc<Vec<u8>>>,
     plan_published: BTreeMap<u64, f64>,
     merges: BTreeMap<(u64, u32), Merge>,
+    /// Bytes of spot-check evidence the validators fetched.
+    spot_bytes: f64,
+    /// Lifecycle events the miners' lifecycles refused, and merges they reported overdue.
+    lifecycle_refused: u64,
+    merge_overruns: u64,
     merge_secs: BTreeMap<u64, f64>,
     samples: HashMap<u64, Sample>,
     next_sample: u64,
@@ -411,6 +437,7 @@ impl<'a> Sim<'a> {
                 plan: None,
                 stage: None,
                 ready: None,
+                lifecycle: Lifecycle::default(),
                 routing: Routing::default(),
                 busy_until: 0.0,
                 in_flight: 0,
@@ -475,6 +502,9 @@ impl<'a> Sim<'a> {
             cores,
             live,
             plans: BTreeMap::new(),
+            spot_bytes: 0.0,
+            lifecycle_refused: 0,
+            merge_overruns: 0,
             plan_bytes: BTreeMap::new(),
             plan_published: BTreeMap::new(),
             merges: BTreeMap::new(),
@@ -525,6 +555,19 @@ impl<'a> Sim<'a> {
         Duration::from_secs_f64(self.now)
     }
 
+    /// Applies one event to miner `i`'s lifecycle at now, as the miner's task does: an
+    /// event it refuses is counted and changes nothing.
+    fn life(
+        &mut self,
+        i: usize,
+        event: impl FnOnce(&mut Lifecycle, Duration) -> Result<Phase, LifecycleError>,
+    ) {
+        let now = self.since_start();
+        if event(&mut self.nodes[i].lifecycle, now).is_err() {
+            self.lifecycle_refused += 1;
+        }
+    }
+
     fn wall(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(WALL_ORIGIN_SECS) + self.since_start()
     }
@@ -553,11 +596,9 @@ impl<'a> Sim<'a> {
         if let Some(at) = churn.validator_fails_at_secs {
             self.at(at, Ev::ValidatorFails);
         }
-        if self.cores.is_some() {
-            for v in self.validators.clone() {
-                let next = self.exp(SPOT_CHECK_MEAN_INTERVAL.as_secs_f64());
-                self.at(next, Ev::SpotCheck { node: v });
-            }
+        for v in self.validators.clone() {
+            let next = self.exp(SPOT_CHECK_MEAN_INTERVAL.as_secs_f64());
+            self.at(next, Ev::SpotCheck { node: v });
         }
         while let Some(Reverse(entry)) = self.queue.pop() {
             let t = entry.at as f64 / 1e9;
@@ -738,6 +779,26 @@ impl<'a> Sim<'a> {
         for (v, bytes) in published {
             self.publish(v, bytes);
         }
+        let since = self.since_start();
+        let mut overdue = Vec::new();
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            if node.state == State::Alive && !node.validator {
+                if let Some(Overrun::Merge { epoch, late }) = node.lifecycle.tick(since) {
+                    overdue.push((i, epoch, late));
+                }
+            }
+        }
+        for (i, epoch, late) in overdue {
+            self.merge_overruns += 1;
+            self.limit(
+                "merge-overrun",
+                format!(
+                    "merges: miner {i}'s merge before epoch {epoch} passed its deadline by \
+                     {:.1} s (its lifecycle's report)",
+                    late.as_secs_f64()
+                ),
+            );
+        }
         self.at(self.now + TICK, Ev::Tick);
     }
 
@@ -849,10 +910,21 @@ impl<'a> Sim<'a> {
             head.quota = head.drawn;
             head.evals_left = 0;
         }
-        let Some(stage) = node.stage else {
+        self.life(i, |l, now| l.planned(now, epoch));
+        let Some(stage) = self.nodes[i].stage else {
+            self.life(i, |l, now| l.draining(now, epoch));
             return;
         };
         let fetch = before != Some(stage);
+        if !fetch {
+            // The miner merges the stage it kept, due by the plan's merge start plus the
+            // merge's phases (the node's deadline).
+            let len = self.cost.stages[stage as usize].params;
+            let made = self.plan_published.get(&epoch).copied().unwrap_or(self.now);
+            let due = made + MERGE_DELAY.as_secs_f64() + merge_budget(len).as_secs_f64();
+            let deadline = Duration::from_secs_f64(due.max(self.now));
+            self.life(i, |l, now| l.merging(now, epoch, deadline));
+        }
         match self.merges.get_mut(&(epoch, stage)) {
             Some(merge) if merge.done_at.is_none() => merge.waiting.push((i, fetch)),
             Some(_) | None => {
@@ -993,7 +1065,14 @@ impl<'a> Sim<'a> {
                 ),
             );
         }
-        commit.min(commit_budget) + hold.min(2.0 * phase) + collect.min(2.0 * phase)
+        // Every member's own work, in line with its transfers (each phase waits for the
+        // one before); members sharing a host's cores share them (all merge at once).
+        let sharing = match &self.sc.host {
+            Some(host) => (self.live.len() as f64 / host.cores.max(1) as f64).max(1.0),
+            None => 1.0,
+        };
+        let work = MERGE_CORE_S_PER_BYTE * len as f64 * MERGE_VALUE_BYTES * sharing;
+        commit.min(commit_budget) + hold.min(2.0 * phase) + collect.min(2.0 * phase) + work
     }
 
     fn on_merge_done(&mut self, epoch: u64, stage: u32) {
@@ -1025,6 +1104,11 @@ impl<'a> Sim<'a> {
         };
         node.ready = Some(epoch);
         node.ready_at = self.now;
+        let now = Duration::from_secs_f64(self.now);
+        if node.lifecycle.training(now, epoch).is_err() {
+            self.lifecycle_refused += 1;
+        }
+        let node = &mut self.nodes[i];
         node.completed = 0;
         if node.stage == Some(0) {
             let index = plan.miners_of(0).position(|h| *h == node.id).unwrap_or(0);
@@ -1065,10 +1149,12 @@ impl<'a> Sim<'a> {
             if !room {
                 return;
             }
+            let mut drained = false;
             if eval {
                 head.evals_left -= 1;
             } else {
                 head.drawn += 1;
+                drained = head.drawn == head.quota;
             }
             head.in_flight += 1;
             let id = self.next_sample;
@@ -1091,6 +1177,10 @@ impl<'a> Sim<'a> {
             } else {
                 Pass::Forward
             };
+            if drained {
+                let epoch = plan.epoch;
+                self.life(i, |l, now| l.draining(now, epoch));
+            }
             self.compute(i, id, pass);
         }
     }
@@ -1119,7 +1209,12 @@ impl<'a> Sim<'a> {
     /// Runs `secs` of compute on node `i` (one compute thread a node, as in the node);
     /// returns when it ends.
     fn run_job(&mut self, i: usize, secs: f64) -> f64 {
-        let ready = self.now.max(self.nodes[i].busy_until);
+        self.run_job_from(i, self.now, secs)
+    }
+
+    /// [`Self::run_job`], the job being ready at `from` (not before now).
+    fn run_job_from(&mut self, i: usize, from: f64, secs: f64) -> f64 {
+        let ready = from.max(self.now).max(self.nodes[i].busy_until);
         let done =
             match &mut self.cores {
                 None => ready + secs,
@@ -1280,10 +1375,13 @@ impl<'a> Sim<'a> {
         // fetching its weights holds the request until its stage is in place (the node's
         // epoch gate), up to the hop's timeout.
         let sent = sample.sent_at.last().copied().unwrap_or(self.now);
+        let preparing = match node.lifecycle.phase() {
+            Phase::Planned { epoch } | Phase::Merging { epoch, .. } => epoch == sample.epoch,
+            _ => false,
+        };
         let waits = self.alive(to)
-            && node.ready.is_none()
+            && preparing
             && sample.plan.stage_of(&node.id) == Some(stage)
-            && node.plan.as_ref().is_some_and(|p| p.epoch == sample.epoch)
             && self.now - sent < HOP_TIMEOUT.as_secs_f64();
         if waits {
             self.at(self.now + GATE_POLL, Ev::Hop { to, sample: id });
@@ -1454,18 +1552,46 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// One spot check of validator `v`, as the node's checker runs them (one at a time, the
+    /// next ½–1½ s after the last one ended): it fetches a random miner's evidence (that
+    /// stage's f32 weights and the sample's frames: the output at the head, input and
+    /// gradient sent back at the tail, both frames and both gradients in the middle) through
+    /// that miner's upload, then recomputes the stage's passes on its own compute thread.
     fn on_spot_check(&mut self, v: usize) {
         if !self.alive(v) {
             return;
         }
-        // A validator recomputes one stage's forward and backward of a recent sample on the
-        // shared cores (only modelled when the nodes share a host: elsewhere a validator
-        // computes on its own GPU and costs the miners nothing).
-        let stage = self.rng.gen_range(0..self.cost.stages.len());
+        let interval = SPOT_CHECK_MEAN_INTERVAL.as_secs_f64();
+        let plan = self.plans.values().next_back().cloned();
+        let checked = plan.and_then(|plan| {
+            let stage = self.rng.gen_range(0..plan.stages);
+            let miners: Vec<usize> = plan
+                .miners_of(stage)
+                .map(|m| self.index[m])
+                .filter(|&i| self.alive(i))
+                .collect();
+            let pick = self.rng.gen_range(0..miners.len().max(1));
+            miners.get(pick).map(|&m| (m, stage as usize))
+        });
+        let Some((miner, stage)) = checked else {
+            let next = self.now + interval;
+            self.at(next, Ev::SpotCheck { node: v });
+            return;
+        };
+        let last = self.cost.stages.len() - 1;
+        let frames = match stage {
+            0 => 1.0,
+            s if s == last => 2.0,
+            _ => 4.0,
+        };
         let cost = &self.cost.stages[stage];
-        let secs = (cost.forward_flops + cost.backward_flops) / self.nodes[v].flops;
-        self.run_job(v, secs);
-        let next = self.now + self.exp(SPOT_CHECK_MEAN_INTERVAL.as_secs_f64());
+        let (params, flops) = (cost.params, cost.forward_flops + cost.backward_flops);
+        let bytes = params as f64 * 4.0 + frames * self.cost.activation_bytes;
+        self.spot_bytes += bytes;
+        let landed = self.links.send(miner, v, bytes, self.now);
+        let secs = flops / self.nodes[v].flops;
+        let done = self.run_job_from(v, landed, secs);
+        let next = done + interval * self.rng.gen_range(0.5..1.5);
         self.at(next, Ev::SpotCheck { node: v });
     }
 
@@ -1714,6 +1840,11 @@ impl<'a> Sim<'a> {
             samples_dropped: self.dropped,
             tokens_per_s: self.tokens as f64 / span,
             perfect_tokens_per_s: perfect,
+            lifecycle_refused: self.lifecycle_refused,
+            merge_overruns: self.merge_overruns,
+            spot_check_bytes_per_s: self.spot_bytes
+                / self.validators.len().max(1) as f64
+                / self.end.max(1e-9),
             mean_train_secs: mean_epoch_secs - mean_merge_secs,
             mean_epoch_secs,
             mean_merge_secs,

@@ -7,6 +7,15 @@
 //! congestion inside the core and no TCP slow start: a long-lived libp2p connection is
 //! assumed warm.
 //!
+//! Each request is a new yamux stream, and yamux's flow control is modelled as the node's
+//! yamux (0.14) does it: a stream may send 256 KiB before the receiver grants more; the
+//! receiver grants what it has read each time it has read half its window, and that update
+//! crosses the receiver's upload behind whatever it is already sending, then both latencies.
+//! A window doubles when its half was read within two round trips (yamux's auto-tuning, with
+//! the round trip of an idle path, as its pings measure it). A message larger than the
+//! window therefore stalls while the receiver's upload is busy: on links that are both
+//! limited and loaded, the cost that perfect queues leave out.
+//!
 //! Gossip follows gossipsub's mesh: a message reaches every subscriber in about
 //! `⌈log_D N⌉` mesh hops, and each subscriber receives it from about `min(D, N − 1)` mesh
 //! peers, the duplicates included (the figures count every copy a node receives).
@@ -46,7 +55,9 @@ impl Links {
         self.links[i]
     }
 
-    /// Sends `bytes` from `a` to `b` at `now`; returns when the last byte has arrived.
+    /// Sends `bytes` from `a` to `b` at `now`; returns when the last byte has arrived. The
+    /// queues count the time the bytes take; the message itself also waits for its
+    /// stream's window updates ([`flow_stalls`]), time in which the links serve others.
     pub(crate) fn send(&mut self, a: usize, b: usize, bytes: f64, now: f64) -> f64 {
         let (la, lb) = (self.links[a], self.links[b]);
         let start = now.max(self.up_free[a]);
@@ -56,7 +67,8 @@ impl Links {
         let first = (start + path).max(self.down_free[b]);
         let landed = (first + bytes / lb.down).max(sent + path);
         self.down_free[b] = landed;
-        landed
+        let backlog = (self.up_free[b] - start).max(0.0);
+        landed + flow_stalls(bytes, la.up.min(lb.down), path, backlog)
     }
 
     /// The slowest download of any node, bytes a second.
@@ -71,6 +83,53 @@ impl Links {
     pub(crate) fn round_trip(&self, a: usize, b: usize) -> f64 {
         2.0 * (self.links[a].latency + self.links[b].latency)
     }
+}
+
+/// A yamux stream's first receive window (yamux's `DEFAULT_CREDIT`).
+pub(crate) const STREAM_WINDOW: f64 = 256.0 * 1024.0;
+
+/// Seconds a message of `bytes` on a new yamux stream spends waiting for window updates,
+/// sent at `rate` over a path of one-way latency `path`, when the receiver's upload is busy
+/// for `backlog` seconds ahead of each update it sends. Zero for a message within the
+/// first window.
+pub(crate) fn flow_stalls(bytes: f64, rate: f64, path: f64, backlog: f64) -> f64 {
+    if bytes <= STREAM_WINDOW || rate <= 0.0 || !rate.is_finite() {
+        return 0.0;
+    }
+    let round_trip = 2.0 * path;
+    let mut window = STREAM_WINDOW;
+    let mut credit = window;
+    let mut next_update = window / 2.0;
+    let mut last_update = 0.0f64;
+    // (when an update reaches the sender, the credit it grants), in order.
+    let mut updates = std::collections::VecDeque::new();
+    let (mut sent, mut clock) = (0.0f64, 0.0f64);
+    while sent < bytes {
+        if sent >= credit {
+            let Some((at, granted)) = updates.pop_front() else {
+                break;
+            };
+            clock = clock.max(at);
+            credit = f64::max(credit, granted);
+            continue;
+        }
+        let upto = bytes.min(credit).min(next_update.max(sent));
+        let upto = if upto > sent { upto } else { bytes.min(credit) };
+        clock += (upto - sent) / rate;
+        sent = upto;
+        if sent >= next_update && sent < bytes {
+            // The receiver has read `sent` bytes: it grants them, doubling its window when
+            // half of it went by within two round trips.
+            let read_at = clock + path;
+            if read_at - last_update < 2.0 * round_trip {
+                window *= 2.0;
+            }
+            last_update = read_at;
+            updates.push_back((read_at + backlog + path, sent + window));
+            next_update = sent + window / 2.0;
+        }
+    }
+    (clock - bytes / rate).max(0.0)
 }
 
 /// How a gossip message of `bytes` spreads over `subscribers` nodes: the time until the last
@@ -99,15 +158,32 @@ mod tests {
             latency: 0.01,
         };
         let mut links = Links::new(vec![link; 3]);
-        // 1 MB at 1 MB/s and 20 ms of path.
-        let first = links.send(0, 1, 1e6, 0.0);
-        assert!((first - 1.02).abs() < 1e-9, "{first}");
+        // 200 kB (within a stream's window) at 1 MB/s and 20 ms of path.
+        let first = links.send(0, 1, 2e5, 0.0);
+        assert!((first - 0.22).abs() < 1e-9, "{first}");
         // A second transfer from the same node waits for the first to leave its upload.
-        let second = links.send(0, 2, 1e6, 0.0);
-        assert!((second - 2.02).abs() < 1e-9, "{second}");
+        let second = links.send(0, 2, 2e5, 0.0);
+        assert!((second - 0.42).abs() < 1e-9, "{second}");
         // Spreading over more nodes takes more mesh hops.
         let (few, copies) = spread(300.0, 6, 6, &link);
         let (many, _) = spread(300.0, 4096, 6, &link);
         assert!(many > few && copies == 5);
+    }
+
+    #[test]
+    fn a_message_beyond_the_window_waits_for_updates_behind_a_busy_upload() {
+        let rate = 12.5e6;
+        // Within the first window, or with an idle receiver and a short path: no wait.
+        assert_eq!(flow_stalls(STREAM_WINDOW, rate, 0.0, 0.5), 0.0);
+        assert!(flow_stalls(485e3, rate, 25e-6, 0.0) < 1e-9);
+        // 485 kB needs more credit: the first update leaves the receiver after 128 KiB
+        // (10.5 ms) and reaches the sender 40 ms later, while the sender ran out of credit
+        // at 21 ms; the next one, sent 10.5 ms later, arrives as that credit runs out.
+        let busy = flow_stalls(485e3, rate, 25e-6, 0.040);
+        let half = STREAM_WINDOW / 2.0 / rate;
+        assert!((busy - (0.040 - half)).abs() < 1e-3, "{busy}");
+        // A long path is paid in round trips, fewer of them as the window grows.
+        let far = flow_stalls(16e6, 1.25e9, 0.05, 0.0);
+        assert!(far > 0.3 && far < 1.5, "{far}");
     }
 }
