@@ -110,6 +110,7 @@ pub type MemberId = String;
 pub use audit::{audit, sampled, AuditConfig, AuditError, AuditReport};
 pub use average::{weighted_average, AverageError, Contribution, Hash, ParseHashError};
 pub use codec::{DecodeError, WIRE_VERSION};
+pub use ledger::{Check, Decision, Ledger, Observed};
 pub use message::{
     Commitment, Evidence, Gossip, Misbehaviour, MisbehaviourKind, Request, Response, SliceHash,
     Unavailable, MAX_GOSSIP_BYTES, MAX_GOSSIP_JSON_BYTES, MAX_PARTITION_VALUES, MAX_REQUEST_BYTES,

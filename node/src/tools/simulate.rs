@@ -188,6 +188,7 @@ mod tests {
         // validator's spot checks fetched evidence (a stage's weights, about 1 MB a check,
         // about one check a second).
         assert_eq!((first.lifecycle_refused, first.merge_overruns), (0, 0));
+        assert_eq!((first.merge_excluded, first.merge_kept_local), (0, 0));
         assert!(
             (0.3e6..3e6).contains(&first.spot_check_bytes_per_s),
             "{}",
@@ -201,6 +202,27 @@ mod tests {
             .unwrap()
             .0;
         assert_ne!(first.series, different.series);
+    }
+
+    #[test]
+    fn a_member_too_slow_to_commit_is_left_out_of_its_merge() {
+        // The local swarm with a seventh miner whose passes take minutes: whenever a plan
+        // closes an epoch it is mid-pass, its snapshot (and so its commitment) comes after
+        // the commit deadline, and the merge's ledger leaves it out.
+        let mut scenario = Scenario::load(&shipped().join("local-swarm.toml")).unwrap();
+        let mut slow = scenario.miners[0].clone();
+        slow.count = 1;
+        slow.slowdown = 300.0;
+        scenario.miners.push(slow);
+        scenario.duration_secs = 150.0;
+        let outcome = engine::simulate_timed(&scenario, scenario.placement, false)
+            .unwrap()
+            .0;
+        assert!(outcome.merge_excluded > 0, "{outcome:?}");
+        assert!(outcome
+            .limits
+            .iter()
+            .any(|l| l.contains("commitment(s) late")));
     }
 
     #[test]

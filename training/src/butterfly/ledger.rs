@@ -18,7 +18,7 @@ use super::{
 
 /// What observing one gossip message changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Observed {
+pub enum Observed {
     /// Nothing: another merge, a duplicate or a stale round.
     Nothing,
     /// A new commitment from this member.
@@ -35,7 +35,7 @@ pub(crate) enum Observed {
 
 /// What a member does about one partition once the claims are in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Decision {
+pub enum Decision {
     /// No usable claim: keep this member's own values.
     KeepLocal,
     /// All usable claims agree: fetch `claim.result` from `sources` (holder indices, in
@@ -55,7 +55,7 @@ pub(crate) enum Decision {
 
 /// Outcome of recomputing one disputed claim from the committed inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Check {
+pub enum Check {
     /// The recomputed average has the claimed hash.
     Reproduced,
     /// It does not; carries the hash that was recomputed.
@@ -74,7 +74,7 @@ struct Entry {
 }
 
 /// The book of one merge (epoch, stage) as seen by `reporter`.
-pub(crate) struct Ledger {
+pub struct Ledger {
     epoch: u64,
     stage: u32,
     plan: Arc<Plan>,
@@ -90,7 +90,7 @@ pub(crate) struct Ledger {
 }
 
 impl Ledger {
-    pub(crate) fn new(epoch: u64, stage: u32, plan: Arc<Plan>, reporter: MemberId) -> Self {
+    pub fn new(epoch: u64, stage: u32, plan: Arc<Plan>, reporter: MemberId) -> Self {
         let n = plan.members().len();
         let partitions = plan.partitions();
         Ledger {
@@ -108,13 +108,13 @@ impl Ledger {
 
     /// Caps every commitment's sample count at `max_samples` (the same cap on every member,
     /// so both holders of a partition still compute the same bytes).
-    pub(crate) fn with_max_samples(mut self, max_samples: u64) -> Self {
+    pub fn with_max_samples(mut self, max_samples: u64) -> Self {
         self.max_samples = max_samples;
         self
     }
 
     /// Members whose commitment claimed more samples than the cap (they weigh the cap).
-    pub(crate) fn capped(&self) -> Vec<MemberId> {
+    pub fn capped(&self) -> Vec<MemberId> {
         self.capped
             .iter()
             .map(|&m| self.plan.member(m).to_string())
@@ -123,7 +123,7 @@ impl Ledger {
 
     /// Records `message` signed by `from`; `on_time` says whether the commit deadline has
     /// not yet passed.
-    pub(crate) fn observe(&mut self, from: &str, message: Gossip, on_time: bool) -> Observed {
+    pub fn observe(&mut self, from: &str, message: Gossip, on_time: bool) -> Observed {
         if message.merge() != (self.epoch, self.stage) {
             return Observed::Nothing;
         }
@@ -219,7 +219,7 @@ impl Ledger {
     }
 
     /// A report by this ledger's owner against member `accused`.
-    pub(crate) fn report(
+    pub fn report(
         &self,
         accused: usize,
         kind: MisbehaviourKind,
@@ -236,12 +236,12 @@ impl Ledger {
     }
 
     /// Marks a member as an equivocator (it served bytes that differ from its commitment).
-    pub(crate) fn exclude(&mut self, member: usize) {
+    pub fn exclude(&mut self, member: usize) {
         self.equivocators.insert(member);
     }
 
     /// Members whose commitment arrived before the deadline and who have not equivocated.
-    pub(crate) fn on_time(&self) -> BTreeSet<usize> {
+    pub fn on_time(&self) -> BTreeSet<usize> {
         (0..self.commitments.len())
             .filter(|i| !self.equivocators.contains(i))
             .filter(|&i| self.commitments[i].as_ref().is_some_and(|e| e.on_time))
@@ -249,7 +249,7 @@ impl Ledger {
     }
 
     /// Whether every member of the plan has committed.
-    pub(crate) fn all_committed(&self) -> bool {
+    pub fn all_committed(&self) -> bool {
         self.commitments.iter().all(Option::is_some)
     }
 
@@ -258,7 +258,7 @@ impl Ledger {
     /// The members among `inputs` (verified inputs of partition `p`, by member) whose input
     /// is an outlier ([`crate::butterfly::robust::outliers`]), with their committed hashes;
     /// inputs without a known commitment are not compared.
-    pub(crate) fn outliers<'a>(
+    pub fn outliers<'a>(
         &self,
         p: usize,
         inputs: impl IntoIterator<Item = (usize, &'a [f32])>,
@@ -293,7 +293,7 @@ impl Ledger {
             .collect()
     }
 
-    pub(crate) fn commitment(&self, member: usize) -> Option<&Commitment> {
+    pub fn commitment(&self, member: usize) -> Option<&Commitment> {
         if self.equivocators.contains(&member) {
             return None;
         }
@@ -301,14 +301,14 @@ impl Ledger {
     }
 
     /// The latest claims for partition `p`.
-    pub(crate) fn claims(&self, p: usize) -> impl Iterator<Item = &SliceHash> {
+    pub fn claims(&self, p: usize) -> impl Iterator<Item = &SliceHash> {
         self.slices[p].iter().flatten()
     }
 
     /// Whether a claim's input hashes match the commitments known here (members with no
     /// known commitment are taken on the holder's word; a verifier will fail to reproduce
     /// the average if the holder lied about them).
-    pub(crate) fn consistent(&self, s: &SliceHash) -> bool {
+    pub fn consistent(&self, s: &SliceHash) -> bool {
         let p = s.partition as usize;
         s.included.iter().zip(&s.input_hashes).all(|(m, h)| {
             self.plan
@@ -319,7 +319,7 @@ impl Ledger {
     }
 
     /// Whether every partition is [settled](Ledger::settled).
-    pub(crate) fn all_settled(&self) -> bool {
+    pub fn all_settled(&self) -> bool {
         let on_time = self.on_time();
         (0..self.plan.partitions()).all(|p| self.settled_given(p, &on_time))
     }
@@ -327,7 +327,7 @@ impl Ledger {
     /// Whether nothing more is expected for partition `p`: every holder that committed on
     /// time has a claim, and the claims agree on the result or, disagreeing, agree on the
     /// included set (a dispute that no further round will resolve).
-    pub(crate) fn settled(&self, p: usize) -> bool {
+    pub fn settled(&self, p: usize) -> bool {
         self.settled_given(p, &self.on_time())
     }
 
@@ -344,7 +344,7 @@ impl Ledger {
     }
 
     /// What member `me` (none for an auditor) does about partition `p`.
-    pub(crate) fn decide(&self, p: usize, me: Option<usize>) -> Decision {
+    pub fn decide(&self, p: usize, me: Option<usize>) -> Decision {
         let usable: Vec<(usize, &SliceHash)> = (0..2)
             .filter_map(|slot| self.slices[p][slot].as_ref().map(|s| (slot, s)))
             .filter(|(_, s)| self.consistent(s))

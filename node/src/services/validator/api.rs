@@ -242,5 +242,6 @@ pub(crate) use super::task::spawn;
 /// The rules of spot-check and confirmation requests.
 pub(crate) use super::validate::{confirmation_request, spot_check_request};
 
-/// Mean time between a validator's spot checks (`iota-p2p simulate` charges their compute).
-pub(crate) use super::spot::MEAN_INTERVAL as SPOT_CHECK_MEAN_INTERVAL;
+/// A validator's spot-check schedule: when checks start, paced by their fetches
+/// (`iota-p2p simulate` drives it).
+pub(crate) use super::spot::Schedule as SpotSchedule;

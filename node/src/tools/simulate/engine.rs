@@ -11,8 +11,12 @@
 //! * each miner's epoch [`Lifecycle`] (planned, merging with the node's deadline, training,
 //!   draining; `tick` every 250 ms reports merges past their deadline): a request reaching
 //!   a miner still planned or merging for the sample's epoch waits at its gate;
-//! * each stage merge's butterfly plan ([`plan_of`]) and its phase budget
-//!   ([`schedule::phase_for`]), from which the merge's traffic and time are derived;
+//! * each stage merge's butterfly plan ([`plan_of`]), its deadlines
+//!   ([`schedule::phase_for`]), and its decisions by the protocol's own [`Ledger`] (which
+//!   members' commitments count, when partitions settle, where each member fetches an
+//!   average or keeps local values), fed commitments and claims as they arrive;
+//! * each validator's spot-check schedule ([`SpotSchedule`]: intervals, and the pause after
+//!   a long fetch);
 //! * CLASP ([`attribution::estimate`]) over the epoch's loss records, and the chain weights
 //!   ([`attribution::to_chain`]) each validator publishes from it.
 //!
@@ -44,7 +48,8 @@ use crate::services::miner::api::{
     choose_replica, Lifecycle, LifecycleError, Overrun, Phase, Routing, ATTEMPTS, HOP_TIMEOUT,
     LOSS_BATCH, MAX_IN_FLIGHT, VAL_BATCHES,
 };
-use crate::services::validator::api::SPOT_CHECK_MEAN_INTERVAL;
+use crate::services::validator::api::SpotSchedule;
+use training::butterfly::{Commitment, Decision, Gossip, Hash, Ledger, Plan, SliceHash};
 
 /// The node's clock tick (consensus and pacing).
 const TICK: f64 = 0.25;
@@ -108,6 +113,10 @@ pub(crate) struct Outcome {
     pub(crate) lifecycle_refused: u64,
     /// Merges a miner's lifecycle reported past their deadline.
     pub(crate) merge_overruns: u64,
+    /// Merge members left out for a commitment after the deadline (the merges' ledgers).
+    pub(crate) merge_excluded: u64,
+    /// (member, partition) pairs that kept local values: no agreed claim in time.
+    pub(crate) merge_kept_local: u64,
     pub(crate) limits: Vec<String>,
     pub(crate) series: Vec<(f64, f64)>,
     pub(crate) events: Vec<(f64, String)>,
@@ -325,6 +334,8 @@ struct Sim<'a> {
     uid: HashMap<PeerIdStr, u16>,
     validators: Vec<usize>,
     orch: BTreeMap<usize, Orchestration>,
+    /// Each validator's spot-check schedule (the node's, seeded per validator).
+    spot: BTreeMap<usize, SpotSchedule>,
     links: Links,
     cores: Option<Vec<f64>>,
     live: Arc<BTreeSet<PeerIdStr>>,
@@ -337,6 +348,10 @@ struct Sim<'a> {
     /// Lifecycle events the miners' lifecycles refused, and merges they reported overdue.
     lifecycle_refused: u64,
     merge_overruns: u64,
+    /// Merge members left out for a late commitment, and (member, partition) pairs that
+    /// kept local values, as the merges' ledgers decided.
+    merge_excluded: u64,
+    merge_kept_local: u64,
     merge_secs: BTreeMap<u64, f64>,
     samples: HashMap<u64, Sample>,
     next_sample: u64,
@@ -471,6 +486,21 @@ impl<'a> Sim<'a> {
             o.set_placement(placement);
             orch.insert(v, o);
         }
+        let spot = validators
+            .iter()
+            .map(|&v| {
+                let secret = *blake3::hash(
+                    &[
+                        &sc.seed.to_le_bytes()[..],
+                        b"spot",
+                        &(v as u64).to_le_bytes(),
+                    ]
+                    .concat(),
+                )
+                .as_bytes();
+                (v, SpotSchedule::new(secret))
+            })
+            .collect();
         let spares = (spare_start..nodes.len()).rev().collect();
         let live = Arc::new(
             nodes
@@ -498,6 +528,7 @@ impl<'a> Sim<'a> {
             uid,
             validators,
             orch,
+            spot,
             links: Links::new(links),
             cores,
             live,
@@ -505,6 +536,8 @@ impl<'a> Sim<'a> {
             spot_bytes: 0.0,
             lifecycle_refused: 0,
             merge_overruns: 0,
+            merge_excluded: 0,
+            merge_kept_local: 0,
             plan_bytes: BTreeMap::new(),
             plan_published: BTreeMap::new(),
             merges: BTreeMap::new(),
@@ -597,7 +630,7 @@ impl<'a> Sim<'a> {
             self.at(at, Ev::ValidatorFails);
         }
         for v in self.validators.clone() {
-            let next = self.exp(SPOT_CHECK_MEAN_INTERVAL.as_secs_f64());
+            let next = self.spot_delay(v);
             self.at(next, Ev::SpotCheck { node: v });
         }
         while let Some(Reverse(entry)) = self.queue.pop() {
@@ -948,7 +981,8 @@ impl<'a> Sim<'a> {
 
     /// Starts the merge of `closed`'s `stage` when the plan of `epoch` has spread (`delay`
     /// after now). Its deadlines count from the plan's merge start, [`MERGE_DELAY`] after
-    /// the plan was made, but a member begins at once (as the node's merge service does).
+    /// the plan was made, but a member begins at once (as the node's merge service does),
+    /// from a snapshot its compute thread takes once the pass it is on is done.
     fn start_merge(&mut self, closed: &EpochPlan, epoch: u64, stage: u32, delay: f64) {
         let members: Vec<PeerIdStr> = closed
             .miners_of(stage)
@@ -956,20 +990,11 @@ impl<'a> Sim<'a> {
             .cloned()
             .collect();
         let len = self.cost.stages[stage as usize].params;
-        // A member's merge starts from a snapshot of its weights, which its compute thread
-        // takes once the pass it is on is done: the merge waits for the busiest member.
-        let snapshot = members
-            .iter()
-            .map(|m| self.nodes[self.index[m]].busy_until)
-            .fold(0.0, f64::max);
-        let start = (self.now + delay).max(snapshot);
-        let waited = start - self.now;
-        let slack = (MERGE_DELAY.as_secs_f64() - waited).max(0.0);
-        let secs = if members.len() < 2 {
-            0.0
+        let end = if members.len() < 2 {
+            self.now + delay
         } else {
             match plan_of(closed.seed, stage, &members, len) {
-                Ok(plan) => self.merge_secs(&plan, &members, len, slack),
+                Ok(plan) => self.run_merge(plan, closed.epoch, stage, delay),
                 Err(error) => {
                     self.limit(
                         "merge-members",
@@ -978,12 +1003,12 @@ impl<'a> Sim<'a> {
                         members.len()
                     ),
                     );
-                    0.0
+                    self.now + delay
                 }
             }
         };
         let entry = self.merge_secs.entry(epoch).or_insert(0.0);
-        *entry = entry.max(waited + secs);
+        *entry = entry.max(end - self.now);
         self.merges.insert(
             (epoch, stage),
             Merge {
@@ -991,88 +1016,194 @@ impl<'a> Sim<'a> {
                 waiting: Vec::new(),
             },
         );
-        self.at(start + secs, Ev::MergeDone { epoch, stage });
+        self.at(end, Ev::MergeDone { epoch, stage });
     }
 
-    /// How long a merge takes once started: commitments spread, holders fetch every
-    /// member's slice of what they hold, claims spread, members fetch every average they do
-    /// not hold; each phase within its budget (past it, the merge keeps local values).
-    fn merge_secs(
-        &mut self,
-        plan: &training::butterfly::Plan,
-        members: &[PeerIdStr],
-        len: usize,
-        slack: f64,
-    ) -> f64 {
+    /// One stage merge on the node's deadlines (commit by the merge start plus a phase,
+    /// claims by three phases, done by five), its decisions taken by the butterfly
+    /// protocol's own [`Ledger`] fed the members' commitments and the holders' claims at
+    /// the times they arrive: a commitment after the deadline leaves its member out, a
+    /// partition without a claim by the claims deadline keeps local values, a member
+    /// fetches each average it does not hold from the source the ledger names. Returns
+    /// when the last member is done (its own work included).
+    fn run_merge(&mut self, plan: Plan, epoch: u64, stage: u32, delay: f64) -> f64 {
         let n = plan.members().len();
+        let partitions = plan.partitions();
+        let len = plan.len();
         let node_of: Vec<usize> = (0..n).map(|m| self.index[plan.member(m)]).collect();
+        let phase = phase_for(len).as_secs_f64();
+        let merge_start = self.now + MERGE_DELAY.as_secs_f64();
+        let (commit_by, claims_by, done_by) = (
+            merge_start + phase,
+            merge_start + 3.0 * phase,
+            merge_start + 5.0 * phase,
+        );
+        let link = self.gossip_link();
+        let commit_bytes = 100.0 + 32.0 * partitions as f64;
+        let (commit_spread, copies) =
+            spread(commit_bytes + ENVELOPE, n, self.sc.gossip.mesh, &link);
+        let claims_bytes = 150.0 * partitions as f64 * 2.0 / n as f64;
+        let (claim_spread, _) = spread(claims_bytes + ENVELOPE, n, self.sc.gossip.mesh, &link);
+        self.gossip.merge_bytes +=
+            (commit_bytes + claims_bytes + 2.0 * ENVELOPE) * copies as f64 * n as f64;
+        let hash = |tag: &[u8], a: u64, b: u64| {
+            Hash::of_bytes(
+                &[
+                    tag,
+                    &epoch.to_le_bytes(),
+                    &a.to_le_bytes(),
+                    &b.to_le_bytes(),
+                ]
+                .concat(),
+            )
+        };
+        let plan = Arc::new(plan);
+        let mut ledger = Ledger::new(epoch, stage, Arc::clone(&plan), plan.member(0).to_string());
+        // Commit: each member from its snapshot, heard by all a spread later.
+        let begin: Vec<f64> = node_of
+            .iter()
+            .map(|&i| (self.now + delay).max(self.nodes[i].busy_until))
+            .collect();
+        let mut arrivals: Vec<(f64, usize)> =
+            (0..n).map(|m| (begin[m] + commit_spread, m)).collect();
+        arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for &(at, m) in &arrivals {
+            let commitment = Commitment {
+                epoch,
+                stage,
+                member: plan.member(m).to_string(),
+                samples: 1,
+                partition_hashes: (0..partitions)
+                    .map(|p| hash(b"input", m as u64, p as u64))
+                    .collect(),
+            };
+            ledger.observe(
+                plan.member(m),
+                Gossip::Commitment(commitment),
+                at <= commit_by,
+            );
+        }
+        let on_time = ledger.on_time();
+        let excluded = n - on_time.len();
+        let last_commit = arrivals.last().map_or(self.now, |a| a.0);
+        let committed = if excluded == 0 {
+            last_commit
+        } else {
+            commit_by
+        };
+        // Hold: each on-time holder fetches every other on-time member's input of what it
+        // holds, then publishes its claim.
+        let included: Vec<String> = {
+            let mut ids: Vec<String> = on_time
+                .iter()
+                .map(|&m| plan.member(m).to_string())
+                .collect();
+            ids.sort();
+            ids
+        };
         let mut up = vec![0.0f64; n];
         let mut down = vec![0.0f64; n];
-        let mut out_up = vec![0.0f64; n];
-        let mut out_down = vec![0.0f64; n];
-        for p in 0..plan.partitions() {
+        for p in 0..partitions {
             let bytes = plan.range(p).len() as f64 * MERGE_VALUE_BYTES;
-            let holders = plan.holders(p);
-            for m in 0..n {
-                for &h in &holders {
-                    if h != m {
-                        up[m] += bytes;
-                        down[h] += bytes;
-                    }
-                }
-                if !holders.contains(&m) {
-                    out_up[holders[0]] += bytes;
-                    out_down[m] += bytes;
+            for h in plan.holders(p).into_iter().filter(|h| on_time.contains(h)) {
+                for &m in on_time.iter().filter(|&&m| m != h) {
+                    up[m] += bytes;
+                    down[h] += bytes;
                 }
             }
         }
-        let transfer = |up: &[f64], down: &[f64]| -> f64 {
-            (0..n)
-                .map(|m| {
-                    let link = self.links.link(node_of[m]);
-                    (up[m] / link.up).max(down[m] / link.down) + 4.0 * link.latency
-                })
-                .fold(0.0, f64::max)
+        let served_from = on_time.iter().map(|&m| begin[m]).fold(committed, f64::max);
+        let slowest_upload = on_time
+            .iter()
+            .map(|&m| up[m] / self.links.link(node_of[m]).up)
+            .fold(0.0, f64::max);
+        let mut claims: Vec<(f64, SliceHash)> = Vec::new();
+        for p in 0..partitions {
+            for h in plan.holders(p).into_iter().filter(|h| on_time.contains(h)) {
+                let l = self.links.link(node_of[h]);
+                let held = served_from + (down[h] / l.down).max(slowest_upload) + 4.0 * l.latency;
+                let mut indices: Vec<usize> = on_time.iter().copied().collect();
+                indices.sort_by(|a, b| plan.member(*a).cmp(plan.member(*b)));
+                claims.push((
+                    held + claim_spread,
+                    SliceHash {
+                        epoch,
+                        stage,
+                        partition: p as u32,
+                        round: 0,
+                        holder: plan.member(h).to_string(),
+                        included: included.clone(),
+                        input_hashes: indices
+                            .iter()
+                            .map(|&m| hash(b"input", m as u64, p as u64))
+                            .collect(),
+                        result: hash(b"average", p as u64, on_time.len() as u64),
+                    },
+                ));
+            }
+        }
+        claims.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut last_claim = served_from;
+        for (at, claim) in claims {
+            if at > claims_by {
+                continue;
+            }
+            last_claim = last_claim.max(at);
+            let holder = claim.holder.clone();
+            ledger.observe(&holder, Gossip::SliceHash(claim), true);
+        }
+        let settled = if ledger.all_settled() {
+            last_claim
+        } else {
+            claims_by
         };
-        let phase = phase_for(len).as_secs_f64();
-        let link = self.gossip_link();
-        let commit_bytes = 100.0 + 32.0 * plan.partitions() as f64;
-        let (commit, copies) = spread(
-            commit_bytes + ENVELOPE,
-            members.len(),
-            self.sc.gossip.mesh,
-            &link,
-        );
-        let claims_bytes = 150.0 * plan.partitions() as f64 * 2.0 / n as f64;
-        let (claims, _) = spread(
-            claims_bytes + ENVELOPE,
-            members.len(),
-            self.sc.gossip.mesh,
-            &link,
-        );
-        self.gossip.merge_bytes +=
-            (commit_bytes + claims_bytes + 2.0 * ENVELOPE) * copies as f64 * members.len() as f64;
-        let hold = transfer(&up, &down) + claims;
-        let collect = transfer(&out_up, &out_down);
-        let commit_budget = slack + phase;
-        if commit > commit_budget || hold > 2.0 * phase || collect > 2.0 * phase {
+        // Collect: every member takes each partition as the ledger decides.
+        let mut out_up = vec![0.0f64; n];
+        let mut out_down = vec![0.0f64; n];
+        let mut kept = 0usize;
+        for p in 0..partitions {
+            let bytes = plan.range(p).len() as f64 * MERGE_VALUE_BYTES;
+            let holders = plan.holders(p);
+            for (m, fetched) in out_down.iter_mut().enumerate() {
+                match ledger.decide(p, Some(m)) {
+                    Decision::Accept { sources, .. } => {
+                        if let Some(&source) = sources.first() {
+                            if source != m && !holders.contains(&m) {
+                                out_up[source] += bytes;
+                                *fetched += bytes;
+                            }
+                        }
+                    }
+                    Decision::KeepLocal | Decision::Dispute { .. } => kept += 1,
+                }
+            }
+        }
+        let collected = (0..n)
+            .map(|m| {
+                let l = self.links.link(node_of[m]);
+                (out_up[m] / l.up).max(out_down[m] / l.down) + 4.0 * l.latency
+            })
+            .fold(0.0, f64::max);
+        let done = (settled + collected).min(done_by);
+        if excluded > 0 || kept > 0 {
             self.limit(
                 "merge-budget",
                 format!(
-                    "merges: a stage of {n} replicas and {len} values overruns its phase budget \
-                 (commit {commit:.1} s, inputs {hold:.1} s, averages {collect:.1} s against \
-                 {phase:.1} s a phase); partitions not fetched keep local values"
+                    "merges: a stage of {n} replicas and {len} values misses its deadlines \
+                     (phase {phase:.1} s): {excluded} commitment(s) late, {kept} \
+                     member-partitions kept local values"
                 ),
             );
         }
+        self.merge_excluded += excluded as u64;
+        self.merge_kept_local += kept as u64;
         // Every member's own work, in line with its transfers (each phase waits for the
         // one before); members sharing a host's cores share them (all merge at once).
         let sharing = match &self.sc.host {
             Some(host) => (self.live.len() as f64 / host.cores.max(1) as f64).max(1.0),
             None => 1.0,
         };
-        let work = MERGE_CORE_S_PER_BYTE * len as f64 * MERGE_VALUE_BYTES * sharing;
-        commit.min(commit_budget) + hold.min(2.0 * phase) + collect.min(2.0 * phase) + work
+        done + MERGE_CORE_S_PER_BYTE * len as f64 * MERGE_VALUE_BYTES * sharing
     }
 
     fn on_merge_done(&mut self, epoch: u64, stage: u32) {
@@ -1552,18 +1683,30 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// One spot check of validator `v`, as the node's checker runs them (one at a time, the
-    /// next ½–1½ s after the last one ended): it fetches a random miner's evidence (that
-    /// stage's f32 weights and the sample's frames: the output at the head, input and
-    /// gradient sent back at the tail, both frames and both gradients in the middle) through
-    /// that miner's upload, then recomputes the stage's passes on its own compute thread.
+    /// Seconds to validator `v`'s next spot-check tick (its schedule's ½–1½ s).
+    fn spot_delay(&mut self, v: usize) -> f64 {
+        self.spot
+            .get_mut(&v)
+            .map_or(1.0, |s| s.next_delay().as_secs_f64())
+    }
+
+    /// A spot-check tick of validator `v`, as the node's checker runs them: one check at a
+    /// time, none sooner than its schedule allows after the last fetch. A check fetches a
+    /// random miner's evidence (that stage's f32 weights and the sample's frames: the output
+    /// at the head, input and gradient sent back at the tail, both frames and both
+    /// gradients in the middle) as a bulk transfer sharing that miner's upload, then
+    /// recomputes the stage's passes on the validator's compute thread.
     fn on_spot_check(&mut self, v: usize) {
         if !self.alive(v) {
             return;
         }
-        let interval = SPOT_CHECK_MEAN_INTERVAL.as_secs_f64();
+        let instant = self.instant();
+        let allowed = self
+            .spot
+            .get(&v)
+            .is_some_and(|s| s.may_start(instant.into()));
         let plan = self.plans.values().next_back().cloned();
-        let checked = plan.and_then(|plan| {
+        let checked = plan.filter(|_| allowed).and_then(|plan| {
             let stage = self.rng.gen_range(0..plan.stages);
             let miners: Vec<usize> = plan
                 .miners_of(stage)
@@ -1574,7 +1717,7 @@ impl<'a> Sim<'a> {
             miners.get(pick).map(|&m| (m, stage as usize))
         });
         let Some((miner, stage)) = checked else {
-            let next = self.now + interval;
+            let next = self.now + self.spot_delay(v);
             self.at(next, Ev::SpotCheck { node: v });
             return;
         };
@@ -1588,10 +1731,15 @@ impl<'a> Sim<'a> {
         let (params, flops) = (cost.params, cost.forward_flops + cost.backward_flops);
         let bytes = params as f64 * 4.0 + frames * self.cost.activation_bytes;
         self.spot_bytes += bytes;
-        let landed = self.links.send(miner, v, bytes, self.now);
+        let landed = self.links.send_bulk(miner, v, bytes, self.now);
         let secs = flops / self.nodes[v].flops;
         let done = self.run_job_from(v, landed, secs);
-        let next = done + interval * self.rng.gen_range(0.5..1.5);
+        let ended = instant + Duration::from_secs_f64(done - self.now);
+        let fetched = Duration::from_secs_f64(landed - self.now);
+        if let Some(schedule) = self.spot.get_mut(&v) {
+            schedule.fetched(ended.into(), fetched);
+        }
+        let next = done + self.spot_delay(v);
         self.at(next, Ev::SpotCheck { node: v });
     }
 
@@ -1842,6 +1990,8 @@ impl<'a> Sim<'a> {
             perfect_tokens_per_s: perfect,
             lifecycle_refused: self.lifecycle_refused,
             merge_overruns: self.merge_overruns,
+            merge_excluded: self.merge_excluded,
+            merge_kept_local: self.merge_kept_local,
             spot_check_bytes_per_s: self.spot_bytes
                 / self.validators.len().max(1) as f64
                 / self.end.max(1e-9),

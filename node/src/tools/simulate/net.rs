@@ -31,12 +31,15 @@ pub(crate) struct Link {
     pub(crate) latency: f64,
 }
 
-/// Every node's link and when its upload and download are next free.
+/// Every node's link, when its upload and download are next free, and until when a bulk
+/// transfer shares them.
 #[derive(Debug, Clone)]
 pub(crate) struct Links {
     links: Vec<Link>,
     up_free: Vec<f64>,
     down_free: Vec<f64>,
+    bulk_up: Vec<f64>,
+    bulk_down: Vec<f64>,
 }
 
 impl Links {
@@ -47,6 +50,8 @@ impl Links {
             links,
             up_free: vec![0.0; n],
             down_free: vec![0.0; n],
+            bulk_up: vec![0.0; n],
+            bulk_down: vec![0.0; n],
         }
     }
 
@@ -59,7 +64,15 @@ impl Links {
     /// queues count the time the bytes take; the message itself also waits for its
     /// stream's window updates ([`flow_stalls`]), time in which the links serve others.
     pub(crate) fn send(&mut self, a: usize, b: usize, bytes: f64, now: f64) -> f64 {
-        let (la, lb) = (self.links[a], self.links[b]);
+        let (mut la, mut lb) = (self.links[a], self.links[b]);
+        // A bulk transfer on either end takes half of that link while it lasts (two TCP
+        // connections through one bottleneck share it about evenly).
+        if now < self.bulk_up[a] {
+            la.up /= 2.0;
+        }
+        if now < self.bulk_down[b] {
+            lb.down /= 2.0;
+        }
         let start = now.max(self.up_free[a]);
         let sent = start + bytes / la.up;
         self.up_free[a] = sent;
@@ -69,6 +82,20 @@ impl Links {
         self.down_free[b] = landed;
         let backlog = (self.up_free[b] - start).max(0.0);
         landed + flow_stalls(bytes, la.up.min(lb.down), path, backlog)
+    }
+
+    /// Sends a bulk transfer of `bytes` from `a` to `b` at `now` (a spot check's evidence, a
+    /// stage's weights): a connection of its own that shares `a`'s upload and `b`'s
+    /// download with their other traffic, at half of each, rather than queueing in front of
+    /// it. Returns when it has arrived.
+    pub(crate) fn send_bulk(&mut self, a: usize, b: usize, bytes: f64, now: f64) -> f64 {
+        let (la, lb) = (self.links[a], self.links[b]);
+        let start = now.max(self.bulk_up[a]).max(self.bulk_down[b]);
+        let rate = la.up.min(lb.down) / 2.0;
+        let done = start + la.latency + lb.latency + bytes / rate;
+        self.bulk_up[a] = done;
+        self.bulk_down[b] = done;
+        done
     }
 
     /// The slowest download of any node, bytes a second.
@@ -165,6 +192,12 @@ mod tests {
         let second = links.send(0, 2, 2e5, 0.0);
         assert!((second - 0.42).abs() < 1e-9, "{second}");
         // Spreading over more nodes takes more mesh hops.
+        // A bulk transfer shares the sender's upload: a message sent meanwhile goes at half
+        // the rate, and the bulk itself at half.
+        let bulk = links.send_bulk(1, 2, 1e6, 1.0);
+        assert!((bulk - 3.02).abs() < 1e-9, "{bulk}");
+        let beside = links.send(1, 0, 2e5, 1.0);
+        assert!((beside - 1.42).abs() < 1e-9, "{beside}");
         let (few, copies) = spread(300.0, 6, 6, &link);
         let (many, _) = spread(300.0, 4096, 6, &link);
         assert!(many > few && copies == 5);

@@ -146,7 +146,7 @@ impl Report {
         let m = self.main();
         let _ = writeln!(
             md,
-            "\nGossip per node per epoch (every copy received): heartbeats {:.1} KB ({:.0} messages), loss records {:.1} KB, plans {:.1} KB, merges {:.1} KB. Spot-check evidence a validator fetches: {:.2} MB/s. Miners' lifecycles: {} merges reported past their deadline, {} late events refused.\n",
+            "\nGossip per node per epoch (every copy received): heartbeats {:.1} KB ({:.0} messages), loss records {:.1} KB, plans {:.1} KB, merges {:.1} KB. Spot-check evidence a validator fetches: {:.2} MB/s. Miners' lifecycles: {} merges reported past their deadline, {} late events refused. Merges' ledgers: {} members left out (late commitments), {} member-partitions kept local values.\n",
             m.gossip.heartbeat_bytes / 1e3,
             m.gossip.heartbeat_messages,
             m.gossip.loss_bytes / 1e3,
@@ -154,7 +154,9 @@ impl Report {
             m.gossip.merge_bytes / 1e3,
             m.spot_check_bytes_per_s / 1e6,
             m.merge_overruns,
-            m.lifecycle_refused
+            m.lifecycle_refused,
+            m.merge_excluded,
+            m.merge_kept_local
         );
         let _ = writeln!(md, "## Epochs of the first run\n");
         let _ = writeln!(

@@ -100,8 +100,8 @@ pub(crate) struct ModelSize {
 pub(crate) struct Group {
     /// How many.
     pub(crate) count: usize,
-    /// GPU class (see `compute::GpuClass::named`); validators' only matters for nothing
-    /// here, since the simulator does not model spot checks' compute.
+    /// GPU class (see `compute::GpuClass::named`); a validator's times its spot checks'
+    /// recomputation.
     #[serde(default = "default_gpu")]
     pub(crate) gpu: String,
     /// Upload, Mbit/s.
