@@ -66,10 +66,11 @@ const LOSS_RECORD_HOP: f64 = 150.0;
 const MERGE_VALUE_BYTES: f64 = 4.0;
 /// A merge member's own work a byte of its stage's vector (snapshot, hashing partitions,
 /// framing, verifying and averaging inputs, the checkpoint after it), core-seconds. Fitted
-/// on one live run where the link costs almost nothing (the limited-link benchmark at
-/// 1 Gbit/s, default setting: the longest merge of an epoch 0.104 s, of which 0.014 s is the
-/// transfer, six members on two cores); the other settings are predicted with it.
-const MERGE_CORE_S_PER_BYTE: f64 = 0.017e-6;
+/// on the live runs where the link costs least (the limited-link benchmark at 1 Gbit/s,
+/// default setting: the longest merge of an epoch 0.104 and 0.116 s in two runs, of which
+/// the transfer is 0.014 s, six members on two cores); the other settings are predicted
+/// with it (`scripts/calibrate.sh`, docs/BENCHMARKS.md).
+const MERGE_CORE_S_PER_BYTE: f64 = 0.0182e-6;
 /// The wall clock of virtual second 0.
 const WALL_ORIGIN_SECS: u64 = 1_800_000_000;
 /// Most unknowns (miners summed over stages) CLASP is run with here: its fit is dense and
