@@ -242,6 +242,5 @@ pub(crate) use super::task::spawn;
 /// The rules of spot-check and confirmation requests.
 pub(crate) use super::validate::{confirmation_request, spot_check_request};
 
-/// A validator's spot-check schedule: when checks start, paced by their fetches
-/// (`iota-p2p simulate` drives it).
+/// A validator's spot-check schedule: when checks start (`iota-p2p simulate` drives it).
 pub(crate) use super::spot::Schedule as SpotSchedule;

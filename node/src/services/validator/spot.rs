@@ -70,8 +70,6 @@ pub(crate) mod transfer;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
@@ -82,14 +80,6 @@ pub(crate) use checker::Checker;
 
 /// Mean time between two checks.
 pub(crate) const MEAN_INTERVAL: Duration = Duration::from_millis(1000);
-
-/// After a check whose evidence took `t` to fetch, the next one starts no sooner than
-/// `FETCH_PACE × t` later. Evidence holds the checked stage's whole weights, which the miner
-/// uploads beside its pipeline's traffic: back to back, a validator would keep one miner's
-/// upload half taken at all times (a 1 B model's stage over a 100 Mbit/s uplink is a minute
-/// a check). Paced, a validator fetches at most 1/(1 + FETCH_PACE) of its time; on fast
-/// links (evidence in milliseconds) the ½–1½ s intervals still set the pace.
-pub(crate) const FETCH_PACE: u32 = 4;
 
 /// A check is made on one of the miner's this many newest records.
 pub(crate) const RECENT_RECORDS: usize = 4;
@@ -198,8 +188,6 @@ pub(crate) struct Measured {
     pub(crate) served: u64,
     /// Milliseconds from the check's first request to its answer.
     pub(crate) answered_ms: u64,
-    /// Milliseconds the whole evidence took to fetch (0 when it was not fetched).
-    pub(crate) fetched_ms: u64,
     /// What the miner's `Superseded` answer claimed, if it answered so (the check's outcome
     /// waits for the claim to be checked).
     pub(crate) claim: Option<Claim>,
@@ -475,8 +463,6 @@ pub(crate) struct Schedule {
     /// A miner to check again outside the round, and whether the one pick of the round
     /// that goes first has been made.
     again: Option<(String, bool)>,
-    /// No check starts before this ([`FETCH_PACE`]).
-    not_before: Option<Instant>,
 }
 
 impl Schedule {
@@ -487,19 +473,7 @@ impl Schedule {
             queue: Vec::new(),
             known: std::collections::BTreeSet::new(),
             again: None,
-            not_before: None,
         }
-    }
-
-    /// A check ended at `now`, its evidence having taken `fetched` to fetch: the next one
-    /// waits [`FETCH_PACE`] times that.
-    pub(crate) fn fetched(&mut self, now: Instant, fetched: Duration) {
-        self.not_before = Some(now + fetched * FETCH_PACE);
-    }
-
-    /// Whether a check may start at `now`.
-    pub(crate) fn may_start(&self, now: Instant) -> bool {
-        self.not_before.is_none_or(|t| now >= t)
     }
 
     /// Checks `peer` again soon, after one pick of the round: a miner that dodged a check
@@ -716,7 +690,6 @@ mod tests {
             gradients_missing: false,
             served: 100,
             answered_ms: 0,
-            fetched_ms: 0,
             claim: None,
         };
         let lazy = lazy_threshold(1);
@@ -1262,19 +1235,6 @@ mod tests {
         assert!(Schedule::new([1; 32]).pick(0, &[]).is_none());
     }
 
-    #[test]
-    fn a_check_waits_a_multiple_of_the_last_fetch() {
-        let mut schedule = Schedule::new([7; 32]);
-        let t0 = Instant::now();
-        assert!(schedule.may_start(t0));
-        // Evidence that took 10 s to fetch: the next check no sooner than 40 s later.
-        schedule.fetched(t0, Duration::from_secs(10));
-        assert!(!schedule.may_start(t0 + Duration::from_secs(39)));
-        assert!(schedule.may_start(t0 + Duration::from_secs(40)));
-        // Evidence in milliseconds leaves the ½–1½ s intervals in charge.
-        schedule.fetched(t0, Duration::from_millis(5));
-        assert!(schedule.may_start(t0 + Duration::from_millis(20)));
-    }
     #[test]
     fn outcomes_read_as_the_logs_and_reasons_always_showed_them() {
         let failures = [

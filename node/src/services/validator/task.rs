@@ -87,8 +87,6 @@ struct SpotCheckDone {
     /// The miner's `Superseded` claim, when it answered so: the outcome waits for it to be
     /// checked against the merges heard.
     claim: Option<Claim>,
-    /// How long the evidence took to fetch (the next check waits a multiple of it).
-    fetched: Duration,
 }
 
 /// The spot checks: when and whom, what computes them, the one in flight, and the
@@ -272,7 +270,7 @@ impl Validator {
 
     /// Starts the next spot check, unless one is running or there is nothing to check.
     fn spot_check(&mut self) {
-        if !self.spot.running.is_empty() || !self.spot.schedule.may_start(Instant::now()) {
+        if !self.spot.running.is_empty() {
             return;
         }
         let Some(epoch) = self.running else { return };
@@ -305,7 +303,6 @@ impl Validator {
                 served = measured.served,
                 later = target.later,
                 answered_ms = measured.answered_ms,
-                fetched_ms = measured.fetched_ms,
                 took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
                 "spot check"
             );
@@ -313,7 +310,6 @@ impl Validator {
                 target,
                 outcome,
                 claim: measured.claim,
-                fetched: Duration::from_millis(measured.fetched_ms),
             }
         });
     }
@@ -325,9 +321,7 @@ impl Validator {
             target,
             outcome,
             claim,
-            fetched,
         } = done;
-        self.spot.schedule.fetched(Instant::now(), fetched);
         match claim {
             Some(claim) => {
                 let now = Instant::now();

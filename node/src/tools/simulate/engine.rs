@@ -15,8 +15,7 @@
 //!   ([`schedule::phase_for`]), and its decisions by the protocol's own [`Ledger`] (which
 //!   members' commitments count, when partitions settle, where each member fetches an
 //!   average or keeps local values), fed commitments and claims as they arrive;
-//! * each validator's spot-check schedule ([`SpotSchedule`]: intervals, and the pause after
-//!   a long fetch);
+//! * each validator's spot-check schedule ([`SpotSchedule`]'s intervals);
 //! * CLASP ([`attribution::estimate`]) over the epoch's loss records, and the chain weights
 //!   ([`attribution::to_chain`]) each validator publishes from it.
 //!
@@ -1692,7 +1691,7 @@ impl<'a> Sim<'a> {
     }
 
     /// A spot-check tick of validator `v`, as the node's checker runs them: one check at a
-    /// time, none sooner than its schedule allows after the last fetch. A check fetches a
+    /// time, the next a tick of its schedule after the last one ended. A check fetches a
     /// random miner's evidence (that stage's f32 weights and the sample's frames: the output
     /// at the head, input and gradient sent back at the tail, both frames and both
     /// gradients in the middle) as a bulk transfer sharing that miner's upload, then
@@ -1701,13 +1700,8 @@ impl<'a> Sim<'a> {
         if !self.alive(v) {
             return;
         }
-        let instant = self.instant();
-        let allowed = self
-            .spot
-            .get(&v)
-            .is_some_and(|s| s.may_start(instant.into()));
         let plan = self.plans.values().next_back().cloned();
-        let checked = plan.filter(|_| allowed).and_then(|plan| {
+        let checked = plan.and_then(|plan| {
             let stage = self.rng.gen_range(0..plan.stages);
             let miners: Vec<usize> = plan
                 .miners_of(stage)
@@ -1735,11 +1729,6 @@ impl<'a> Sim<'a> {
         let landed = self.links.send_bulk(miner, v, bytes, self.now);
         let secs = flops / self.nodes[v].flops;
         let done = self.run_job_from(v, landed, secs);
-        let ended = instant + Duration::from_secs_f64(done - self.now);
-        let fetched = Duration::from_secs_f64(landed - self.now);
-        if let Some(schedule) = self.spot.get_mut(&v) {
-            schedule.fetched(ended.into(), fetched);
-        }
         let next = done + self.spot_delay(v);
         self.at(next, Ev::SpotCheck { node: v });
     }

@@ -210,7 +210,6 @@ impl Checker {
                 .map_err(|_| not_served)?;
             assembly.add(parse_chunk(&reply, target)?)?;
         }
-        measured.fetched_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::debug!(
             peer = %target.peer,
             bytes = assembly.total(),
