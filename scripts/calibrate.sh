@@ -19,7 +19,7 @@ cores() {
       --eval-interval 0 2>&1 | grep -o 'tokens_per_s=\S*'
   done
 }
-phases="info,iota_p2p::services::miner::task=debug"
+phases="info,iota_p2p::services::miner::task=debug,training::butterfly=debug"
 cores | tee "$out/cores-before.txt"
 IOTA_BENCH_KEEP_LOGS=1 RUST_LOG="$phases" cargo bench -q --profile dev -p iota-p2p --bench wan \
   | tee "$out/wan.txt"
