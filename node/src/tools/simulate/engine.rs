@@ -19,13 +19,14 @@
 //! * CLASP ([`attribution::estimate`]) over the epoch's loss records, and the chain weights
 //!   ([`attribution::to_chain`]) each validator publishes from it.
 //!
-//! What is modelled instead: bytes on links ([`super::net`], yamux's stream windows
-//! included), compute time ([`super::compute`]), a merge's own work (a core-time a byte,
-//! fitted on one live run), spot checks (the evidence fetched through the checked miner's
-//! upload, then recomputed on the validator's compute thread), the loss of a sample (a decaying curve plus seeded noise, plus what
-//! a bad miner on its pathway adds), and gossip (delivered after [`super::net::spread`]'s
-//! delay, counted by copies). Nothing reads a clock or draws unseeded randomness: a seed
-//! gives the same figures.
+//! What is modelled instead: bytes on links ([`super::net`], yamux's stream windows and
+//! bulk transfers sharing a link included), compute time ([`super::compute`]), a merge
+//! member's own work (a core-time a byte, fitted on live runs), spot checks (the evidence
+//! fetched from the checked miner, then recomputed on the validator's compute thread), the
+//! loss of a sample (a decaying curve plus seeded noise, plus what a bad miner on its
+//! pathway adds), and gossip (delivered after [`super::net::spread`]'s delay, counted by
+//! copies). Nothing reads a clock or draws unseeded randomness: a seed gives the same
+//! figures.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
