@@ -1094,14 +1094,13 @@ impl<'a> Sim<'a> {
         };
         // Hold: each on-time holder fetches every other on-time member's input of what it
         // holds, then publishes its claim.
-        let included: Vec<String> = {
-            let mut ids: Vec<String> = on_time
-                .iter()
-                .map(|&m| plan.member(m).to_string())
-                .collect();
-            ids.sort();
-            ids
-        };
+        // A claim names its included members sorted by id, their inputs' hashes in that order.
+        let mut indices: Vec<usize> = on_time.iter().copied().collect();
+        indices.sort_by(|a, b| plan.member(*a).cmp(plan.member(*b)));
+        let included: Vec<String> = indices
+            .iter()
+            .map(|&m| plan.member(m).to_string())
+            .collect();
         let mut up = vec![0.0f64; n];
         let mut down = vec![0.0f64; n];
         for p in 0..partitions {
@@ -1123,8 +1122,6 @@ impl<'a> Sim<'a> {
             for h in plan.holders(p).into_iter().filter(|h| on_time.contains(h)) {
                 let l = self.links.link(node_of[h]);
                 let held = served_from + (down[h] / l.down).max(slowest_upload) + 4.0 * l.latency;
-                let mut indices: Vec<usize> = on_time.iter().copied().collect();
-                indices.sort_by(|a, b| plan.member(*a).cmp(plan.member(*b)));
                 claims.push((
                     held + claim_spread,
                     SliceHash {
