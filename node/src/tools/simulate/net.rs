@@ -140,8 +140,8 @@ pub(crate) fn flow_stalls(bytes: f64, rate: f64, path: f64, backlog: f64) -> f64
             credit = f64::max(credit, granted);
             continue;
         }
-        let upto = bytes.min(credit).min(next_update.max(sent));
-        let upto = if upto > sent { upto } else { bytes.min(credit) };
+        // `next_update` is always ahead of `sent` here: it moves on with every update.
+        let upto = bytes.min(credit).min(next_update);
         clock += (upto - sent) / rate;
         sent = upto;
         if sent >= next_update && sent < bytes {
