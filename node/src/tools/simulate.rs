@@ -184,6 +184,13 @@ mod tests {
         assert!(first.samples_done > 500, "{}", first.samples_done);
         assert!(first.tokens_per_s > 0.0 && first.tokens_per_s < first.perfect_tokens_per_s);
         assert!(first.epochs.len() >= 5, "{} epochs", first.epochs.len());
+        // The first plan has nothing to merge; every later one opens with a merge, and a
+        // merge's mean length (what the live runs' logs give) is over those alone.
+        assert_eq!(first.epochs[0].merge_secs, 0.0);
+        let merges: Vec<f64> = first.epochs[1..].iter().map(|e| e.merge_secs).collect();
+        assert!(merges.iter().all(|&m| m > 0.0), "{merges:?}");
+        let mean = merges.iter().sum::<f64>() / merges.len() as f64;
+        assert!((first.mean_merge_secs - mean).abs() < 1e-9, "{first:?}");
         // Every miner's lifecycle took every event in order and no merge ran late; the
         // validator's spot checks fetched evidence (a stage's weights, about 1 MB a check,
         // about one check a second).
