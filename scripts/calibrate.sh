@@ -3,7 +3,9 @@
 # runs"): one core's training speed for each setting, the limited-link benchmark with the
 # miners' epoch phases logged, the fit run and the default local swarm, then the core speeds
 # again (this machine's speed drifts by up to a fifth between hours: the two measurements
-# bracket the runs). Needs root for the benchmark's network namespaces. About 10 minutes.
+# bracket the runs), then the simulator's prediction of each run with this round's core
+# speeds, side by side (`scripts/calibration_table.py`). Needs root for the benchmark's
+# network namespaces. About 11 minutes.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$IOTA_ROOT"
@@ -30,3 +32,4 @@ RUST_LOG="$phases" "$bin" local-swarm --epochs 4 --out "$out/local-swarm" \
 cores | tee "$out/cores-after.txt"
 logs="$(sed -n 's/^node logs kept in //p' "$out/wan.txt")"
 python3 scripts/merge_times.py "$out/local-swarm" "$logs"/*mbit-* "$logs"/*gbit-*
+python3 scripts/calibration_table.py "$out" "$bin" | tee "$out/table.md"

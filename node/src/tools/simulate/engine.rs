@@ -21,7 +21,8 @@
 //!
 //! What is modelled instead: bytes on links ([`super::net`], yamux's stream windows and
 //! bulk transfers sharing a link included), compute time ([`super::compute`]), a merge
-//! member's own work (a core-time a byte, fitted on live runs), spot checks (the evidence
+//! member's own work (a core-time a byte, fitted on live runs; on a shared host it and the
+//! transfers' CPU take the host's cores in turn), spot checks (the evidence
 //! fetched from the checked miner, then recomputed on the validator's compute thread), the
 //! loss of a sample (a decaying curve plus seeded noise, plus what a bad miner on its
 //! pathway adds), and gossip (delivered after [`super::net::spread`]'s delay, counted by
@@ -65,12 +66,18 @@ const LOSS_RECORD_HOP: f64 = 150.0;
 /// Bytes a merge value takes on the wire (f32).
 const MERGE_VALUE_BYTES: f64 = 4.0;
 /// A merge member's own work a byte of its stage's vector (snapshot, hashing partitions,
-/// framing, verifying and averaging inputs, the checkpoint after it), core-seconds. Fitted
-/// on the live runs where the link costs least (the limited-link benchmark at 1 Gbit/s,
-/// default setting: the longest merge of an epoch 0.104 and 0.116 s in two runs, of which
-/// the transfer is 0.014 s, six members on two cores); the other settings are predicted
-/// with it (`scripts/calibrate.sh`, docs/BENCHMARKS.md).
-const MERGE_CORE_S_PER_BYTE: f64 = 0.0182e-6;
+/// framing, verifying and averaging inputs, the checkpoint after it), core-seconds on one of
+/// its host's cores (its transfers' CPU is [`TRANSPORT_CORE_S_PER_BYTE`]). Fitted on the
+/// limited-link benchmark at 1 Gbit/s, default setting, where the link costs least (the
+/// longest merge of an epoch 0.104 and 0.116 s in two runs, six members on two cores); the
+/// other settings are predicted with it (`scripts/calibrate.sh`, docs/BENCHMARKS.md).
+const MERGE_CORE_S_PER_BYTE: f64 = 0.028e-6;
+/// CPU a byte sent or received over TCP + Noise + Yamux takes, core-seconds: half of the
+/// 3.12 CPU-seconds a gigabyte moved (sender and receiver together) measured by the transport
+/// benchmark on this machine (`cargo bench -p p2p --bench transport --profile dev`,
+/// docs/BENCHMARKS.md). It matters where links are fast and cores shared: on 127.0.0.1 a
+/// merge's transfers are bounded by the CPU, not the link.
+const TRANSPORT_CORE_S_PER_BYTE: f64 = 1.56e-9;
 /// The wall clock of virtual second 0.
 const WALL_ORIGIN_SECS: u64 = 1_800_000_000;
 /// Most unknowns (miners summed over stages) CLASP is run with here: its fit is dense and
@@ -285,6 +292,19 @@ struct Sample {
     attempt: usize,
     tried: BTreeSet<PeerIdStr>,
     eval: bool,
+}
+
+/// A stage merge's transfers, decided: when they begin and end, what each member moves,
+/// and the members' own work after them.
+struct MergeTransfers {
+    done: f64,
+    began: f64,
+    /// The members (node indices, in the plan's order); empty when nothing was merged.
+    members: Vec<usize>,
+    /// Bytes each member sent and received.
+    moved: Vec<f64>,
+    /// Core-seconds of each member's own work.
+    work: f64,
 }
 
 struct Merge {
@@ -902,8 +922,12 @@ impl<'a> Sim<'a> {
         self.epoch_samples.insert(epoch, 0);
         // The merges closing the epoch before: each member starts as the plan reaches it.
         if let Some(previous) = previous {
-            for stage in 0..previous.stages {
-                self.start_merge(&previous, epoch, stage, delay);
+            let transfers: Vec<MergeTransfers> = (0..previous.stages)
+                .map(|stage| self.merge_transfers(&previous, stage, delay))
+                .collect();
+            let ends = self.merge_work(&transfers);
+            for (stage, end) in ends.into_iter().enumerate() {
+                self.start_merge(epoch, stage as u32, end);
             }
         }
         for i in 0..self.nodes.len() {
@@ -982,34 +1006,105 @@ impl<'a> Sim<'a> {
         bytes / link.down + 4.0 * link.latency
     }
 
-    /// Starts the merge of `closed`'s `stage` when the plan of `epoch` has spread (`delay`
-    /// after now). Its deadlines count from the plan's merge start, [`MERGE_DELAY`] after
-    /// the plan was made, but a member begins at once (as the node's merge service does),
-    /// from a snapshot its compute thread takes once the pass it is on is done.
-    fn start_merge(&mut self, closed: &EpochPlan, epoch: u64, stage: u32, delay: f64) {
-        let members: Vec<PeerIdStr> = closed
+    /// The transfers and decisions of the merge of `closed`'s `stage` when the next plan
+    /// has spread (`delay` after now). Its deadlines count from the plan's merge
+    /// start, [`MERGE_DELAY`] after the plan was made, but a member begins at once (as the
+    /// node's merge service does), from a snapshot its compute thread takes once the pass it
+    /// is on is done.
+    fn merge_transfers(&mut self, closed: &EpochPlan, stage: u32, delay: f64) -> MergeTransfers {
+        let members: Vec<usize> = closed
             .miners_of(stage)
-            .filter(|m| self.alive(self.index[*m]))
-            .cloned()
+            .map(|m| self.index[m])
+            .filter(|&i| self.alive(i))
             .collect();
         let len = self.cost.stages[stage as usize].params;
-        let end = if members.len() < 2 {
-            self.now + delay
-        } else {
-            match plan_of(closed.seed, stage, &members, len) {
-                Ok(plan) => self.run_merge(plan, closed.epoch, stage, delay),
-                Err(error) => {
-                    self.limit(
-                        "merge-members",
-                        format!(
-                        "merges: stage of {} replicas refused ({error}); its replicas drift apart",
-                        members.len()
-                    ),
-                    );
-                    self.now + delay
+        let nothing = MergeTransfers {
+            done: self.now + delay,
+            began: self.now + delay,
+            members: Vec::new(),
+            moved: Vec::new(),
+            work: 0.0,
+        };
+        if members.len() < 2 {
+            return nothing;
+        }
+        let ids: Vec<PeerIdStr> = members.iter().map(|&i| self.nodes[i].id.clone()).collect();
+        match plan_of(closed.seed, stage, &ids, len) {
+            Ok(plan) => {
+                // The plan orders its members by id: map them back to node indices.
+                let order: Vec<usize> = (0..plan.members().len())
+                    .map(|m| self.index[plan.member(m)])
+                    .collect();
+                let (done, began, moved) = self.run_merge(plan, closed.epoch, stage, delay);
+                MergeTransfers {
+                    done,
+                    began,
+                    members: order,
+                    moved,
+                    work: MERGE_CORE_S_PER_BYTE * len as f64 * MERGE_VALUE_BYTES,
                 }
             }
+            Err(error) => {
+                self.limit(
+                    "merge-members",
+                    format!(
+                        "merges: stage of {} replicas refused ({error}); its replicas drift apart",
+                        ids.len()
+                    ),
+                );
+                nothing
+            }
+        }
+    }
+
+    /// When each stage's merge ends: its members' own work (snapshot, hashes, framing,
+    /// verifying, averaging, the checkpoint), after its transfers. On a shared host the
+    /// transfers take the host's cores too (Noise and Yamux: [`TRANSPORT_CORE_S_PER_BYTE`]),
+    /// from when they begin, and a member's work waits for both its transfers and their CPU;
+    /// every job takes one of the host's cores in the order it becomes ready, so merges
+    /// whose transfers end at different times overlap less, as they do live. Elsewhere each
+    /// member has its own machine.
+    fn merge_work(&mut self, transfers: &[MergeTransfers]) -> Vec<f64> {
+        let mut ends: Vec<f64> = transfers.iter().map(|t| t.done).collect();
+        let Some(cores) = &mut self.cores else {
+            for (end, t) in ends.iter_mut().zip(transfers) {
+                if !t.members.is_empty() {
+                    *end += t.work;
+                }
+            }
+            return ends;
         };
+        let mut take = |ready: f64, secs: f64| -> f64 {
+            match cores.iter_mut().min_by(|a, b| a.total_cmp(b)) {
+                Some(free) => {
+                    *free = free.max(ready) + secs;
+                    *free
+                }
+                None => ready + secs,
+            }
+        };
+        // (ready, stage, member) of each transfer's CPU, then of each member's own work.
+        let mut moving: Vec<(f64, usize, usize)> = transfers
+            .iter()
+            .enumerate()
+            .flat_map(|(s, t)| (0..t.members.len()).map(move |m| (t.began, s, m)))
+            .collect();
+        moving.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+        let mut working = Vec::with_capacity(moving.len());
+        for (ready, s, m) in moving {
+            let moved = take(ready, transfers[s].moved[m] * TRANSPORT_CORE_S_PER_BYTE);
+            working.push((moved.max(transfers[s].done), s));
+        }
+        working.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        for (ready, s) in working {
+            let end = take(ready, transfers[s].work);
+            ends[s] = ends[s].max(end);
+        }
+        ends
+    }
+
+    /// Records the merge of `stage` that opens `epoch`, ending at `end`.
+    fn start_merge(&mut self, epoch: u64, stage: u32, end: f64) {
         let entry = self.merge_secs.entry(epoch).or_insert(0.0);
         *entry = entry.max(end - self.now);
         self.merges.insert(
@@ -1028,8 +1123,15 @@ impl<'a> Sim<'a> {
     /// the times they arrive: a commitment after the deadline leaves its member out, a
     /// partition without a claim by the claims deadline keeps local values, a member
     /// fetches each average it does not hold from the source the ledger names. Returns
-    /// when the last member is done (its own work included).
-    fn run_merge(&mut self, plan: Plan, epoch: u64, stage: u32, delay: f64) -> f64 {
+    /// when the last member's transfers are done, when the transfers began, and the bytes
+    /// each member (in the plan's order) sent and received.
+    fn run_merge(
+        &mut self,
+        plan: Plan,
+        epoch: u64,
+        stage: u32,
+        delay: f64,
+    ) -> (f64, f64, Vec<f64>) {
         let n = plan.members().len();
         let partitions = plan.partitions();
         let len = plan.len();
@@ -1197,13 +1299,10 @@ impl<'a> Sim<'a> {
         }
         self.merge_excluded += excluded as u64;
         self.merge_kept_local += kept as u64;
-        // Every member's own work, in line with its transfers (each phase waits for the
-        // one before); members sharing a host's cores share them (all merge at once).
-        let sharing = match &self.sc.host {
-            Some(host) => (self.live.len() as f64 / host.cores.max(1) as f64).max(1.0),
-            None => 1.0,
-        };
-        done + MERGE_CORE_S_PER_BYTE * len as f64 * MERGE_VALUE_BYTES * sharing
+        let moved = (0..n)
+            .map(|m| up[m] + down[m] + out_up[m] + out_down[m])
+            .collect();
+        (done, served_from, moved)
     }
 
     fn on_merge_done(&mut self, epoch: u64, stage: u32) {
