@@ -194,6 +194,15 @@ mod tests {
         // Every miner's lifecycle took every event in order and no merge ran late; the
         // validator's spot checks fetched evidence (a stage's weights, about 1 MB a check,
         // about one check a second).
+        // Each miner's lifecycle took a plan, a merge and training for every epoch after the
+        // first (and a plan and training for the first).
+        let miners = scenario.miner_count() as u64;
+        let epochs = first.epochs.len() as u64;
+        assert!(
+            first.lifecycle_events >= miners * (3 * epochs - 1),
+            "{} lifecycle events for {miners} miners and {epochs} epochs",
+            first.lifecycle_events
+        );
         assert_eq!((first.lifecycle_refused, first.merge_overruns), (0, 0));
         assert_eq!((first.merge_excluded, first.merge_kept_local), (0, 0));
         assert!(
@@ -230,6 +239,30 @@ mod tests {
             .limits
             .iter()
             .any(|l| l.contains("commitment(s) late")));
+    }
+
+    #[test]
+    fn a_merge_past_its_budget_is_reported_by_the_miners_lifecycles() {
+        // The local swarm with three replicas a stage on one core and 1 Mbit/s links: a
+        // member fetching the averages it does not hold needs more than the merge's budget,
+        // its stage's merges end at the deadline, and the members' own work on the one core
+        // comes after it. Each miner's lifecycle, ticked as the node ticks it, reports it.
+        let mut scenario = Scenario::load(&shipped().join("local-swarm.toml")).unwrap();
+        scenario.miners[0].count = 9;
+        scenario.miners[0].up_mbit = 1.0;
+        scenario.miners[0].down_mbit = 1.0;
+        scenario.validators.up_mbit = 1.0;
+        scenario.validators.down_mbit = 1.0;
+        scenario.host.as_mut().unwrap().cores = 1;
+        scenario.duration_secs = 300.0;
+        let outcome = engine::simulate_timed(&scenario, scenario.placement, false)
+            .unwrap()
+            .0;
+        assert!(outcome.merge_overruns > 0, "{outcome:?}");
+        assert!(outcome
+            .limits
+            .iter()
+            .any(|l| l.contains("passed its deadline") && l.contains("lifecycle")));
     }
 
     #[test]

@@ -118,6 +118,8 @@ pub(crate) struct Outcome {
     pub(crate) bad_weight_share: Option<f64>,
     /// Spot-check evidence a validator fetched, bytes a second.
     pub(crate) spot_check_bytes_per_s: f64,
+    /// Events the miners' lifecycles took (planned, merging, training, draining).
+    pub(crate) lifecycle_events: u64,
     /// Events the miners' lifecycles refused as out of order (an older epoch's transition
     /// ending late, which the node logs and ignores).
     pub(crate) lifecycle_refused: u64,
@@ -368,7 +370,9 @@ struct Sim<'a> {
     merges: BTreeMap<(u64, u32), Merge>,
     /// Bytes of spot-check evidence the validators fetched.
     spot_bytes: f64,
-    /// Lifecycle events the miners' lifecycles refused, and merges they reported overdue.
+    /// Lifecycle events the miners' lifecycles took and refused, and merges they reported
+    /// overdue.
+    lifecycle_events: u64,
     lifecycle_refused: u64,
     merge_overruns: u64,
     /// Merge members left out for a late commitment, and (member, partition) pairs that
@@ -557,6 +561,7 @@ impl<'a> Sim<'a> {
             live,
             plans: BTreeMap::new(),
             spot_bytes: 0.0,
+            lifecycle_events: 0,
             lifecycle_refused: 0,
             merge_overruns: 0,
             merge_excluded: 0,
@@ -619,8 +624,9 @@ impl<'a> Sim<'a> {
         event: impl FnOnce(&mut Lifecycle, Duration) -> Result<Phase, LifecycleError>,
     ) {
         let now = self.since_start();
-        if event(&mut self.nodes[i].lifecycle, now).is_err() {
-            self.lifecycle_refused += 1;
+        match event(&mut self.nodes[i].lifecycle, now) {
+            Ok(_) => self.lifecycle_events += 1,
+            Err(_) => self.lifecycle_refused += 1,
         }
     }
 
@@ -1335,8 +1341,9 @@ impl<'a> Sim<'a> {
         node.ready = Some(epoch);
         node.ready_at = self.now;
         let now = Duration::from_secs_f64(self.now);
-        if node.lifecycle.training(now, epoch).is_err() {
-            self.lifecycle_refused += 1;
+        match node.lifecycle.training(now, epoch) {
+            Ok(_) => self.lifecycle_events += 1,
+            Err(_) => self.lifecycle_refused += 1,
         }
         let node = &mut self.nodes[i];
         node.completed = 0;
@@ -2086,6 +2093,7 @@ impl<'a> Sim<'a> {
             samples_dropped: self.dropped,
             tokens_per_s: self.tokens as f64 / span,
             perfect_tokens_per_s: perfect,
+            lifecycle_events: self.lifecycle_events,
             lifecycle_refused: self.lifecycle_refused,
             merge_overruns: self.merge_overruns,
             merge_excluded: self.merge_excluded,
