@@ -1080,7 +1080,12 @@ impl<'a> Sim<'a> {
             }
             return ends;
         };
+        // A job takes the core that frees first; one with nothing to do takes none (it
+        // would hold a core idle until it is ready).
         let mut take = |ready: f64, secs: f64| -> f64 {
+            if secs <= 0.0 {
+                return ready;
+            }
             match cores.iter_mut().min_by(|a, b| a.total_cmp(b)) {
                 Some(free) => {
                     *free = free.max(ready) + secs;
