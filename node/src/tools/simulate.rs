@@ -169,15 +169,26 @@ mod tests {
             .join(SCENARIOS)
     }
 
+    /// `scenario` simulated under its own placement rule.
+    fn simulated(scenario: &Scenario) -> engine::Outcome {
+        engine::simulate_timed(scenario, scenario.placement, false)
+            .unwrap()
+            .0
+    }
+
+    /// Whether one of `outcome`'s limits says every one of `words`.
+    fn hit(outcome: &engine::Outcome, words: &[&str]) -> bool {
+        outcome
+            .limits
+            .iter()
+            .any(|l| words.iter().all(|w| l.contains(w)))
+    }
+
     #[test]
     fn a_seed_gives_the_same_figures_and_another_seed_other_ones() {
         let scenario = Scenario::load(&shipped().join("local-swarm.toml")).unwrap();
-        let first = engine::simulate_timed(&scenario, scenario.placement, false)
-            .unwrap()
-            .0;
-        let again = engine::simulate_timed(&scenario, scenario.placement, false)
-            .unwrap()
-            .0;
+        let first = simulated(&scenario);
+        let again = simulated(&scenario);
         assert_eq!(first, again);
         // The figures are of a run that trained: samples went through, within what the
         // machine's cores could do, in epochs that each opened with a plan.
@@ -214,9 +225,7 @@ mod tests {
             seed: scenario.seed + 1,
             ..scenario.clone()
         };
-        let different = engine::simulate_timed(&other, other.placement, false)
-            .unwrap()
-            .0;
+        let different = simulated(&other);
         assert_ne!(first.series, different.series);
     }
 
@@ -231,14 +240,9 @@ mod tests {
         slow.slowdown = 300.0;
         scenario.miners.push(slow);
         scenario.duration_secs = 150.0;
-        let outcome = engine::simulate_timed(&scenario, scenario.placement, false)
-            .unwrap()
-            .0;
+        let outcome = simulated(&scenario);
         assert!(outcome.merge_excluded > 0, "{outcome:?}");
-        assert!(outcome
-            .limits
-            .iter()
-            .any(|l| l.contains("commitment(s) late")));
+        assert!(hit(&outcome, &["commitment(s) late"]));
     }
 
     #[test]
@@ -255,14 +259,9 @@ mod tests {
         scenario.validators.down_mbit = 1.0;
         scenario.host.as_mut().unwrap().cores = 1;
         scenario.duration_secs = 300.0;
-        let outcome = engine::simulate_timed(&scenario, scenario.placement, false)
-            .unwrap()
-            .0;
+        let outcome = simulated(&scenario);
         assert!(outcome.merge_overruns > 0, "{outcome:?}");
-        assert!(outcome
-            .limits
-            .iter()
-            .any(|l| l.contains("passed its deadline") && l.contains("lifecycle")));
+        assert!(hit(&outcome, &["passed its deadline", "lifecycle"]));
     }
 
     #[test]
