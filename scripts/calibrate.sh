@@ -23,8 +23,9 @@ cores() {
 }
 phases="info,iota_p2p::services::miner::task=debug,training::butterfly=debug"
 cores | tee "$out/cores-before.txt"
-# Six epochs a setting (six merges) and seven in the default swarm (seven merges): a merge
-# moves by up to a tenth between runs, and three merges do not average that out.
+# Six epochs a setting (six merges) and seven in the default swarm (seven merges), so that
+# one slow merge weighs less in a round's figure (the rounds still differ by up to a tenth:
+# the machine's speed drifts between them).
 IOTA_BENCH_EPOCHS="${IOTA_BENCH_EPOCHS:-6}" IOTA_BENCH_KEEP_LOGS=1 RUST_LOG="$phases" \
   cargo bench -q --profile dev -p iota-p2p --bench wan \
   | tee "$out/wan.txt"

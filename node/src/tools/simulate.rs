@@ -202,9 +202,6 @@ mod tests {
         assert!(merges.iter().all(|&m| m > 0.0), "{merges:?}");
         let mean = merges.iter().sum::<f64>() / merges.len() as f64;
         assert!((first.mean_merge_secs - mean).abs() < 1e-9, "{first:?}");
-        // Every miner's lifecycle took every event in order and no merge ran late; the
-        // validator's spot checks fetched evidence (a stage's weights, about 1 MB a check,
-        // about one check a second).
         // Each miner's lifecycle took a plan, a merge and training for every epoch after the
         // first (and a plan and training for the first).
         let miners = scenario.miner_count() as u64;
@@ -214,6 +211,9 @@ mod tests {
             "{} lifecycle events for {miners} miners and {epochs} epochs",
             first.lifecycle_events
         );
+        // Every miner's lifecycle took every event in order and no merge ran late; the
+        // validator's spot checks fetched evidence (a stage's weights, about 1 MB a check,
+        // about one check a second).
         assert_eq!((first.lifecycle_refused, first.merge_overruns), (0, 0));
         assert_eq!((first.merge_excluded, first.merge_kept_local), (0, 0));
         assert!(
