@@ -301,9 +301,7 @@ struct Sample {
 struct MergeTransfers {
     done: f64,
     began: f64,
-    /// The members (node indices, in the plan's order); empty when nothing was merged.
-    members: Vec<usize>,
-    /// Bytes each member sent and received.
+    /// Bytes each member sent and received; empty when nothing was merged.
     moved: Vec<f64>,
     /// Core-seconds of each member's own work.
     work: f64,
@@ -1027,7 +1025,6 @@ impl<'a> Sim<'a> {
         let nothing = MergeTransfers {
             done: self.now + delay,
             began: self.now + delay,
-            members: Vec::new(),
             moved: Vec::new(),
             work: 0.0,
         };
@@ -1037,15 +1034,10 @@ impl<'a> Sim<'a> {
         let ids: Vec<PeerIdStr> = members.iter().map(|&i| self.nodes[i].id.clone()).collect();
         match plan_of(closed.seed, stage, &ids, len) {
             Ok(plan) => {
-                // The plan orders its members by id: map them back to node indices.
-                let order: Vec<usize> = (0..plan.members().len())
-                    .map(|m| self.index[plan.member(m)])
-                    .collect();
                 let (done, began, moved) = self.run_merge(plan, closed.epoch, stage, delay);
                 MergeTransfers {
                     done,
                     began,
-                    members: order,
                     moved,
                     work: MERGE_CORE_S_PER_BYTE * len as f64 * MERGE_VALUE_BYTES,
                 }
@@ -1074,7 +1066,7 @@ impl<'a> Sim<'a> {
         let mut ends: Vec<f64> = transfers.iter().map(|t| t.done).collect();
         let Some(cores) = &mut self.cores else {
             for (end, t) in ends.iter_mut().zip(transfers) {
-                if !t.members.is_empty() {
+                if !t.moved.is_empty() {
                     *end += t.work;
                 }
             }
@@ -1098,7 +1090,7 @@ impl<'a> Sim<'a> {
         let mut moving: Vec<(f64, usize, usize)> = transfers
             .iter()
             .enumerate()
-            .flat_map(|(s, t)| (0..t.members.len()).map(move |m| (t.began, s, m)))
+            .flat_map(|(s, t)| (0..t.moved.len()).map(move |m| (t.began, s, m)))
             .collect();
         moving.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))));
         let mut working = Vec::with_capacity(moving.len());
