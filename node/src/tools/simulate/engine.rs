@@ -1016,10 +1016,10 @@ impl<'a> Sim<'a> {
     /// node's merge service does), from a snapshot its compute thread takes once the pass it
     /// is on is done.
     fn merge_transfers(&mut self, closed: &EpochPlan, stage: u32, delay: f64) -> MergeTransfers {
-        let members: Vec<usize> = closed
+        let ids: Vec<PeerIdStr> = closed
             .miners_of(stage)
-            .map(|m| self.index[m])
-            .filter(|&i| self.alive(i))
+            .filter(|m| self.alive(self.index[*m]))
+            .cloned()
             .collect();
         let len = self.cost.stages[stage as usize].params;
         let nothing = MergeTransfers {
@@ -1028,10 +1028,9 @@ impl<'a> Sim<'a> {
             moved: Vec::new(),
             work: 0.0,
         };
-        if members.len() < 2 {
+        if ids.len() < 2 {
             return nothing;
         }
-        let ids: Vec<PeerIdStr> = members.iter().map(|&i| self.nodes[i].id.clone()).collect();
         match plan_of(closed.seed, stage, &ids, len) {
             Ok(plan) => {
                 let (done, began, moved) = self.run_merge(plan, closed.epoch, stage, delay);
@@ -1064,28 +1063,14 @@ impl<'a> Sim<'a> {
     /// member has its own machine.
     fn merge_work(&mut self, transfers: &[MergeTransfers]) -> Vec<f64> {
         let mut ends: Vec<f64> = transfers.iter().map(|t| t.done).collect();
-        let Some(cores) = &mut self.cores else {
+        if self.cores.is_none() {
             for (end, t) in ends.iter_mut().zip(transfers) {
                 if !t.moved.is_empty() {
                     *end += t.work;
                 }
             }
             return ends;
-        };
-        // A job takes the core that frees first; one with nothing to do takes none (it
-        // would hold a core idle until it is ready).
-        let mut take = |ready: f64, secs: f64| -> f64 {
-            if secs <= 0.0 {
-                return ready;
-            }
-            match cores.iter_mut().min_by(|a, b| a.total_cmp(b)) {
-                Some(free) => {
-                    *free = free.max(ready) + secs;
-                    *free
-                }
-                None => ready + secs,
-            }
-        };
+        }
         // (ready, stage, member) of each transfer's CPU, then of each member's own work.
         let mut moving: Vec<(f64, usize, usize)> = transfers
             .iter()
@@ -1095,12 +1080,13 @@ impl<'a> Sim<'a> {
         moving.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))));
         let mut working = Vec::with_capacity(moving.len());
         for (ready, s, m) in moving {
-            let moved = take(ready, transfers[s].moved[m] * TRANSPORT_CORE_S_PER_BYTE);
+            let moved =
+                self.host_job_from(ready, transfers[s].moved[m] * TRANSPORT_CORE_S_PER_BYTE);
             working.push((moved.max(transfers[s].done), s));
         }
         working.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         for (ready, s) in working {
-            let end = take(ready, transfers[s].work);
+            let end = self.host_job_from(ready, transfers[s].work);
             ends[s] = ends[s].max(end);
         }
         ends
@@ -1468,10 +1454,26 @@ impl<'a> Sim<'a> {
 
     /// Takes `secs` of the shared cores outside any node's compute thread.
     fn host_job(&mut self, secs: f64) {
-        if let Some(cores) = &mut self.cores {
-            if let Some(free) = cores.iter_mut().min_by(|a, b| a.total_cmp(b)) {
-                *free = free.max(self.now) + secs;
+        self.host_job_from(self.now, secs);
+    }
+
+    /// [`Self::host_job`], the job being ready at `ready`: it takes the core that frees
+    /// first, and returns when it ends (`ready + secs` without shared cores). A job with
+    /// nothing to do takes no core (it would hold one idle until it is ready).
+    fn host_job_from(&mut self, ready: f64, secs: f64) -> f64 {
+        if secs <= 0.0 {
+            return ready;
+        }
+        match self
+            .cores
+            .as_mut()
+            .and_then(|cores| cores.iter_mut().min_by(|a, b| a.total_cmp(b)))
+        {
+            Some(free) => {
+                *free = free.max(ready) + secs;
+                *free
             }
+            None => ready + secs,
         }
     }
 
