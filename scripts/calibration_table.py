@@ -60,8 +60,8 @@ def live_tokens(directory):
 def live_merge(directory, logs, kept):
     if kept is None:
         return None
-    per_epoch = merge_times.merges(str(directory / "local-swarm" if kept == "LOCAL" else logs / kept))
-    return statistics.mean(max(v) for v in per_epoch.values()) if per_epoch else None
+    run = directory / "local-swarm" if kept == "LOCAL" else logs / kept
+    return merge_times.longest_mean(merge_times.merges(str(run)))
 
 
 def scenario_text(name, speed):

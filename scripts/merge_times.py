@@ -39,6 +39,11 @@ def merges(directory):
     return per_epoch
 
 
+def longest_mean(per_epoch):
+    """The longest merge of each epoch, averaged over the epochs (None without merges)."""
+    return statistics.mean(max(v) for v in per_epoch.values()) if per_epoch else None
+
+
 def main(directories):
     for directory in directories:
         per_epoch = merges(directory)
@@ -46,7 +51,7 @@ def main(directories):
         if not every:
             print(f"{directory}: no merges logged (was the miner task's debug log on?)")
             continue
-        longest = statistics.mean(max(v) for v in per_epoch.values())
+        longest = longest_mean(per_epoch)
         print(
             f"{directory}: {len(every)} merges, median {statistics.median(every):.3f} s, "
             f"longest of an epoch {longest:.3f} s (mean over {len(per_epoch)} epochs)"
