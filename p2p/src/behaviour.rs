@@ -2,11 +2,11 @@
 //! `swarm.rs`; its events are handled in `event_loop.rs`.
 
 use libp2p::{
-    autonat, connection_limits, dcutr, gossipsub, identify, kad, ping, relay,
+    autonat, connection_limits, dcutr, identify, kad, ping, relay,
     swarm::{behaviour::toggle::Toggle, NetworkBehaviour},
 };
 
-use crate::rr;
+use crate::{gossip, rr};
 
 /// All protocols of a node.
 #[derive(NetworkBehaviour)]
@@ -21,8 +21,9 @@ pub(crate) struct Behaviour {
     pub(crate) identify: identify::Behaviour,
     /// Keeps connections checked for liveness.
     pub(crate) ping: ping::Behaviour,
-    /// Signed publish-subscribe for small messages (at most 64 KiB).
-    pub(crate) gossipsub: gossipsub::Behaviour,
+    /// Signed publish-subscribe for small messages (at most 64 KiB), telling each peer our
+    /// subscriptions on every connection (see `gossip.rs`).
+    pub(crate) gossipsub: gossip::Behaviour,
     /// Large payloads (tensors) on `/iota/rr/1.0.0`, request bodies within a byte budget.
     pub(crate) rr: rr::Behaviour,
     /// Asks peers to dial our candidate addresses back, and dials back theirs: whether we are

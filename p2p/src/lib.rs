@@ -32,6 +32,7 @@ mod discovery;
 mod envelope;
 mod error;
 mod event_loop;
+mod gossip;
 mod liveness;
 mod metrics;
 pub mod nat;

@@ -21,7 +21,7 @@ use crate::{
     addresses::{GuardedTransport, Reach},
     behaviour::Behaviour,
     budget::ByteBudget,
-    codec, rr, scoring, Config, Metrics, RelayLimits, SpawnError,
+    codec, gossip, rr, scoring, Config, Metrics, RelayLimits, SpawnError,
 };
 
 /// Kademlia protocol name; nodes of other networks do not join our routing tables.
@@ -183,7 +183,7 @@ fn behaviour(
         kad,
         identify,
         ping: ping::Behaviour::new(ping::Config::new()),
-        gossipsub,
+        gossipsub: gossip::Behaviour::new(gossipsub),
         rr,
         autonat: autonat::Behaviour::new(peer_id, autonat_config(reach)),
         relay_client,

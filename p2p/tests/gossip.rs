@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{config, init_tracing, spawn_node, wait_for, TestNode};
+use common::{config, init_tracing, spawn_node, spawn_node_as, wait_for, TestNode};
 use p2p::{identity::Keypair, Config, Envelope, Event, PublishError, Verdict};
 
 const TOPIC: &str = "plans";
@@ -219,4 +219,79 @@ async fn dropping_every_client_stops_the_event_loop() {
         .await
         .expect("event loop did not stop")
         .expect("event loop panicked");
+}
+
+/// A peer back under the same identity while its old connection to us is still open (a
+/// restart we have not noticed yet) learns what we subscribe to, so its gossip reaches us once
+/// the old connection is gone. gossipsub alone sends our subscriptions on a peer's first
+/// connection only (see `p2p/src/gossip.rs`): the restarted node would never learn that we
+/// subscribe, and its publishes would fail with `NoPeers` for as long as it stays connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_back_before_its_old_connection_closed_learns_our_subscriptions() {
+    init_tracing();
+    let topics = vec![TOPIC.to_owned()];
+    let mut b = spawn_node(Config {
+        topics: topics.clone(),
+        ..config()
+    })
+    .await;
+    let key = Keypair::generate_ed25519();
+    let following_b = || Config {
+        topics: topics.clone(),
+        bootstrap: vec![b.addr.clone()],
+        ..config()
+    };
+    let old = spawn_node_as(key.clone(), following_b()).await;
+    publish_when_ready(&old, "the old node knows b subscribes").await;
+
+    // The same identity dials `b` again while the old node is still up, so `b` holds both
+    // connections; then the old node goes, as a crashed process's connection does.
+    let restarted = spawn_node_as(key.clone(), following_b()).await;
+    let b_id = b.peer_id();
+    wait_for(
+        "the restarted node connects to b",
+        Duration::from_secs(10),
+        || {
+            let client = restarted.client.clone();
+            async move {
+                let peers = client.connected_peers().await.map_err(|e| e.to_string())?;
+                if peers.contains(&b_id) {
+                    Ok(())
+                } else {
+                    Err(format!("connected to {peers:?}"))
+                }
+            }
+        },
+    )
+    .await;
+    old.client.shutdown().await;
+
+    let data = publish_when_ready(&restarted, "the restarted node knows b subscribes").await;
+    let author = b
+        .next_event(Duration::from_secs(10), |e| match e {
+            Event::Gossip {
+                author, data: got, ..
+            } if got == data => Some(author),
+            _ => None,
+        })
+        .await;
+    assert_eq!(author, Some(key.public().to_peer_id()));
+}
+
+/// Publishes a new message until one goes out (a subscribed peer is known); returns it.
+async fn publish_when_ready(node: &TestNode, what: &str) -> Vec<u8> {
+    let mut tries = 0u32;
+    wait_for(what, Duration::from_secs(10), || {
+        tries += 1;
+        let data = format!("{what}, try {tries}").into_bytes();
+        let client = node.client.clone();
+        async move {
+            match client.publish(TOPIC, data.clone()).await {
+                Ok(()) => Ok(data),
+                Err(e) if e.is_soft() => Err(e.to_string()),
+                Err(e) => panic!("publish failed: {e}"),
+            }
+        }
+    })
+    .await
 }

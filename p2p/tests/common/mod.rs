@@ -104,7 +104,11 @@ pub fn config() -> Config {
 
 /// Spawns a node and waits for its first listen address.
 pub async fn spawn_node(config: Config) -> TestNode {
-    let keypair = Keypair::generate_ed25519();
+    spawn_node_as(Keypair::generate_ed25519(), config).await
+}
+
+/// Spawns a node with the identity `keypair` and waits for its first listen address.
+pub async fn spawn_node_as(keypair: Keypair, config: Config) -> TestNode {
     let metrics = Metrics::unregistered();
     let (client, mut events, task) =
         p2p::spawn(keypair.clone(), config, metrics.clone()).expect("spawn");
