@@ -19,7 +19,8 @@ pub(crate) struct Behaviour {
     /// Exchanges listen addresses, from which kad learns peers that dialled us, and tells
     /// each peer the address we see it at (a candidate for AutoNAT to confirm).
     pub(crate) identify: identify::Behaviour,
-    /// Keeps connections checked for liveness.
+    /// Checks every connection for liveness; the event loop closes one whose pings go
+    /// unanswered.
     pub(crate) ping: ping::Behaviour,
     /// Signed publish-subscribe for small messages (at most 64 KiB), telling each peer our
     /// subscriptions on every connection (see `gossip.rs`).

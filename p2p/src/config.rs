@@ -25,6 +25,13 @@ pub struct Config {
     pub discovery_interval: Duration,
     /// How long a connection with no open streams is kept (default 60 s).
     pub idle_connection_timeout: Duration,
+    /// How often each connection is pinged (default 15 s, libp2p's).
+    pub ping_interval: Duration,
+    /// How long a ping waits for its answer (default 20 s, libp2p's). A connection whose
+    /// pings fail twice in a row is closed, about a minute after it went silent with the
+    /// defaults: its peer is gone (a crashed host, a dropped NAT mapping) though no packet
+    /// said so, and requests and gossip sent on it would be lost.
+    pub ping_timeout: Duration,
     /// Capacity of the command channel from [`crate::Client`]s to the event loop.
     pub command_buffer: usize,
     /// Capacity of the event channel to the application; see [`crate::Event`] for what
@@ -152,6 +159,8 @@ impl Default for Config {
             request_timeout: Duration::from_secs(60),
             discovery_interval: Duration::from_secs(2),
             idle_connection_timeout: Duration::from_secs(60),
+            ping_interval: Duration::from_secs(15),
+            ping_timeout: Duration::from_secs(20),
             command_buffer: 64,
             event_buffer: 256,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,

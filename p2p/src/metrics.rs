@@ -185,6 +185,9 @@ pub struct Metrics {
     /// `iota_bootstrap_dial_failures_total`: failed dials to a configured bootstrap peer; each
     /// is followed by a retry after a backoff.
     bootstrap_dial_failures: Counter,
+    /// `iota_connections_unresponsive_total`: connections closed because their peer stopped
+    /// answering pings.
+    connections_unresponsive: Counter,
     /// `iota_peer_addresses_refused_total`: peer addresses (from identify or the DHT) not
     /// kept or dialled: private or loopback ones in a public run, and those beyond
     /// [`crate::addresses::MAX_PEER_ADDRS`] of one report.
@@ -275,6 +278,11 @@ impl Metrics {
             "iota_bootstrap_dial_failures",
             "Failed dials to configured bootstrap peers",
             m.bootstrap_dial_failures.clone(),
+        );
+        registry.register(
+            "iota_connections_unresponsive",
+            "Connections closed because their peer stopped answering pings",
+            m.connections_unresponsive.clone(),
         );
         registry.register(
             "iota_peer_addresses_refused",
@@ -451,6 +459,11 @@ impl Metrics {
         self.bootstrap_dial_failures.get()
     }
 
+    /// Current value of `iota_connections_unresponsive_total`.
+    pub fn connections_unresponsive(&self) -> u64 {
+        self.connections_unresponsive.get()
+    }
+
     /// Current values of (`iota_rr_bytes_sent_total`, `iota_rr_bytes_received_total`).
     pub fn rr_bytes(&self) -> (u64, u64) {
         (self.rr_bytes_sent.get(), self.rr_bytes_received.get())
@@ -513,6 +526,10 @@ impl Metrics {
 
     pub(crate) fn bootstrap_dial_failed(&self) {
         self.bootstrap_dial_failures.inc();
+    }
+
+    pub(crate) fn connection_unresponsive(&self) {
+        self.connections_unresponsive.inc();
     }
 
     pub(crate) fn rr_sent(&self, bytes: u64) {

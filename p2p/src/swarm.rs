@@ -182,7 +182,11 @@ fn behaviour(
         limits,
         kad,
         identify,
-        ping: ping::Behaviour::new(ping::Config::new()),
+        ping: ping::Behaviour::new(
+            ping::Config::new()
+                .with_interval(config.ping_interval)
+                .with_timeout(config.ping_timeout),
+        ),
         gossipsub: gossip::Behaviour::new(gossipsub),
         rr,
         autonat: autonat::Behaviour::new(peer_id, autonat_config(reach)),

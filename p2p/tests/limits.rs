@@ -1,12 +1,26 @@
-//! Connection limits: connections beyond `max_connections_per_peer` are refused and counted,
-//! and the connection already there keeps working.
+//! Connection limits and liveness: connections beyond `max_connections_per_peer` are refused
+//! and counted, and the connection already there keeps working; a connection whose peer stops
+//! answering is closed.
+
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
 
-use std::time::Duration;
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use common::{config, init_tracing, spawn_node, wait_for, TestNode};
-use p2p::{Config, Direction, Event};
+use p2p::{multiaddr::Protocol, Config, Direction, Event, Multiaddr};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{tcp::OwnedWriteHalf, TcpListener, TcpStream},
+    task::JoinHandle,
+};
 
 /// Waits until `node`'s count of refused connections in `direction` reaches 1.
 async fn one_refusal(node: &TestNode, direction: Direction) {
@@ -112,4 +126,182 @@ async fn zero_connection_limits_are_refused() {
         .unwrap_err();
         assert!(matches!(err, p2p::SpawnError::InvalidConfig(_)), "{err:?}");
     }
+}
+
+/// A connection whose path goes silent while both its sockets stay open (a host that vanished,
+/// a NAT that dropped its mapping: no packet says the peer is gone) is closed at both ends
+/// once pings go unanswered, and counted. Nothing else notices on a connection that carries
+/// only gossip: without the ping policy both nodes keep it, and the test times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_whose_peer_stops_answering_is_closed_at_both_ends() {
+    init_tracing();
+    let quick = || Config {
+        ping_interval: Duration::from_millis(300),
+        ping_timeout: Duration::from_millis(700),
+        ..config()
+    };
+    let b = spawn_node(quick()).await;
+    let proxy = SilencingProxy::start(&b.addr).await;
+    let a = spawn_node(Config {
+        bootstrap: vec![proxy.addr.clone()],
+        ..quick()
+    })
+    .await;
+    let b_id = b.peer_id();
+    wait_for(
+        "A connected to B through the proxy",
+        Duration::from_secs(10),
+        || async {
+            let peers = a.client.connected_peers().await.unwrap();
+            if peers.contains(&b_id) {
+                Ok(())
+            } else {
+                Err(format!("A's peers {peers:?}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        proxy.closed(),
+        (0, 0),
+        "nothing closed while the path works"
+    );
+
+    proxy.silence();
+    let silenced = std::time::Instant::now();
+    // ping reports the second failure in a row: its stream, opened on the silent path, fails
+    // to negotiate within libp2p's 10 s upgrade timeout.
+    let closed = wait_for(
+        "both ends close the silent connection",
+        Duration::from_secs(30),
+        || async {
+            match proxy.closed() {
+                (a_side, b_side) if a_side > 0 && b_side > 0 => Ok((a_side, b_side)),
+                other => Err(format!("closed (A's end, B's end): {other:?}")),
+            }
+        },
+    )
+    .await;
+    assert!(a.metrics.connections_unresponsive() >= 1);
+    assert!(b.metrics.connections_unresponsive() >= 1);
+    eprintln!(
+        "closed (A's end, B's end): {closed:?}, {:?} after the path went silent",
+        silenced.elapsed()
+    );
+}
+
+/// A TCP proxy on 127.0.0.1 in front of one node that, once silenced, forwards nothing more
+/// but keeps every socket open, and counts the ends that close their socket.
+struct SilencingProxy {
+    /// The proxy's address, with the node's peer id.
+    addr: Multiaddr,
+    silent: Arc<AtomicBool>,
+    /// Sockets closed by the dialling side and by the node's side.
+    closed: Arc<[AtomicUsize; 2]>,
+    accept: JoinHandle<()>,
+}
+
+impl SilencingProxy {
+    async fn start(node: &Multiaddr) -> SilencingProxy {
+        let mut port = None;
+        let mut peer = None;
+        for protocol in node.iter() {
+            match protocol {
+                Protocol::Tcp(p) => port = Some(p),
+                Protocol::P2p(id) => peer = Some(id),
+                _ => {}
+            }
+        }
+        let (port, peer) = (port.unwrap(), peer.unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!(
+            "/ip4/127.0.0.1/tcp/{}",
+            listener.local_addr().unwrap().port()
+        )
+        .parse::<Multiaddr>()
+        .unwrap()
+        .with(Protocol::P2p(peer));
+        let silent = Arc::new(AtomicBool::new(false));
+        let closed: Arc<[AtomicUsize; 2]> = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let accept = {
+            let (silent, closed) = (silent.clone(), closed.clone());
+            tokio::spawn(async move {
+                // Bounded: the test makes a handful of connections at most.
+                for _ in 0..16 {
+                    let Ok((dialler, _)) = listener.accept().await else {
+                        return;
+                    };
+                    let Ok(upstream) = TcpStream::connect(("127.0.0.1", port)).await else {
+                        return;
+                    };
+                    let (from_dialler, to_dialler) = dialler.into_split();
+                    let (from_node, to_node) = upstream.into_split();
+                    tokio::spawn(pump(
+                        from_dialler,
+                        to_node,
+                        silent.clone(),
+                        closed.clone(),
+                        0,
+                    ));
+                    tokio::spawn(pump(
+                        from_node,
+                        to_dialler,
+                        silent.clone(),
+                        closed.clone(),
+                        1,
+                    ));
+                }
+            })
+        };
+        SilencingProxy {
+            addr,
+            silent,
+            closed,
+            accept,
+        }
+    }
+
+    fn silence(&self) {
+        self.silent.store(true, Ordering::SeqCst);
+    }
+
+    /// Sockets closed so far by (the dialling side, the node's side).
+    fn closed(&self) -> (usize, usize) {
+        (
+            self.closed[0].load(Ordering::SeqCst),
+            self.closed[1].load(Ordering::SeqCst),
+        )
+    }
+}
+
+impl Drop for SilencingProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Copies `from` to `to` until silenced, then reads and drops; counts `from` closing in
+/// `closed[side]`. Never closes `to`: the other end must see the path go quiet, not a close.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    silent: Arc<AtomicBool>,
+    closed: Arc<[AtomicUsize; 2]>,
+    side: usize,
+) {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if !silent.load(Ordering::SeqCst) && to.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    closed[side].fetch_add(1, Ordering::SeqCst);
+    // Hold the other socket's write half (dropping it would send a FIN) until the runtime ends.
+    std::future::pending::<()>().await;
+    drop(to);
 }
