@@ -256,8 +256,9 @@ impl EventLoop {
     /// after two in a row (the first is free), and the second ping's stream, opened on the
     /// silent connection, fails when its negotiation times out (libp2p's 10 s): a connection
     /// goes after about `2 × ping_interval + ping_timeout + 10 s` of silence (60 s with the
-    /// defaults; 11.3 s in the test with 0.3 s and 0.7 s). A peer that merely lacks the ping
-    /// protocol keeps its connection.
+    /// defaults; 11.3 s in the test with 0.3 s and 0.7 s, 20 s when the path went silent
+    /// before the first ping's stream was up). A peer that merely lacks the ping protocol
+    /// keeps its connection.
     fn on_ping_event(&mut self, event: ping::Event) {
         match event.result {
             Ok(_) | Err(ping::Failure::Unsupported) => {}
