@@ -11,7 +11,10 @@
 //!   [`next_plan`] numbers the epoch one past the highest epoch its author has seen.
 //! * The seed is not chosen by the orchestrator: [`plan_seed`] derives it from the run seed
 //!   and the epoch, and receivers check it.
-//! * Encoded plans are at most [`MAX_PLAN_BYTES`]; larger input is refused before parsing.
+//! * A plan crosses the network as a zstd frame of its JSON ([`EpochPlan::to_wire`]), at most
+//!   [`MAX_PLAN_WIRE_BYTES`]; the frame is expanded into at most [`MAX_PLAN_BYTES`] and
+//!   larger input is refused before parsing, so a small frame cannot make a receiver allocate
+//!   more than that.
 
 #[cfg(test)]
 mod tests;
@@ -24,16 +27,28 @@ use crate::assignment::{assign, assign_by_capacity, head_quotas, Assignment, Ass
 use crate::peer_id::PeerIdStr;
 use crate::run_config::{RunConfig, RunHash, MAX_STAGES};
 
-/// Largest encoded plan, in bytes: a plan travels in one gossip envelope (63 KiB), and
-/// [`MAX_PLAN_MINERS`] assignments take about half of that. Nothing larger is parsed, so the
-/// parser's working memory stays within a small multiple of it.
-pub const MAX_PLAN_BYTES: usize = 64 << 10;
+/// Largest plan JSON, in bytes, whether expanded from the wire or read from the data dir.
+/// Nothing larger is parsed, so the parser's working memory stays within a small multiple of
+/// it. A plan of [`MAX_PLAN_MINERS`] miners in one stage, every one a head with its own
+/// quota, is 149 KiB of JSON.
+pub const MAX_PLAN_BYTES: usize = 256 << 10;
 
-/// Most miners one plan assigns. An assignment entry is a quoted peer id and a stage, about
-/// 58 bytes of JSON, so 512 of them keep a plan near 30 KiB: inside the 63 KiB gossip
-/// envelope with room for the rest of the plan. Miners beyond it wait for a free place
-/// (those already assigned keep theirs; newcomers are admitted in peer-id order).
-pub const MAX_PLAN_MINERS: usize = 512;
+/// Largest plan on the wire (a zstd frame of its JSON), in bytes: a plan travels in one
+/// gossip envelope of 63 KiB, whose own header, signature and topic take the rest.
+pub const MAX_PLAN_WIRE_BYTES: usize = 62 << 10;
+
+/// zstd level of a plan on the wire: a peer id is 32 random bytes in 52 base58 characters,
+/// which entropy coding brings near the 32 bytes at any level; higher levels gain under 5 %
+/// here at several times the time.
+const PLAN_ZSTD_LEVEL: i32 = 3;
+
+/// Most miners one plan assigns. On the wire a miner costs about 33 bytes (its peer id's 32
+/// random bytes after compression, plus its stage), and a head's quota about 8 more, so a
+/// plan of 1 280 miners in one stage, every one a head with its own quota (the largest plan
+/// [`next_plan_by_capacity`] makes of that many), is 52 KiB (measured): inside
+/// [`MAX_PLAN_WIRE_BYTES`] with 10 KiB to spare. Miners beyond it wait for a free place (those
+/// already assigned keep theirs; newcomers are admitted in peer-id order).
+pub const MAX_PLAN_MINERS: usize = 1280;
 
 /// What the orchestrator publishes to open an epoch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,6 +111,17 @@ pub enum PlanEncodeError {
     /// JSON serialisation failed.
     #[error("epoch plan could not be encoded: {0}")]
     Json(#[source] serde_json::Error),
+    /// The compressed plan is larger than [`MAX_PLAN_WIRE_BYTES`].
+    #[error("epoch plan compresses to {len} bytes; at most {max} fit its gossip envelope")]
+    WireTooLarge {
+        /// Compressed size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// zstd could not compress the plan.
+    #[error("epoch plan could not be compressed: {0}")]
+    Compress(#[source] std::io::Error),
 }
 
 /// Why bytes are not a plan.
@@ -109,6 +135,23 @@ pub enum PlanDecodeError {
         len: usize,
         /// The limit.
         max: usize,
+    },
+    /// The wire form is larger than [`MAX_PLAN_WIRE_BYTES`]; it was not expanded.
+    #[error("epoch plan frame is {len} bytes; at most {max} are accepted")]
+    WireTooLarge {
+        /// Size of the input.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The wire form is not a zstd frame, or expands past [`MAX_PLAN_BYTES`].
+    #[error("epoch plan frame does not expand into at most {max} bytes: {source}")]
+    Frame {
+        /// The limit on the expanded plan.
+        max: usize,
+        /// zstd's reason.
+        #[source]
+        source: std::io::Error,
     },
     /// The input is not the JSON of a plan (syntax, missing or unknown field, bad peer id…).
     #[error("epoch plan is not valid: {0}")]
@@ -379,6 +422,40 @@ impl EpochPlan {
         let plan: Self = serde_json::from_slice(bytes).map_err(PlanDecodeError::Json)?;
         plan.validate()?;
         Ok(plan)
+    }
+
+    /// The plan as it crosses the network: a zstd frame of [`EpochPlan::to_json`], refused
+    /// past [`MAX_PLAN_WIRE_BYTES`].
+    pub fn to_wire(&self) -> Result<Vec<u8>, PlanEncodeError> {
+        let json = self.to_json()?;
+        let frame =
+            zstd::bulk::compress(&json, PLAN_ZSTD_LEVEL).map_err(PlanEncodeError::Compress)?;
+        if frame.len() > MAX_PLAN_WIRE_BYTES {
+            return Err(PlanEncodeError::WireTooLarge {
+                len: frame.len(),
+                max: MAX_PLAN_WIRE_BYTES,
+            });
+        }
+        Ok(frame)
+    }
+
+    /// Parses and validates a plan from the network: input past [`MAX_PLAN_WIRE_BYTES`] is
+    /// refused unread, and the frame is expanded into a buffer of [`MAX_PLAN_BYTES`], no
+    /// more, before [`EpochPlan::from_json`].
+    pub fn from_wire(bytes: &[u8]) -> Result<Self, PlanDecodeError> {
+        if bytes.len() > MAX_PLAN_WIRE_BYTES {
+            return Err(PlanDecodeError::WireTooLarge {
+                len: bytes.len(),
+                max: MAX_PLAN_WIRE_BYTES,
+            });
+        }
+        let json = zstd::bulk::decompress(bytes, MAX_PLAN_BYTES).map_err(|source| {
+            PlanDecodeError::Frame {
+                max: MAX_PLAN_BYTES,
+                source,
+            }
+        })?;
+        Self::from_json(&json)
     }
 
     /// Samples head `miner` draws in the epoch: its entry of `head_samples`, else

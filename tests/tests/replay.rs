@@ -98,7 +98,7 @@ impl Replayer {
                 .collect(),
             topics: vec![
                 heartbeat_topic(run),
-                format!("iota/{}/plan/1", run.run_name),
+                format!("iota/{}/plan/2", run.run_name),
             ],
             discovery_interval: Duration::from_millis(500),
             ..Config::default()
@@ -344,7 +344,7 @@ async fn a_replayed_heartbeat_does_not_keep_a_dead_orchestrator_elected() {
     let miners_in_plan: std::collections::BTreeSet<bootstrap::PeerIdStr> =
         last_plan.assignment.keys().cloned().collect();
     let jump_before = rejected(&honest, &["plan_epoch_jump"]).await;
-    let plan_topic = format!("iota/{}/plan/1", run.run_name);
+    let plan_topic = format!("iota/{}/plan/2", run.run_name);
     for attempt in 0..3u64 {
         let mut forged = bootstrap::next_plan(
             &run,
@@ -357,7 +357,7 @@ async fn a_replayed_heartbeat_does_not_keep_a_dead_orchestrator_elected() {
         assert_eq!(forged.epoch, u64::MAX);
         forged.merge =
             Some(serde_json::json!({ "merge_start_unix_ms": now_ms() + 1500 + attempt }));
-        let envelope = Envelope::seal(&key_a, &plan_topic, forged.to_json().unwrap()).unwrap();
+        let envelope = Envelope::seal(&key_a, &plan_topic, forged.to_wire().unwrap()).unwrap();
         let _ = impersonator
             .client
             .publish_raw(&plan_topic, envelope.encode())

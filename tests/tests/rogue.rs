@@ -57,7 +57,7 @@ impl Stranger {
             bootstrap: vec![boot.parse::<Multiaddr>().unwrap()],
             topics: vec![
                 format!("iota/{run}/heartbeat/1"),
-                format!("iota/{run}/plan/1"),
+                format!("iota/{run}/plan/2"),
                 format!("iota/{run}/pipeline/1"),
             ],
             discovery_interval: Duration::from_millis(500),

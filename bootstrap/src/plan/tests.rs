@@ -6,6 +6,9 @@ use crate::metagraph::RAO_PER_TAO;
 use crate::test_support::{metagraph, peer};
 use std::time::Duration;
 
+/// A named input and the refusal it must get.
+type Case = (&'static str, Vec<u8>, fn(&PlanDecodeError) -> bool);
+
 fn miners(numbers: impl IntoIterator<Item = u64>) -> BTreeSet<PeerIdStr> {
     numbers.into_iter().map(peer).collect()
 }
@@ -122,7 +125,6 @@ fn malformed_plans_are_refused() {
         f(&mut v);
         serde_json::to_vec(&v).unwrap()
     };
-    type Case = (&'static str, Vec<u8>, fn(&PlanDecodeError) -> bool);
     let cases: Vec<Case> = vec![
         ("unknown field", edit(|v| v["extra"] = 1.into()), |e| {
             matches!(e, PlanDecodeError::Json(_))
@@ -262,11 +264,113 @@ fn a_plan_never_outgrows_the_gossip_envelope() {
             .all(|m| plan.assignment.contains_key(m)),
         "miners already assigned keep their places"
     );
-    let bytes = plan.to_json().unwrap();
-    assert!(bytes.len() < 48 * 1024, "{} bytes", bytes.len());
+    let bytes = plan.to_wire().unwrap();
+    assert!(bytes.len() <= MAX_PLAN_WIRE_BYTES, "{} bytes", bytes.len());
+    assert_eq!(EpochPlan::from_wire(&bytes).unwrap(), plan);
     let mut over = plan.clone();
     over.assignment.insert(peer(5000), 0);
     assert_eq!(over.validate().unwrap_err().field, "assignment");
+}
+
+#[test]
+fn the_largest_plan_placement_makes_fits_the_gossip_envelope() {
+    // One stage, so every miner is a head; every head announced a different rate, so every
+    // one carries its own quota: the most a plan of MAX_PLAN_MINERS says.
+    let config = RunConfig {
+        stages: 1,
+        epoch_samples: 1_000_000,
+        ..RunConfig::default()
+    };
+    let crowd = miners(0..MAX_PLAN_MINERS as u64 + 100);
+    let rates = crowd
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.clone(), 1.0 + i as f64 / 7.0))
+        .collect::<BTreeMap<_, _>>();
+    let announced = Announced {
+        capacity: rates.clone(),
+        pathway_rate: rates,
+    };
+    let mut plan =
+        next_plan_by_capacity(&config, &peer(100_000), None, None, &crowd, &announced).unwrap();
+    plan.merge = Some(serde_json::json!({ "start_unix_ms": u64::MAX }));
+    assert_eq!(plan.assignment.len(), MAX_PLAN_MINERS);
+    let quotas = plan
+        .head_samples
+        .as_ref()
+        .expect("heads draw unequal shares");
+    assert_eq!(
+        quotas.len(),
+        MAX_PLAN_MINERS,
+        "every miner is a head with a quota"
+    );
+    let json = plan.to_json().unwrap();
+    let wire = plan.to_wire().unwrap();
+    println!(
+        "{MAX_PLAN_MINERS} miners: {} bytes of JSON, {} on the wire ({} a miner)",
+        json.len(),
+        wire.len(),
+        wire.len() / MAX_PLAN_MINERS
+    );
+    assert!(wire.len() <= MAX_PLAN_WIRE_BYTES);
+    assert_eq!(EpochPlan::from_wire(&wire).unwrap(), plan);
+}
+
+#[test]
+fn plans_from_the_wire_are_bounded_before_they_are_expanded() {
+    let plan = next_plan(&RunConfig::default(), &peer(100), None, None, &miners(0..6)).unwrap();
+    let wire = plan.to_wire().unwrap();
+    assert_eq!(EpochPlan::from_wire(&wire).unwrap(), plan);
+    // A frame that expands past MAX_PLAN_BYTES (a few hundred bytes of zeros' frame).
+    let bomb = zstd::bulk::compress(&vec![b' '; MAX_PLAN_BYTES + 1], 19).unwrap();
+    assert!(bomb.len() < 1024);
+    let cases: Vec<Case> = vec![
+        ("expands too far", bomb, |e| {
+            matches!(e, PlanDecodeError::Frame { .. })
+        }),
+        ("not a frame", plan.to_json().unwrap(), |e| {
+            matches!(e, PlanDecodeError::Frame { .. })
+        }),
+        ("empty", Vec::new(), |e| {
+            matches!(e, PlanDecodeError::Json(_))
+        }),
+        ("truncated", wire[..wire.len() / 2].to_vec(), |e| {
+            matches!(e, PlanDecodeError::Frame { .. })
+        }),
+        ("oversized", vec![0; MAX_PLAN_WIRE_BYTES + 1], |e| {
+            matches!(e, PlanDecodeError::WireTooLarge { .. })
+        }),
+        (
+            "a frame of no plan",
+            zstd::bulk::compress(b"{\"run\": 1}", 3).unwrap(),
+            |e| matches!(e, PlanDecodeError::Json(_)),
+        ),
+    ];
+    for (name, bytes, expected) in cases {
+        let err = EpochPlan::from_wire(&bytes).unwrap_err();
+        assert!(expected(&err), "{name}: got {err:?}");
+    }
+}
+
+#[test]
+fn a_plan_whose_frame_outgrows_the_envelope_is_not_encoded() {
+    let plan = next_plan(&RunConfig::default(), &peer(100), None, None, &miners(0..6)).unwrap();
+    // Incompressible text that fits the JSON bound but not the frame's.
+    let noise: String = (0..120_000u64)
+        .map(|i| {
+            let byte = blake3::hash(&i.to_le_bytes()).as_bytes()[0];
+            char::from(b'a' + byte % 26)
+        })
+        .collect();
+    let noisy = EpochPlan {
+        merge: Some(serde_json::Value::String(noise)),
+        ..plan
+    };
+    assert!(noisy.to_json().is_ok());
+    assert!(matches!(
+        noisy.to_wire(),
+        Err(PlanEncodeError::WireTooLarge { .. })
+    ));
 }
 
 #[test]

@@ -271,7 +271,7 @@ async fn forge_plan(
 ) {
     let miners = BTreeSet::from([me.clone()]);
     let plan = bootstrap::next_plan(run, me, None, Some(counter + 1_000_000), &miners);
-    match plan.map(|p| p.to_json()) {
+    match plan.map(|p| p.to_wire()) {
         Ok(Ok(bytes)) => {
             if let Err(error) = client.publish(topic, bytes).await {
                 tracing::debug!(%error, "forged plan not published");

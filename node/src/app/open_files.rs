@@ -14,9 +14,10 @@
 /// Descriptors kept for the node's own files.
 pub(crate) const RESERVED_FILES: u64 = 256;
 
-/// Most p2p connections: a plan holds at most 512 miners and a node connects to about every
-/// other node of the run, so this leaves room for validators and newcomers.
-const MAX_P2P_CONNECTIONS: u64 = 1024;
+/// Most p2p connections: a plan holds at most [`bootstrap::MAX_PLAN_MINERS`] (1 280) miners
+/// and a node connects to about every other node of the run, so this leaves room for
+/// validators and newcomers waiting for a place.
+const MAX_P2P_CONNECTIONS: u64 = 2048;
 /// Fewest p2p connections, whatever the limit: below this a run cannot form.
 const MIN_P2P_CONNECTIONS: u64 = 16;
 /// Most connections in their handshake (the p2p layer's default).
@@ -170,8 +171,10 @@ mod tests {
                 raised.pending_incoming,
                 raised.http_connections
             ),
-            (1024, 64, 64)
+            (2048, 64, 64)
         );
+        // Every miner a plan can hold, and room for validators and newcomers.
+        assert!(raised.p2p_connections as usize >= bootstrap::MAX_PLAN_MINERS + 256);
         // A limit that leaves nothing spare: the floors, and a warning.
         let tiny = Budgets::for_open_files(256);
         assert_eq!(
@@ -198,7 +201,7 @@ mod tests {
                 b.tight() || used <= open_files,
                 "{open_files}: {b:?} uses {used}"
             );
-            assert!(b.p2p_connections >= 16 && b.p2p_connections <= 1024);
+            assert!(b.p2p_connections >= 16 && u64::from(b.p2p_connections) <= MAX_P2P_CONNECTIONS);
         }
     }
 

@@ -397,7 +397,7 @@ impl Orchestration {
         now: Duration,
         wall: SystemTime,
     ) -> PlanOutcome {
-        let plan = match EpochPlan::from_json(bytes) {
+        let plan = match EpochPlan::from_wire(bytes) {
             Ok(plan) => plan,
             Err(error) => {
                 tracing::debug!(%author, %error, "undecodable plan");
@@ -537,7 +537,7 @@ impl Orchestration {
             tracing::warn!(reason = rejected.reason(), "own plan not accepted");
             return None;
         }
-        let bytes = match plan.to_json() {
+        let bytes = match plan.to_wire() {
             Ok(bytes) => bytes,
             Err(error) => {
                 tracing::warn!(%error, "cannot encode the plan");
@@ -752,7 +752,7 @@ mod tests {
         let miner = peer(10);
         let forged = next_plan(&run, &miner, None, None, &BTreeSet::from([miner.clone()]))
             .unwrap()
-            .to_json()
+            .to_wire()
             .unwrap();
         assert!(matches!(
             nodes[1].on_plan(&miner, &forged, now, SystemTime::now()),
@@ -898,7 +898,7 @@ mod tests {
         let mut forged = plan.clone();
         forged.lr *= 100.0;
         assert!(matches!(
-            nodes[1].on_plan(&ids[0], &forged.to_json().unwrap(), now, SystemTime::now()),
+            nodes[1].on_plan(&ids[0], &forged.to_wire().unwrap(), now, SystemTime::now()),
             PlanOutcome::Rejected(PlanRejected::MismatchesRun)
         ));
         let mut late = plan.clone();
@@ -906,17 +906,17 @@ mod tests {
             std::time::SystemTime::now() + Duration::from_secs(3600),
         ));
         assert!(matches!(
-            nodes[1].on_plan(&ids[0], &late.to_json().unwrap(), now, SystemTime::now()),
+            nodes[1].on_plan(&ids[0], &late.to_wire().unwrap(), now, SystemTime::now()),
             PlanOutcome::Rejected(PlanRejected::MergeStart)
         ));
         let mut crowded = plan.clone();
         crowded.assignment.insert(peer(77), 0);
         assert!(matches!(
-            nodes[1].on_plan(&ids[0], &crowded.to_json().unwrap(), now, SystemTime::now()),
+            nodes[1].on_plan(&ids[0], &crowded.to_wire().unwrap(), now, SystemTime::now()),
             PlanOutcome::Rejected(PlanRejected::UnregisteredMiners)
         ));
         assert!(matches!(
-            nodes[1].on_plan(&ids[0], &plan.to_json().unwrap(), now, SystemTime::now()),
+            nodes[1].on_plan(&ids[0], &plan.to_wire().unwrap(), now, SystemTime::now()),
             PlanOutcome::Accepted
         ));
     }

@@ -68,7 +68,7 @@ async fn foreign_topics_are_left_alone_and_bad_gossip_is_consumed_but_not_delive
     let a = peer();
     let good = commitment(&a, 2, 7);
     for other in [
-        "iota/r1/plan/1".to_string(),
+        "iota/r1/plan/2".to_string(),
         topic("r2", 2),
         "iota/r1/butterfly/+2/1".to_string(),
         "iota/r1/butterfly//1".to_string(),

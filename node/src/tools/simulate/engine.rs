@@ -877,7 +877,7 @@ impl<'a> Sim<'a> {
     }
 
     fn publish(&mut self, author: usize, bytes: Vec<u8>) {
-        let plan = match EpochPlan::from_json(&bytes) {
+        let plan = match EpochPlan::from_wire(&bytes) {
             Ok(plan) => Arc::new(plan),
             Err(error) => {
                 self.limit("plan-decode", format!("a plan did not decode: {error}"));
