@@ -52,7 +52,8 @@ pub use metagraph::{
 pub use peer_id::{PeerIdError, PeerIdStr};
 pub use plan::{
     next_plan, next_plan_by_capacity, plan_seed, Announced, EpochPlan, InvalidPlan, NextPlanError,
-    PlanDecodeError, PlanEncodeError, MAX_PLAN_BYTES, MAX_PLAN_MINERS, MAX_PLAN_WIRE_BYTES,
+    PlanDecodeError, PlanEncodeError, MAX_PLAN_BYTES, MAX_PLAN_EXPANSION, MAX_PLAN_MINERS,
+    MAX_PLAN_WIRE_BYTES, MIN_PLAN_EXPANSION,
 };
 pub use run_config::{
     BottleneckKind, ModelPreset, ModelShape, RopeScalingShape, RopeType, RunConfig, RunConfigError,

@@ -37,6 +37,18 @@ pub const MAX_PLAN_BYTES: usize = 256 << 10;
 /// gossip envelope of 63 KiB, whose own header, signature and topic take the rest.
 pub const MAX_PLAN_WIRE_BYTES: usize = 62 << 10;
 
+/// Most a plan's frame may expand, as a multiple of its length (or to [`MIN_PLAN_EXPANSION`]
+/// bytes, whichever is more): honest plans expand at most 3.2 times (peer ids are random;
+/// `honest_plans_expand_less_than_receivers_allow` measures it), so a frame that expands
+/// further is refused before it is parsed, and the memory a
+/// received plan costs stays proportional to the bytes its sender sent, as it was before
+/// plans were compressed (a tiny frame of `[0,0,…]` would otherwise expand into 256 KiB
+/// whose parse allocates 4 MiB).
+pub const MAX_PLAN_EXPANSION: usize = 6;
+
+/// A frame expands into at least this many bytes whatever its length: a plan of a few miners.
+pub const MIN_PLAN_EXPANSION: usize = 4 << 10;
+
 /// zstd level of a plan on the wire: a peer id is 32 random bytes in 52 base58 characters,
 /// which entropy coding brings near the 32 bytes at any level; higher levels gain under 5 %
 /// here at several times the time.
@@ -119,6 +131,15 @@ pub enum PlanEncodeError {
         /// The limit.
         max: usize,
     },
+    /// The plan compresses so well that receivers would refuse its frame (see
+    /// [`MAX_PLAN_EXPANSION`]).
+    #[error("epoch plan of {json} bytes compresses to {frame}: more than receivers expand")]
+    Expands {
+        /// Size of the JSON.
+        json: usize,
+        /// Size of its frame.
+        frame: usize,
+    },
     /// zstd could not compress the plan.
     #[error("epoch plan could not be compressed: {0}")]
     Compress(#[source] std::io::Error),
@@ -144,10 +165,11 @@ pub enum PlanDecodeError {
         /// The limit.
         max: usize,
     },
-    /// The wire form is not a zstd frame, or expands past [`MAX_PLAN_BYTES`].
+    /// The wire form is not a zstd frame, or expands past what its length allows (see
+    /// [`MAX_PLAN_EXPANSION`]).
     #[error("epoch plan frame does not expand into at most {max} bytes: {source}")]
     Frame {
-        /// The limit on the expanded plan.
+        /// The limit on the expanded plan, for this frame's length.
         max: usize,
         /// zstd's reason.
         #[source]
@@ -214,6 +236,12 @@ pub fn next_plan(
         live_miners,
         None,
     )
+}
+
+/// The most a frame of `len` bytes may expand into: see [`MAX_PLAN_EXPANSION`].
+fn expansion_bound(len: usize) -> usize {
+    len.saturating_mul(MAX_PLAN_EXPANSION)
+        .clamp(MIN_PLAN_EXPANSION, MAX_PLAN_BYTES)
 }
 
 /// What miners announced that placement by capacity balances.
@@ -425,7 +453,8 @@ impl EpochPlan {
     }
 
     /// The plan as it crosses the network: a zstd frame of [`EpochPlan::to_json`], refused
-    /// past [`MAX_PLAN_WIRE_BYTES`].
+    /// past [`MAX_PLAN_WIRE_BYTES`], or when it would expand further than receivers allow
+    /// (see [`MAX_PLAN_EXPANSION`]; no plan [`next_plan`] makes does).
     pub fn to_wire(&self) -> Result<Vec<u8>, PlanEncodeError> {
         let json = self.to_json()?;
         let frame =
@@ -436,11 +465,18 @@ impl EpochPlan {
                 max: MAX_PLAN_WIRE_BYTES,
             });
         }
+        if json.len() > expansion_bound(frame.len()) {
+            return Err(PlanEncodeError::Expands {
+                json: json.len(),
+                frame: frame.len(),
+            });
+        }
         Ok(frame)
     }
 
     /// Parses and validates a plan from the network: input past [`MAX_PLAN_WIRE_BYTES`] is
-    /// refused unread, and the frame is expanded into a buffer of [`MAX_PLAN_BYTES`], no
+    /// refused unread, and the frame is expanded into a buffer of [`MAX_PLAN_EXPANSION`]
+    /// times its length (at least [`MIN_PLAN_EXPANSION`], at most [`MAX_PLAN_BYTES`]), no
     /// more, before [`EpochPlan::from_json`].
     pub fn from_wire(bytes: &[u8]) -> Result<Self, PlanDecodeError> {
         if bytes.len() > MAX_PLAN_WIRE_BYTES {
@@ -449,12 +485,9 @@ impl EpochPlan {
                 max: MAX_PLAN_WIRE_BYTES,
             });
         }
-        let json = zstd::bulk::decompress(bytes, MAX_PLAN_BYTES).map_err(|source| {
-            PlanDecodeError::Frame {
-                max: MAX_PLAN_BYTES,
-                source,
-            }
-        })?;
+        let max = expansion_bound(bytes.len());
+        let json = zstd::bulk::decompress(bytes, max)
+            .map_err(|source| PlanDecodeError::Frame { max, source })?;
         Self::from_json(&json)
     }
 

@@ -340,6 +340,15 @@ fn targets() -> Vec<Target> {
             Box::new(|b| EpochPlan::from_json(b).is_ok().into()),
         )
         .json(),
+        Target {
+            craft: Some(crafted_plan_frame),
+            ..Target::new(
+                "epoch-plan-wire",
+                bootstrap::MAX_PLAN_BYTES,
+                plan_samples().iter().map(|json| plan_frame(json)).collect(),
+                Box::new(|b| EpochPlan::from_wire(b).is_ok().into()),
+            )
+        },
         body(
             "pipeline-forward-request",
             rpc::PIPELINE_FORWARD,
@@ -618,6 +627,23 @@ fn envelope_samples() -> Vec<Vec<u8>> {
                 .encode()
         })
         .collect()
+}
+
+/// A plan's JSON as it crosses the network: a zstd frame (see `EpochPlan::to_wire`).
+fn plan_frame(json: &[u8]) -> Vec<u8> {
+    zstd::bulk::compress(json, 3).expect("zstd compresses any bytes")
+}
+
+/// A frame of a plan sample's JSON with up to four JSON mutations, so that the parser behind
+/// the frame is reached (mutated frames mostly stop at zstd).
+fn crafted_plan_frame(rng: &mut ChaCha8Rng) -> Vec<u8> {
+    static SAMPLES: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    let samples = SAMPLES.get_or_init(plan_samples);
+    let mut json = samples[rng.gen_range(0..samples.len())].clone();
+    for _ in 0..rng.gen_range(0..=4) {
+        json_mutation(&mut json, rng);
+    }
+    plan_frame(&json)
 }
 
 fn plan_samples() -> Vec<Vec<u8>> {
@@ -1155,8 +1181,13 @@ fn probes() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     vec![
         (
             "epoch-plan",
-            "merge = [0,0,…] of 1 MiB",
+            "merge = [0,0,…] of 256 KiB",
             fill("{\"merge\":[", "0", "]}", bootstrap::MAX_PLAN_BYTES),
+        ),
+        (
+            "epoch-plan-wire",
+            "the same 256 KiB in a zstd frame of a few hundred bytes",
+            plan_frame(&fill("{\"merge\":[", "0", "]}", bootstrap::MAX_PLAN_BYTES)),
         ),
         (
             "butterfly-gossip-json",

@@ -321,11 +321,19 @@ fn plans_from_the_wire_are_bounded_before_they_are_expanded() {
     let plan = next_plan(&RunConfig::default(), &peer(100), None, None, &miners(0..6)).unwrap();
     let wire = plan.to_wire().unwrap();
     assert_eq!(EpochPlan::from_wire(&wire).unwrap(), plan);
-    // A frame that expands past MAX_PLAN_BYTES (a few hundred bytes of zeros' frame).
+    // A frame that expands past MAX_PLAN_BYTES (a few hundred bytes of spaces' frame).
     let bomb = zstd::bulk::compress(&vec![b' '; MAX_PLAN_BYTES + 1], 19).unwrap();
     assert!(bomb.len() < 1024);
+    // A small frame of a valid plan whose merge field pads it far past six times the frame.
+    let mut padded = plan.clone();
+    padded.merge = Some(serde_json::Value::Array(vec![0.into(); 16 << 10]));
+    let padded = zstd::bulk::compress(&padded.to_json().unwrap(), 3).unwrap();
+    assert!(padded.len() * MAX_PLAN_EXPANSION < 32 << 10);
     let cases: Vec<Case> = vec![
         ("expands too far", bomb, |e| {
+            matches!(e, PlanDecodeError::Frame { .. })
+        }),
+        ("expands past six times its length", padded, |e| {
             matches!(e, PlanDecodeError::Frame { .. })
         }),
         ("not a frame", plan.to_json().unwrap(), |e| {
@@ -350,6 +358,54 @@ fn plans_from_the_wire_are_bounded_before_they_are_expanded() {
         let err = EpochPlan::from_wire(&bytes).unwrap_err();
         assert!(expected(&err), "{name}: got {err:?}");
     }
+}
+
+#[test]
+fn honest_plans_expand_less_than_receivers_allow() {
+    let mut largest: f64 = 0.0;
+    for stages in [1, 3, 16] {
+        let config = RunConfig {
+            stages,
+            ..RunConfig::default()
+        };
+        for n in [0u64, 1, 6, 64, 512, MAX_PLAN_MINERS as u64] {
+            let crowd = miners(0..n);
+            let varied = crowd
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.clone(), 1.0 + i as f64 / 7.0))
+                .collect::<BTreeMap<_, _>>();
+            // Every head at the same rate but one: quotas that repeat one number.
+            let all_but_one = crowd
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.clone(), if i == 0 { 0.5 } else { 1.0 }))
+                .collect::<BTreeMap<_, _>>();
+            let mut plans = vec![next_plan(&config, &peer(100_000), None, None, &crowd).unwrap()];
+            for rates in [varied, all_but_one] {
+                let announced = Announced {
+                    capacity: rates.clone(),
+                    pathway_rate: rates,
+                };
+                plans.push(
+                    next_plan_by_capacity(&config, &peer(100_000), None, None, &crowd, &announced)
+                        .unwrap(),
+                );
+            }
+            for mut plan in plans {
+                plan.merge =
+                    Some(serde_json::json!({ "merge_start_unix_ms": 1_764_000_000_000u64 }));
+                let json = plan.to_json().unwrap().len();
+                let wire = plan.to_wire().unwrap();
+                assert_eq!(EpochPlan::from_wire(&wire).unwrap(), plan);
+                if json > MIN_PLAN_EXPANSION {
+                    largest = largest.max(json as f64 / wire.len() as f64);
+                }
+            }
+        }
+    }
+    println!("largest expansion of an honest plan: {largest:.2}");
+    assert!(largest < MAX_PLAN_EXPANSION as f64);
 }
 
 #[test]
