@@ -1186,7 +1186,7 @@ fn probes() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ),
         (
             "epoch-plan-wire",
-            "the same 256 KiB in a zstd frame of a few hundred bytes",
+            "the same 256 KiB in one small zstd frame",
             plan_frame(&fill("{\"merge\":[", "0", "]}", bootstrap::MAX_PLAN_BYTES)),
         ),
         (
