@@ -12,9 +12,9 @@
 //! * The seed is not chosen by the orchestrator: [`plan_seed`] derives it from the run seed
 //!   and the epoch, and receivers check it.
 //! * A plan crosses the network as a zstd frame of its JSON ([`EpochPlan::to_wire`]), at most
-//!   [`MAX_PLAN_WIRE_BYTES`]; the frame is expanded into at most [`MAX_PLAN_BYTES`] and
-//!   larger input is refused before parsing, so a small frame cannot make a receiver allocate
-//!   more than that.
+//!   [`MAX_PLAN_WIRE_BYTES`]. A frame is expanded into at most [`MAX_PLAN_EXPANSION`] times
+//!   its length (never past [`MAX_PLAN_BYTES`]) and refused before parsing if it holds more,
+//!   so what a received plan costs follows the bytes its sender sent.
 
 #[cfg(test)]
 mod tests;
@@ -40,10 +40,10 @@ pub const MAX_PLAN_WIRE_BYTES: usize = 62 << 10;
 /// Most a plan's frame may expand, as a multiple of its length (or to [`MIN_PLAN_EXPANSION`]
 /// bytes, whichever is more): honest plans expand at most 3.2 times (peer ids are random;
 /// `honest_plans_expand_less_than_receivers_allow` measures it), so a frame that expands
-/// further is refused before it is parsed, and the memory a
-/// received plan costs stays proportional to the bytes its sender sent, as it was before
-/// plans were compressed (a tiny frame of `[0,0,…]` would otherwise expand into 256 KiB
-/// whose parse allocates 4 MiB).
+/// further is refused before it is parsed, and the memory a received plan costs stays
+/// proportional to the bytes its sender sent, as it was before plans were compressed (a
+/// 46-byte frame of `[0,0,…]` would otherwise expand into 256 KiB whose parse allocates
+/// 4 MiB).
 pub const MAX_PLAN_EXPANSION: usize = 6;
 
 /// A frame expands into at least this many bytes whatever its length: a plan of a few miners.
@@ -454,7 +454,9 @@ impl EpochPlan {
 
     /// The plan as it crosses the network: a zstd frame of [`EpochPlan::to_json`], refused
     /// past [`MAX_PLAN_WIRE_BYTES`], or when it would expand further than receivers allow
-    /// (see [`MAX_PLAN_EXPANSION`]; no plan [`next_plan`] makes does).
+    /// (see [`MAX_PLAN_EXPANSION`]; none of the plans [`next_plan`] and
+    /// [`next_plan_by_capacity`] make in `honest_plans_expand_less_than_receivers_allow`
+    /// does).
     pub fn to_wire(&self) -> Result<Vec<u8>, PlanEncodeError> {
         let json = self.to_json()?;
         let frame =
