@@ -3,7 +3,8 @@
 //! **When and whom.** At random moments (intervals uniform in ½–1½ × [`MEAN_INTERVAL`]) the
 //! validator checks the next miner of a random order of the epoch's miners (one that joins
 //! during a round next), on one of that miner's [`RECENT_RECORDS`] newest samples in the
-//! authenticated ledger. The randomness is
+//! authenticated ledger; a miner whose weights had not stepped when it had served too few
+//! samples to owe a step ([`laziness_undecided`]) is checked again soon. The randomness is
 //! seeded from the validator's own secret key ([`Schedule::new`]), so a miner can predict
 //! neither the moment nor the sample.
 //!
@@ -350,13 +351,27 @@ impl std::fmt::Debug for Outcome {
     }
 }
 
+/// Whether the weights a miner showed have not stepped: its epoch's starting weights, or
+/// moved from them by less than [`MOVED_MIN`] learning rates.
+fn looks_unstepped(m: &Measured) -> bool {
+    m.unchanged_weights || m.moved.is_some_and(|x| x.is_nan() || x < MOVED_MIN)
+}
+
+/// Whether a check came too early in the miner's epoch to tell whether it steps: its weights
+/// have not stepped, but it had served fewer than `lazy_threshold` samples, so [`judge`]
+/// passes it. Such a miner is checked again soon, when it has served more: otherwise a lazy
+/// miner whose checks all fall early in its epochs goes unflagged (measured: a lazy head
+/// checked at 5, 5 and 16 samples served in its first two epochs, threshold 18).
+pub(crate) fn laziness_undecided(m: &Measured, lazy_threshold: u64) -> bool {
+    looks_unstepped(m) && m.served < lazy_threshold
+}
+
 /// Judges measured evidence (pure). In the run's first epoch (`first_epoch`) only the
 /// tests of the weights' steps are judged: the warm-up moves the weights too fast for
 /// weights taken a moment after a sample to reproduce it (honest miners measured cosine down
 /// to 0.57 and losses 6.9 % off there).
 pub(crate) fn judge(m: &Measured, lazy_threshold: u64, first_epoch: bool) -> Outcome {
-    let barely_moved = m.moved.is_some_and(|x| x.is_nan() || x < MOVED_MIN);
-    if (m.unchanged_weights || barely_moved) && m.served >= lazy_threshold {
+    if looks_unstepped(m) && m.served >= lazy_threshold {
         return Outcome::Fail(SpotFailure::WeightsNeverStepped);
     }
     if first_epoch {
@@ -809,11 +824,21 @@ mod tests {
             ..ulp
         };
         assert_eq!(judge(&early, lazy, false), Outcome::Pass);
+        // ... but that is undecided, not cleared: the miner is checked again. An honest
+        // miner as early in its epoch has stepped, and one judged lazy is decided.
+        assert!(laziness_undecided(&early, lazy));
+        let honest_early = Measured {
+            served: lazy - 1,
+            ..honest
+        };
+        assert!(!laziness_undecided(&honest_early, lazy));
+        assert!(!laziness_undecided(&ulp, lazy));
         let unknown = Measured {
             moved: None,
             ..honest
         };
         assert_eq!(judge(&unknown, lazy, false), Outcome::Pass);
+        assert!(!laziness_undecided(&unknown, lazy));
         let nan = Measured {
             moved: Some(f64::NAN),
             ..honest

@@ -87,6 +87,9 @@ struct SpotCheckDone {
     /// The miner's `Superseded` claim, when it answered so: the outcome waits for it to be
     /// checked against the merges heard.
     claim: Option<Claim>,
+    /// Its weights had not stepped, but it had served too few samples to be judged lazy:
+    /// it is checked again soon.
+    undecided: bool,
 }
 
 /// The spot checks: when and whom, what computes them, the one in flight, and the
@@ -306,10 +309,12 @@ impl Validator {
                 took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
                 "spot check"
             );
+            let undecided = checker.laziness_undecided(&measured);
             SpotCheckDone {
                 target,
                 outcome,
                 claim: measured.claim,
+                undecided,
             }
         });
     }
@@ -321,6 +326,7 @@ impl Validator {
             target,
             outcome,
             claim,
+            undecided,
         } = done;
         match claim {
             Some(claim) => {
@@ -328,7 +334,12 @@ impl Validator {
                 self.spot.claims.add(now, target, claim);
                 self.judge_claims(now);
             }
-            None => self.record(target, outcome),
+            None => {
+                if undecided && outcome == Outcome::Pass {
+                    self.spot.schedule.recheck(&target.peer);
+                }
+                self.record(target, outcome);
+            }
         }
     }
 

@@ -130,6 +130,12 @@ impl Checker {
         (outcome, measured)
     }
 
+    /// Whether `measured` came too early in the miner's epoch to tell whether it steps
+    /// ([`super::laziness_undecided`]).
+    pub(crate) fn laziness_undecided(&self, measured: &Measured) -> bool {
+        super::laziness_undecided(measured, lazy_threshold(self.run.inner_steps))
+    }
+
     /// Fetches the evidence, checks its frames and recomputes the sample with the
     /// miner's weights, filling in `measured`.
     async fn recompute(
